@@ -1,0 +1,18 @@
+"""The ordered registry of intrinsics: the first one that matches a region wins.
+
+Longer fusions come first so that ``dense + bias + relu`` is one call, not three.
+Adding an intrinsic: a new file here that builds ``tirbyoc.intrinsic.Intrinsic`` values,
+listed in ``REGISTRY`` below, and its C function in ``kernels/``.
+"""
+
+from . import dense
+
+REGISTRY = [*dense.INTRINSICS]
+
+
+def by_name(name: str):
+    """The registered intrinsic called ``name``."""
+    for intr in REGISTRY:
+        if intr.name == name:
+            return intr
+    raise KeyError(f"no intrinsic named {name!r}; registered: {[i.name for i in REGISTRY]}")

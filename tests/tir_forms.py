@@ -1,0 +1,402 @@
+"""Hand-written TIR forms: ones tirbyoc must offload and ones it must refuse.
+
+Each accepted form comes with the intrinsic it must become; the refused forms must come
+back either unchanged or with only the named block left as TIR.
+"""
+
+from tvm.script import tirx as T
+
+# ---------------------------------------------------------------- accepted forms
+
+
+@T.prim_func(s_tir=True)
+def nt_bias_relu(A: T.Buffer((64, 80), "float32"), W: T.Buffer((50, 80), "float32"),
+                 B: T.Buffer((50,), "float32"), O: T.Buffer((64, 50), "float32")):
+    C = T.sblock_alloc_buffer((64, 50), "float32")
+    D = T.sblock_alloc_buffer((64, 50), "float32")
+    for i, j, k in T.grid(64, 50, 80):
+        with T.sblock("mm"):
+            vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+            with T.init():
+                C[vi, vj] = T.float32(0)
+            C[vi, vj] = C[vi, vj] + A[vi, vk] * W[vj, vk]
+    for i, j in T.grid(64, 50):
+        with T.sblock("bias"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            D[vi, vj] = C[vi, vj] + B[vj]
+    for i, j in T.grid(64, 50):
+        with T.sblock("relu"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            O[vi, vj] = T.max(D[vi, vj], T.float32(0))
+
+
+@T.prim_func(s_tir=True)
+def nt_bias_relu_expected(A: T.Buffer((64, 80), "float32"), W: T.Buffer((50, 80), "float32"),
+                          B: T.Buffer((50,), "float32"), O: T.Buffer((64, 50), "float32")):
+    with T.sblock("root"):
+        T.reads()
+        T.writes()
+        with T.sblock("tirbyoc_dense_bias_relu"):
+            T.reads(A[0:64, 0:80], W[0:50, 0:80], B[0:50])
+            T.writes(O[0:64, 0:50])
+            T.sblock_attr({"tirbyoc.intrinsic": "dense_bias_relu",
+                           "tirbyoc.kernel": "tirbyoc_dense_relu_f32_nt"})
+            assert T.call_extern(
+                "int32", "tirbyoc_dense_relu_f32_nt", T.int64(64), T.int64(50), T.int64(80),
+                T.address_of(A[T.int64(0), T.int64(0)]), T.int64(80),
+                T.address_of(W[T.int64(0), T.int64(0)]), T.int64(80),
+                T.address_of(B[T.int64(0)]), T.address_of(O[T.int64(0), T.int64(0)]),
+                T.int64(50)) == 0, ("RuntimeError", [
+                    "tirbyoc: kernel tirbyoc_dense_relu_f32_nt returned an error status "
+                    "(invalid sizes or strides)"])
+
+
+@T.prim_func(s_tir=True)
+def nn_bias_first_relu_max0x(A: T.Buffer((33, 7), "float32"), W: T.Buffer((7, 9), "float32"),
+                             B: T.Buffer((9,), "float32"), O: T.Buffer((33, 9), "float32")):
+    C = T.sblock_alloc_buffer((33, 9), "float32")
+    D = T.sblock_alloc_buffer((33, 9), "float32")
+    for i, j, k in T.grid(33, 9, 7):
+        with T.sblock("mm"):
+            vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+            with T.init():
+                C[vi, vj] = T.float32(0)
+            C[vi, vj] = C[vi, vj] + W[vk, vj] * A[vi, vk]
+    for i, j in T.grid(33, 9):
+        with T.sblock("bias"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            D[vi, vj] = B[vj] + C[vi, vj]
+    for i, j in T.grid(33, 9):
+        with T.sblock("relu"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            O[vi, vj] = T.max(T.float32(0), D[vi, vj])
+
+
+@T.prim_func(s_tir=True)
+def bias_1n_relu_select(A: T.Buffer((5, 6), "float32"), W: T.Buffer((4, 6), "float32"),
+                        B: T.Buffer((1, 4), "float32"), O: T.Buffer((5, 4), "float32")):
+    C = T.sblock_alloc_buffer((5, 4), "float32")
+    D = T.sblock_alloc_buffer((5, 4), "float32")
+    for i, j, k in T.grid(5, 4, 6):
+        with T.sblock("mm"):
+            vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+            with T.init():
+                C[vi, vj] = T.float32(0)
+            C[vi, vj] = C[vi, vj] + A[vi, vk] * W[vj, vk]
+    for i, j in T.grid(5, 4):
+        with T.sblock("bias"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            D[vi, vj] = C[vi, vj] + B[0, vj]
+    for i, j in T.grid(5, 4):
+        with T.sblock("relu"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            O[vi, vj] = T.Select(D[vi, vj] > T.float32(0), D[vi, vj], T.float32(0))
+
+
+@T.prim_func(s_tir=True)
+def relu_if_then_else(A: T.Buffer((5, 6), "float32"), W: T.Buffer((6, 4), "float32"),
+                      O: T.Buffer((5, 4), "float32")):
+    C = T.sblock_alloc_buffer((5, 4), "float32")
+    for i, j, k in T.grid(5, 4, 6):
+        with T.sblock("mm"):
+            vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+            with T.init():
+                C[vi, vj] = T.float32(0)
+            C[vi, vj] = C[vi, vj] + A[vi, vk] * W[vk, vj]
+    for i, j in T.grid(5, 4):
+        with T.sblock("relu"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            O[vi, vj] = T.if_then_else(C[vi, vj] < T.float32(0), T.float32(0), C[vi, vj])
+
+
+@T.prim_func(s_tir=True)
+def symbolic_rows(a: T.handle, W: T.Buffer((T.int64(12), T.int64(10)), "float32"),
+                  B: T.Buffer((T.int64(12),), "float32"), o: T.handle):
+    m = T.int64()
+    A = T.match_buffer(a, (m, T.int64(10)), "float32")
+    O = T.match_buffer(o, (m, T.int64(12)), "float32")
+    C = T.sblock_alloc_buffer((m, T.int64(12)), "float32")
+    for i, j, k in T.grid(m, T.int64(12), T.int64(10)):
+        with T.sblock("mm"):
+            vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+            with T.init():
+                C[vi, vj] = T.float32(0)
+            C[vi, vj] = C[vi, vj] + A[vi, vk] * W[vj, vk]
+    for i, j in T.grid(m, T.int64(12)):
+        with T.sblock("bias"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            O[vi, vj] = C[vi, vj] + B[vj]
+
+
+@T.prim_func(s_tir=True)
+def batched_rows(A: T.Buffer((2, 3, 8), "float32"), W: T.Buffer((5, 8), "float32"),
+                 B: T.Buffer((5,), "float32"), O: T.Buffer((2, 3, 5), "float32")):
+    C = T.sblock_alloc_buffer((2, 3, 5), "float32")
+    D = T.sblock_alloc_buffer((2, 3, 5), "float32")
+    for b, s, j, k in T.grid(2, 3, 5, 8):
+        with T.sblock("mm"):
+            vb, vs, vj, vk = T.axis.remap("SSSR", [b, s, j, k])
+            with T.init():
+                C[vb, vs, vj] = T.float32(0)
+            C[vb, vs, vj] = C[vb, vs, vj] + A[vb, vs, vk] * W[vj, vk]
+    for b, s, j in T.grid(2, 3, 5):
+        with T.sblock("bias"):
+            vb, vs, vj = T.axis.remap("SSS", [b, s, j])
+            D[vb, vs, vj] = C[vb, vs, vj] + B[vj]
+    for b, s, j in T.grid(2, 3, 5):
+        with T.sblock("relu"):
+            vb, vs, vj = T.axis.remap("SSS", [b, s, j])
+            O[vb, vs, vj] = T.max(D[vb, vs, vj], T.float32(0))
+
+
+@T.prim_func(s_tir=True)
+def prefix_then_tanh(A: T.Buffer((4, 6), "float32"), W: T.Buffer((3, 6), "float32"),
+                     B: T.Buffer((3,), "float32"), O: T.Buffer((4, 3), "float32")):
+    C = T.sblock_alloc_buffer((4, 3), "float32")
+    D = T.sblock_alloc_buffer((4, 3), "float32")
+    E = T.sblock_alloc_buffer((4, 3), "float32")
+    for i, j, k in T.grid(4, 3, 6):
+        with T.sblock("mm"):
+            vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+            with T.init():
+                C[vi, vj] = T.float32(0)
+            C[vi, vj] = C[vi, vj] + A[vi, vk] * W[vj, vk]
+    for i, j in T.grid(4, 3):
+        with T.sblock("bias"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            D[vi, vj] = C[vi, vj] + B[vj]
+    for i, j in T.grid(4, 3):
+        with T.sblock("relu"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            E[vi, vj] = T.max(D[vi, vj], T.float32(0))
+    for i, j in T.grid(4, 3):
+        with T.sblock("tanh"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            O[vi, vj] = T.tanh(E[vi, vj])
+
+
+@T.prim_func(s_tir=True)
+def prefix_then_residual(A: T.Buffer((4, 6), "float32"), W: T.Buffer((6, 6), "float32"),
+                         B: T.Buffer((6,), "float32"), O: T.Buffer((4, 6), "float32")):
+    C = T.sblock_alloc_buffer((4, 6), "float32")
+    D = T.sblock_alloc_buffer((4, 6), "float32")
+    E = T.sblock_alloc_buffer((4, 6), "float32")
+    for i, j, k in T.grid(4, 6, 6):
+        with T.sblock("mm"):
+            vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+            with T.init():
+                C[vi, vj] = T.float32(0)
+            C[vi, vj] = C[vi, vj] + A[vi, vk] * W[vj, vk]
+    for i, j in T.grid(4, 6):
+        with T.sblock("bias"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            D[vi, vj] = C[vi, vj] + B[vj]
+    for i, j in T.grid(4, 6):
+        with T.sblock("relu"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            E[vi, vj] = T.max(D[vi, vj], T.float32(0))
+    for i, j in T.grid(4, 6):
+        with T.sblock("residual"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            O[vi, vj] = E[vi, vj] + A[vi, vj]
+
+
+@T.prim_func(s_tir=True)
+def dense_only(A: T.Buffer((7, 33), "float32"), W: T.Buffer((1, 33), "float32"),
+               O: T.Buffer((7, 1), "float32")):
+    for i, j, k in T.grid(7, 1, 33):
+        with T.sblock("mm"):
+            vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+            with T.init():
+                O[vi, vj] = T.float32(0)
+            O[vi, vj] = O[vi, vj] + A[vi, vk] * W[vj, vk]
+
+
+@T.prim_func(s_tir=True)
+def strided_rows(A: T.Buffer((6, 5), "float32", strides=(9, 1)),
+                 W: T.Buffer((5, 4), "float32", strides=(7, 1)),
+                 O: T.Buffer((6, 4), "float32")):
+    for i, j, k in T.grid(6, 4, 5):
+        with T.sblock("mm"):
+            vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+            with T.init():
+                O[vi, vj] = T.float32(0)
+            O[vi, vj] = O[vi, vj] + A[vi, vk] * W[vk, vj]
+
+
+# (name, function, intrinsic names in order, names of blocks that must stay TIR)
+ACCEPTED = [
+    ("nt_bias_relu", nt_bias_relu, ["dense_bias_relu"], []),
+    ("nn_bias_first_relu_max0x", nn_bias_first_relu_max0x, ["dense_bias_relu"], []),
+    ("bias_1n_relu_select", bias_1n_relu_select, ["dense_bias_relu"], []),
+    ("relu_if_then_else", relu_if_then_else, ["dense_relu"], []),
+    ("symbolic_rows", symbolic_rows, ["dense_bias"], []),
+    ("batched_rows", batched_rows, ["dense_bias_relu"], []),
+    ("prefix_then_tanh", prefix_then_tanh, ["dense_bias_relu"], ["tanh"]),
+    ("prefix_then_residual", prefix_then_residual, ["dense_bias_relu"], ["residual"]),
+    ("dense_only", dense_only, ["dense"], []),
+    ("strided_rows", strided_rows, ["dense"], []),
+]
+
+# ---------------------------------------------------------------- refused forms
+
+
+@T.prim_func(s_tir=True)
+def extra_scale(A: T.Buffer((4, 6), "float32"), W: T.Buffer((3, 6), "float32"),
+                O: T.Buffer((4, 3), "float32")):
+    for i, j, k in T.grid(4, 3, 6):
+        with T.sblock("mm"):
+            vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+            with T.init():
+                O[vi, vj] = T.float32(0)
+            O[vi, vj] = O[vi, vj] + A[vi, vk] * W[vj, vk] * T.float32(0.5)
+
+
+@T.prim_func(s_tir=True)
+def float16_dense(A: T.Buffer((4, 6), "float16"), W: T.Buffer((3, 6), "float16"),
+                  O: T.Buffer((4, 3), "float16")):
+    for i, j, k in T.grid(4, 3, 6):
+        with T.sblock("mm"):
+            vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+            with T.init():
+                O[vi, vj] = T.float16(0)
+            O[vi, vj] = O[vi, vj] + A[vi, vk] * W[vj, vk]
+
+
+@T.prim_func(s_tir=True)
+def inner_stride(A: T.Buffer((4, 6), "float32", strides=(12, 2)), W: T.Buffer((3, 6), "float32"),
+                 O: T.Buffer((4, 3), "float32")):
+    for i, j, k in T.grid(4, 3, 6):
+        with T.sblock("mm"):
+            vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+            with T.init():
+                O[vi, vj] = T.float32(0)
+            O[vi, vj] = O[vi, vj] + A[vi, vk] * W[vj, vk]
+
+
+@T.prim_func(s_tir=True)
+def batched_weight(A: T.Buffer((2, 4, 6), "float32"), W: T.Buffer((2, 6, 3), "float32"),
+                   O: T.Buffer((2, 4, 3), "float32")):
+    for b, i, j, k in T.grid(2, 4, 3, 6):
+        with T.sblock("bmm"):
+            vb, vi, vj, vk = T.axis.remap("SSSR", [b, i, j, k])
+            with T.init():
+                O[vb, vi, vj] = T.float32(0)
+            O[vb, vi, vj] = O[vb, vi, vj] + A[vb, vi, vk] * W[vb, vk, vj]
+
+
+@T.prim_func(s_tir=True)
+def nonzero_init(A: T.Buffer((4, 6), "float32"), W: T.Buffer((3, 6), "float32"),
+                 O: T.Buffer((4, 3), "float32")):
+    for i, j, k in T.grid(4, 3, 6):
+        with T.sblock("mm"):
+            vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+            with T.init():
+                O[vi, vj] = T.float32(1)
+            O[vi, vj] = O[vi, vj] + A[vi, vk] * W[vj, vk]
+
+
+@T.prim_func(s_tir=True)
+def transposed_activation(A: T.Buffer((6, 4), "float32"), W: T.Buffer((3, 6), "float32"),
+                          O: T.Buffer((4, 3), "float32")):
+    for i, j, k in T.grid(4, 3, 6):
+        with T.sblock("mm"):
+            vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+            with T.init():
+                O[vi, vj] = T.float32(0)
+            O[vi, vj] = O[vi, vj] + A[vk, vi] * W[vj, vk]
+
+
+@T.prim_func(s_tir=True)
+def max_not_zero(A: T.Buffer((4, 6), "float32"), W: T.Buffer((3, 6), "float32"),
+                 B: T.Buffer((3,), "float32"), O: T.Buffer((4, 3), "float32")):
+    C = T.sblock_alloc_buffer((4, 3), "float32")
+    D = T.sblock_alloc_buffer((4, 3), "float32")
+    for i, j, k in T.grid(4, 3, 6):
+        with T.sblock("mm"):
+            vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+            with T.init():
+                C[vi, vj] = T.float32(0)
+            C[vi, vj] = C[vi, vj] + A[vi, vk] * W[vj, vk]
+    for i, j in T.grid(4, 3):
+        with T.sblock("bias"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            D[vi, vj] = C[vi, vj] + B[vj]
+    for i, j in T.grid(4, 3):
+        with T.sblock("clamp"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            O[vi, vj] = T.max(D[vi, vj], T.float32(0.5))
+
+
+@T.prim_func(s_tir=True)
+def bias_by_row(A: T.Buffer((4, 6), "float32"), W: T.Buffer((4, 6), "float32"),
+                B: T.Buffer((4,), "float32"), O: T.Buffer((4, 4), "float32")):
+    C = T.sblock_alloc_buffer((4, 4), "float32")
+    for i, j, k in T.grid(4, 4, 6):
+        with T.sblock("mm"):
+            vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+            with T.init():
+                C[vi, vj] = T.float32(0)
+            C[vi, vj] = C[vi, vj] + A[vi, vk] * W[vj, vk]
+    for i, j in T.grid(4, 4):
+        with T.sblock("row_bias"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            O[vi, vj] = C[vi, vj] + B[vi]
+
+
+@T.prim_func(s_tir=True)
+def scaled_epilogue(A: T.Buffer((4, 6), "float32"), W: T.Buffer((3, 6), "float32"),
+                    B: T.Buffer((3,), "float32"), O: T.Buffer((4, 3), "float32")):
+    C = T.sblock_alloc_buffer((4, 3), "float32")
+    for i, j, k in T.grid(4, 3, 6):
+        with T.sblock("mm"):
+            vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+            with T.init():
+                C[vi, vj] = T.float32(0)
+            C[vi, vj] = C[vi, vj] + A[vi, vk] * W[vj, vk]
+    for i, j in T.grid(4, 3):
+        with T.sblock("scaled_bias"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            O[vi, vj] = C[vi, vj] * T.float32(2) + B[vj]
+
+
+@T.prim_func(s_tir=True)
+def intermediate_read_twice(A: T.Buffer((4, 6), "float32"), W: T.Buffer((3, 6), "float32"),
+                            B: T.Buffer((3,), "float32"), O: T.Buffer((4, 3), "float32"),
+                            P: T.Buffer((4, 3), "float32")):
+    C = T.sblock_alloc_buffer((4, 3), "float32")
+    for i, j, k in T.grid(4, 3, 6):
+        with T.sblock("mm"):
+            vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+            with T.init():
+                C[vi, vj] = T.float32(0)
+            C[vi, vj] = C[vi, vj] + A[vi, vk] * W[vj, vk]
+    for i, j in T.grid(4, 3):
+        with T.sblock("bias"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            O[vi, vj] = C[vi, vj] + B[vj]
+    for i, j in T.grid(4, 3):
+        with T.sblock("copy"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            P[vi, vj] = C[vi, vj]
+
+
+# Forms whose every block must come back unchanged: (name, function, reason fragment)
+REFUSED = [
+    ("extra_scale", extra_scale, "extra factor"),
+    ("float16_dense", float16_dense, "dtype float16"),
+    ("inner_stride", inner_stride, "non-unit inner stride"),
+    ("batched_weight", batched_weight, "not a 2-D matrix"),
+    ("nonzero_init", nonzero_init, "non-zero value"),
+    ("transposed_activation", transposed_activation, "A[rows.., k]"),
+]
+
+# Forms where the dense part is offloaded but one epilogue block must stay as it was:
+# (name, function, intrinsic, block that stays, reason fragment)
+PARTIAL = [
+    ("max_not_zero", max_not_zero, "dense_bias", "clamp", "max(x, 0.5) is not relu"),
+    ("bias_by_row", bias_by_row, "dense", "row_bias", "indexed by the row"),
+    ("scaled_epilogue", scaled_epilogue, "dense", "scaled_bias", "bias"),
+    ("intermediate_read_twice", intermediate_read_twice, "dense", "bias",
+     "more than one consumer"),
+]

@@ -1,0 +1,11 @@
+"""tirbyoc: offload TIR dense+bias(+relu) blocks to a C kernel library.
+
+>>> import tirbyoc
+>>> offloaded = tirbyoc.apply_tir_byoc(mod)      # a Relax or TIR IRModule
+>>> print(tirbyoc.explain(mod))                  # what went to which kernel, and why not
+>>> ex = tirbyoc.compile(mod, "llvm")            # or tvm.compile(..., relax_pipeline=tirbyoc.pipeline(target))
+"""
+
+from .api import Report, apply_tir_byoc, compile, explain, offload_prim_func, pipeline
+
+__all__ = ["apply_tir_byoc", "explain", "pipeline", "compile", "offload_prim_func", "Report"]

@@ -1,0 +1,192 @@
+"""The one module that touches TVM's moving API surface.
+
+TVM renames namespaces and node constructors between releases (``tvm.tir`` became
+``tvm.tirx``, schedulable TIR moved to ``tvm.s_tir``, buffers became typed ``Var``s).
+Everything else in tirbyoc imports TIR/Relax node types and helpers from here, so a
+rename is a change to this file only.
+"""
+
+from __future__ import annotations
+
+import tvm
+import tvm_ffi
+from tvm import ir, relax, s_tir, tirx
+from tvm.sym import Analyzer
+
+# NOTE: re-exported names; the rest of the package uses only these.
+IRModule = tvm.IRModule
+PrimFunc = tirx.PrimFunc
+Var = tirx.Var
+Expr = ir.Expr
+IntImm = tirx.IntImm
+FloatImm = tirx.FloatImm
+StringImm = ir.StringImm
+Add = tirx.Add
+Sub = tirx.Sub
+Mul = tirx.Mul
+Max = tirx.Max
+Min = tirx.Min
+Select = tirx.Select
+Cast = tirx.Cast
+Call = ir.Call
+GT = tirx.GT
+GE = tirx.GE
+LT = tirx.LT
+LE = tirx.LE
+BufferLoad = ir.TensorLoad  # the node type; build loads with tirx.BufferLoad
+BufferStore = tirx.BufferStore
+For = tirx.For
+SeqStmt = tirx.SeqStmt
+Evaluate = tirx.Evaluate
+SBlock = s_tir.SBlock
+SBlockRealize = s_tir.SBlockRealize
+DATA_PAR = tirx.IterVar.DataPar
+COMM_REDUCE = tirx.IterVar.CommReduce
+
+Target = tvm.target.Target
+structural_equal = tvm_ffi.structural_equal
+structural_walk = tvm_ffi.structural_walk
+Pass = tvm.transform.Pass
+Sequential = tvm.transform.Sequential
+module_pass = tvm.transform.module_pass
+load_static_library = tvm.runtime.load_static_library
+load_module = tvm.runtime.load_module
+tensor = tvm.runtime.tensor
+cpu = tvm.cpu
+
+Function = relax.Function
+VirtualMachine = relax.VirtualMachine
+
+
+def analyzer() -> Analyzer:
+    """A fresh arithmetic analyzer (symbolic equality of shapes and extents)."""
+    return Analyzer()
+
+
+def is_buffer(var) -> bool:
+    """True when ``var`` is a TIR buffer (buffers are typed Vars in this TVM)."""
+    return isinstance(var, tirx.Var) and tirx.is_buffer_var(var)
+
+
+def is_if_then_else(expr) -> bool:
+    return isinstance(expr, ir.Call) and isinstance(expr.op, ir.Op) and \
+        str(expr.op.name).endswith(".if_then_else")
+
+
+def const(value, dtype: str):
+    return tirx.const(value, dtype)
+
+
+def decl_buffer(shape, dtype: str, name: str):
+    return tirx.decl_buffer(shape, dtype, name)
+
+
+def address_of_first(buf):
+    """Pointer to ``buf[0, ..., 0]`` (honours the buffer's element offset)."""
+    zero = tirx.const(0, "int64")
+    return tirx.address_of(tirx.BufferLoad(buf, [zero] * len(buf.shape)))
+
+
+def null_pointer():
+    return tirx.reinterpret("handle", tirx.const(0, "uint64"))
+
+
+def call_extern(ret_dtype: str, symbol: str, args):
+    return tirx.call_extern(ret_dtype, symbol, *args)
+
+
+def assert_stmt(condition, message: str):
+    """An assertion statement that raises ``RuntimeError(message)`` at run time."""
+    # NOTE: the Python constructor of 0.27 passes (kind, condition) to an FFI
+    # constructor that expects (condition, kind); pass them in the FFI's order.
+    return tirx.AssertStmt(condition, ir.StringImm("RuntimeError"), [ir.StringImm(message)])
+
+
+def full_region(buf):
+    """The whole of ``buf`` as a region, for a block's reads/writes."""
+    return tirx.BufferRegion(buf, [ir.Range.from_min_extent(0, e) for e in buf.shape])
+
+
+def make_block(name, body, reads, writes, annotations, iter_vars=(), init=None, alloc_buffers=(),
+               match_buffers=()):
+    return s_tir.SBlock(list(iter_vars), list(reads), list(writes), name, body, init,
+                        list(alloc_buffers), list(match_buffers), annotations)
+
+
+def make_realize(block, iter_values=(), predicate=True):
+    return s_tir.SBlockRealize(list(iter_values), predicate, block)
+
+
+def seq(stmts):
+    stmts = list(stmts)
+    return stmts[0] if len(stmts) == 1 else tirx.SeqStmt(stmts)
+
+
+def relax_default_prepare_passes():
+    """The legalize-and-fuse prefix of TVM's default CPU pipeline."""
+    from tvm.relax.backend.cpu_generic import pipeline as cpu
+
+    return cpu.legalize_passes(None)
+
+
+def relax_default_lowering_passes(target):
+    """The default CPU pipeline after legalization/fusion (dataflow lowering, finalize)."""
+    from tvm.relax.backend.cpu_generic import pipeline as cpu
+
+    return cpu.dataflow_lower_passes(target) + cpu.finalize_passes(target)
+
+
+def relax_library_dispatch_passes(target):
+    from tvm.relax.backend.cpu_generic import pipeline as cpu
+
+    return cpu.library_dispatch_passes(target)
+
+
+def tvm_compile(mod, target, relax_pipeline="default"):
+    return tvm.compile(mod, target=target, relax_pipeline=relax_pipeline)
+
+
+def as_target(target):
+    if isinstance(target, tvm.target.Target):
+        return target
+    return tvm.target.Target(target)
+
+
+def call_tir_op():
+    return ir.Op.get("relax.call_tir")
+
+
+def dead_code_elimination():
+    return relax.transform.DeadCodeElimination()
+
+
+def relax_var_binding_value(binding):
+    return binding.value
+
+
+relax_ns = relax
+tirx_ns = tirx
+
+
+def as_int64(expr):
+    """``expr`` as an int64 expression (kernel sizes and strides are int64)."""
+    if isinstance(expr, int):
+        return tirx.const(expr, "int64")
+    if isinstance(expr, tirx.IntImm):
+        return tirx.const(int(expr.value), "int64")
+    return expr if dtype_of(expr) == "int64" else tirx.Cast("int64", expr)
+
+
+def dtype_of(expr) -> str:
+    """The element dtype of a scalar expression, as a string."""
+    return str(expr.ty.dtype)
+
+
+def make_prim_func(func, params, body):
+    """``func`` with new params and body, keeping its attributes."""
+    return tirx.PrimFunc(params, body, func.ret_type, func.attrs, func.span)
+
+
+def relax_call_with_args(call, args):
+    """``call`` with new arguments (same op, attrs and result type arguments)."""
+    return relax.Call(call.op, args, call.attrs, call.ty_args, call.span)

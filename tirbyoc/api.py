@@ -1,0 +1,192 @@
+"""The public entry points: ``apply_tir_byoc``, ``explain``, ``pipeline``, ``compile``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from . import _tvm as T
+from . import relax_prep
+from .matcher import Region, match_func
+from .normalize import INTRINSIC_ATTR, normalize
+from .rewrite import rewrite_func
+
+
+def _registry(intrinsics):
+    if intrinsics is not None:
+        return list(intrinsics)
+    from intrinsics import REGISTRY
+
+    return REGISTRY
+
+
+def offload_prim_func(func, intrinsics=None, transposed=()):
+    """Offload the matched regions of one PrimFunc.
+
+    Returns ``(new_func, results)`` where ``results`` is a list of ``(nest, Region |
+    NoMatch)`` for every candidate; ``new_func is func`` when nothing matched.
+    """
+    normal = normalize(func)
+    if normal.reason:
+        return func, []
+    results = match_func(normal, _registry(intrinsics), transposed)
+    regions = [r for _, r in results if r]
+    return rewrite_func(normal, regions), results
+
+
+def _attach_kernels(mod):
+    from . import kernels
+
+    static = kernels.static_library()
+    existing = list(mod.attrs["external_mods"]) if mod.attrs and "external_mods" in mod.attrs \
+        else []
+    if any(m.same_as(static) for m in existing):
+        return mod
+    return mod.with_attr("external_mods", existing + [static])
+
+
+def _transform(mod, fuse, intrinsics):
+    """Shared by ``apply_tir_byoc`` and ``explain``: (new module, report rows)."""
+    mod = relax_prep.prepare(mod, fuse)
+    hints = relax_prep.transpose_hints(mod)
+    out = mod.clone()
+    rows, absorbed = [], {}
+    for gv, func in mod.functions_items():
+        if not isinstance(func, T.PrimFunc):
+            continue
+        new, results = offload_prim_func(func, intrinsics, hints.get(gv.name_hint, ()))
+        rows.extend(_already_offloaded_rows(gv.name_hint, func))
+        for nest, res in results:
+            rows.append(ExplainRow.of(gv.name_hint, nest, res))
+        if new is func:
+            continue
+        out.update_func(gv, new)
+        flips = {_buffer_param_index(func, old) for _, r in results if r for old in r.absorbed}
+        if flips:
+            absorbed[gv.name_hint] = flips
+    return relax_prep.drop_absorbed_transposes(out, absorbed), rows
+
+
+def _buffer_param_index(func, param) -> int:
+    buffers = [p for p in func.params if T.is_buffer(p)]
+    return next(i for i, p in enumerate(buffers) if p.same_as(param))
+
+
+def apply_tir_byoc(mod, *, fuse="auto", intrinsics=None):
+    """Offload matched dense(+bias)(+relu) TIR blocks to the tirbyoc kernel library.
+
+    ``mod`` is a Relax IRModule as written (it is legalized and fused the way TVM's
+    default CPU pipeline does it), an already legalized one, or a TIR-only module. The
+    result is a new IRModule: matched regions are ``call_extern`` blocks, everything else
+    is unchanged, and the kernel library is attached as ``external_mods`` so that
+    ``tvm.compile`` links it. The input is not modified; applying it twice offloads
+    nothing more. ``fuse``: see ``tirbyoc.relax_prep.prepare``.
+    """
+    out, rows = _transform(mod, fuse, intrinsics)
+    return _attach_kernels(out) if any(r.offloaded for r in rows) else out
+
+
+@dataclass
+class ExplainRow:
+    """One candidate block: where it went, or why it stayed."""
+
+    func: str
+    block: str
+    offloaded: bool
+    intrinsic: str = ""
+    kernel: str = ""
+    blocks: str = ""
+    detail: str = ""
+
+    @classmethod
+    def of(cls, func_name, nest, res):
+        if not res:
+            return cls(func_name, nest.name, False, detail=res.reason)
+        return cls(func_name, nest.name, True, res.intrinsic.name, res.symbol,
+                   " + ".join(n.name for n in res.nests), _describe(res))
+
+
+def _describe(region: Region) -> str:
+    d = region.dense
+    text = f"M={_show(d.m)} N={_show(d.n)} K={_show(d.k)}, weight {region.layout.upper()}"
+    if region.absorbed:
+        text += " (reads the untransposed weight in place)"
+    if region.stopped:
+        text += f"; epilogue stops: {region.stopped}"
+    return text
+
+
+def _show(expr) -> str:
+    return str(int(expr.value)) if isinstance(expr, T.IntImm) else str(expr)
+
+
+def _already_offloaded_rows(func_name, func):
+    normal = normalize(func)
+    return [ExplainRow(func_name, n.name, True, str(n.block.annotations[INTRINSIC_ATTR]),
+                       n.offloaded_kernel, n.name, "offloaded earlier")
+            for n in normal.nests if n.offloaded_kernel is not None]
+
+
+class Report:
+    """What ``explain`` found; ``str(report)`` is a table."""
+
+    def __init__(self, rows):
+        self.rows = list(rows)
+
+    @property
+    def offloaded(self) -> list:
+        return [r for r in self.rows if r.offloaded]
+
+    @property
+    def rejected(self) -> list:
+        return [r for r in self.rows if not r.offloaded]
+
+    def __len__(self):
+        return len(self.rows)
+
+    def __str__(self) -> str:
+        head = ("function", "block", "result", "kernel / reason")
+        body = []
+        for r in self.rows:
+            if r.offloaded:
+                body.append((r.func, r.blocks, f"offloaded: {r.intrinsic}",
+                             f"{r.kernel} ({r.detail})"))
+            else:
+                body.append((r.func, r.block, "stays in TVM", r.detail))
+        widths = [max(len(x[i]) for x in [head] + body) for i in range(3)]
+        lines = ["  ".join(h.ljust(w) for h, w in zip(head, widths + [0])).rstrip()]
+        lines.append("  ".join("-" * w for w in widths) + "  " + "-" * 15)
+        for row in body:
+            lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths + [0])).rstrip())
+        lines.append(f"{len(self.offloaded)} offloaded, {len(self.rejected)} not offloaded")
+        return "\n".join(lines)
+
+    __repr__ = __str__
+
+
+def explain(mod, *, fuse="auto", intrinsics=None) -> Report:
+    """What ``apply_tir_byoc`` offloads (or offloaded) and, for every other candidate block
+    (every reduction block), why not."""
+    return Report(_transform(mod, fuse, intrinsics)[1])
+
+
+def pipeline(target=None, *, intrinsics=None):
+    """A Relax pipeline for ``tvm.compile(..., relax_pipeline=tirbyoc.pipeline(target))``:
+    TVM's default CPU pipeline with tirbyoc's offload after legalization and fusion."""
+    target = T.as_target(target or "llvm")
+
+    @T.module_pass(opt_level=0, name="tirbyoc.pipeline")
+    def _pipeline(mod, _ctx):
+        with target:
+            mod = T.Sequential(T.relax_library_dispatch_passes(target))(mod)
+            mod = apply_tir_byoc(mod, fuse=True if not relax_prep.is_legalized(mod) else "auto",
+                                 intrinsics=intrinsics)
+            return T.Sequential(T.relax_default_lowering_passes(target))(mod)
+
+    return _pipeline
+
+
+def compile(mod, target="llvm", *, intrinsics=None):  # noqa: A001 (mirrors tvm.compile)
+    """``tvm.compile`` with tirbyoc's offload; the result runs in process and survives
+    ``export_library`` + ``tvm.runtime.load_module`` in a fresh process."""
+    target = T.as_target(target)
+    return T.tvm_compile(mod, target, relax_pipeline=pipeline(target, intrinsics=intrinsics))

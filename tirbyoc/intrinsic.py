@@ -1,0 +1,87 @@
+"""What an intrinsic is: a dense core, an epilogue chain, a kernel and a numpy reference.
+
+An intrinsic file in ``intrinsics/`` builds ``Intrinsic`` values from the epilogue steps
+in ``tirbyoc.epilogues`` (or steps of its own) and lists them; the registry in
+``intrinsics/__init__.py`` orders them, and the first one that matches wins.
+
+A failed match is a ``NoMatch``: falsy, and it carries the reason a user reads in
+``tirbyoc.explain``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+
+class NoMatch:
+    """A falsy match result that says why."""
+
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str):
+        self.reason = reason
+
+    def __bool__(self) -> bool:
+        return False
+
+    def __repr__(self) -> str:
+        return f"NoMatch({self.reason!r})"
+
+
+@dataclass(frozen=True)
+class StepMatch:
+    """An epilogue step that matched; ``captures`` holds its extra operands (e.g. bias)."""
+
+    captures: dict = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return True
+
+
+@dataclass(frozen=True)
+class StepContext:
+    """What an epilogue step may look at in the consumer block.
+
+    ``value``: the stored expression; ``is_input(expr)``: whether ``expr`` reads the
+    previous result at the consumer's own indices; ``rows``/``col``: the consumer's
+    row iterators and column iterator (Vars); ``dtype``: the element type.
+    """
+
+    value: object
+    is_input: Callable
+    rows: tuple
+    col: object
+    dtype: str
+
+
+@dataclass(frozen=True)
+class EpilogueStep:
+    """One elementwise step after the dense core (a bias add, an activation...)."""
+
+    name: str
+    match: Callable  # StepContext -> StepMatch | NoMatch
+
+
+@dataclass(frozen=True)
+class Intrinsic:
+    """A fused operation that one kernel computes.
+
+    ``kernel`` is a symbol template with ``{dtype}`` (``f32``) and ``{layout}``
+    (``nt``: weight [N, K]; ``nn``: weight [K, N]). ``arguments(region)`` maps a matched
+    region to the kernel's arguments. ``reference(a, w_kn, bias)`` computes the same
+    result in numpy from an activation [M, K], a weight [K, N] and a bias [N] or None.
+    """
+
+    name: str
+    epilogue: tuple
+    kernel: str
+    arguments: Callable
+    reference: Callable
+    dtypes: tuple = ("float32",)
+
+    def symbol(self, dtype: str, layout: str) -> str:
+        return self.kernel.format(dtype=_SHORT_DTYPE[dtype], layout=layout)
+
+
+_SHORT_DTYPE = {"float32": "f32", "float16": "f16", "float64": "f64", "int8": "i8"}

@@ -1,0 +1,62 @@
+"""Rewrite matched regions of a PrimFunc into ``call_extern`` blocks.
+
+Each region (a dense nest and the epilogue nests it fuses) becomes one opaque sblock,
+placed where the region's last nest was, whose body asserts that the kernel returned
+``TIRBYOC_OK``. Intermediate buffers that only the region used are dropped; all other
+nests stay exactly as they were.
+"""
+
+from __future__ import annotations
+
+from . import _tvm as T
+from .matcher import Region
+from .normalize import INTRINSIC_ATTR, OFFLOADED_ATTR, NormalFunc
+
+
+def _kernel_block(region: Region):
+    symbol = region.symbol
+    call = T.call_extern("int32", symbol, region.intrinsic.arguments(region))
+    body = T.assert_stmt(call == T.const(0, "int32"),
+                         f"tirbyoc: kernel {symbol} returned an error status "
+                         "(invalid sizes or strides)")
+    inputs = [region.dense.a, region.weight] + [
+        b for _, _, sm in region.steps for b in sm.captures.values()]
+    block = T.make_block(
+        f"tirbyoc_{region.intrinsic.name}", body,
+        reads=[T.full_region(b) for b in inputs], writes=[T.full_region(region.out)],
+        annotations={OFFLOADED_ATTR: symbol, INTRINSIC_ATTR: region.intrinsic.name})
+    return T.make_realize(block)
+
+
+def rewrite_func(normal: NormalFunc, regions: list[Region]):
+    """A new PrimFunc where every region is a kernel call; the input is not modified."""
+    if not regions:
+        return normal.func
+    replace_at, drop = {}, set()
+    for region in regions:
+        idx = [n.index for n in region.nests]
+        replace_at[max(idx)] = _kernel_block(region)
+        drop.update(i for i in idx if i != max(idx))
+    stmts, used = [], set()
+    for nest in normal.nests:
+        if nest.index in drop:
+            continue
+        if nest.index in replace_at:
+            stmts.append(replace_at[nest.index])
+            used.update(r.source for r in replace_at[nest.index].block.reads)
+            used.update(w.source for w in replace_at[nest.index].block.writes)
+        else:
+            stmts.append(nest.stmt)
+            used |= nest.reads | nest.writes
+    root = normal.root
+    allocs = [b for b in root.alloc_buffers if b in used]
+    new_root = T.make_block(root.name_hint, T.seq(stmts), root.reads, root.writes,
+                            root.annotations, root.iter_vars, root.init, allocs,
+                            root.match_buffers)
+    swaps = {}
+    for region in regions:
+        swaps.update(region.absorbed)
+    params = [swaps.get(p, p) for p in normal.func.params]
+    old = normal.func.body
+    return T.make_prim_func(normal.func, params, T.make_realize(new_root, old.iter_values,
+                                                                old.predicate))
