@@ -6,6 +6,8 @@
 >>> ex = tirbyoc.compile(mod, "llvm")            # or tvm.compile(..., relax_pipeline=tirbyoc.pipeline(target))
 """
 
-from .api import Report, apply_tir_byoc, compile, explain, offload_prim_func, pipeline
+from .api import (Report, apply_tir_byoc, compile, explain, offload_prim_func, offloaded_kernels,
+                  pipeline, run)
 
-__all__ = ["apply_tir_byoc", "explain", "pipeline", "compile", "offload_prim_func", "Report"]
+__all__ = ["apply_tir_byoc", "explain", "pipeline", "compile", "run", "offload_prim_func",
+           "offloaded_kernels", "Report"]

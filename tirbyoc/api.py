@@ -57,12 +57,11 @@ def _transform(mod, fuse, intrinsics):
         rows.extend(_already_offloaded_rows(gv.name_hint, func))
         for nest, res in results:
             rows.append(ExplainRow.of(gv.name_hint, nest, res))
-        if new is func:
-            continue
-        out.update_func(gv, new)
         flips = {_buffer_param_index(func, old) for _, r in results if r for old in r.absorbed}
         if flips:
-            absorbed[gv.name_hint] = flips
+            absorbed[gv.name_hint] = (flips, new)
+        elif new is not func:
+            out.update_func(gv, new)
     return relax_prep.drop_absorbed_transposes(out, absorbed), rows
 
 
@@ -190,3 +189,25 @@ def compile(mod, target="llvm", *, intrinsics=None):  # noqa: A001 (mirrors tvm.
     ``export_library`` + ``tvm.runtime.load_module`` in a fresh process."""
     target = T.as_target(target)
     return T.tvm_compile(mod, target, relax_pipeline=pipeline(target, intrinsics=intrinsics))
+
+
+def run(executable, *inputs, func: str = "main"):
+    """Run ``func`` of a compiled executable (or a loaded library) on numpy inputs.
+
+    Returns a numpy array, or a list of arrays when the function returns a tuple.
+    """
+    import numpy as np
+
+    vm = T.VirtualMachine(executable, T.cpu())
+    out = vm[func](*[T.tensor(np.ascontiguousarray(x)) for x in inputs])
+    if hasattr(out, "numpy"):
+        return out.numpy()
+    return [o.numpy() for o in out]
+
+
+def offloaded_kernels(mod) -> list:
+    """The kernel symbols of every offloaded block in ``mod`` (a module or a PrimFunc)."""
+    funcs = [mod] if isinstance(mod, T.PrimFunc) else \
+        [f for _, f in mod.functions_items() if isinstance(f, T.PrimFunc)]
+    return sorted(n.offloaded_kernel for f in funcs for n in normalize(f).nests
+                  if n.offloaded_kernel)

@@ -237,7 +237,7 @@ def _epilogue_chain(normal: NormalFunc, dense: Dense, steps_wanted):
     nests = normal.nests
     for step in steps_wanted:
         if prev_buf not in alloc:
-            stopped = f"{prev_buf.name} is a function output, so nothing more is fused"
+            # NOTE: the natural end of a region (its result leaves the function): no reason.
             break
         writers = [n for n in nests if prev_buf in n.writes]
         readers = [n for n in nests if prev_buf in n.reads and n not in writers]
@@ -291,17 +291,17 @@ def match_region(normal: NormalFunc, nest: Nest, intrinsics, transposed=()) -> R
     dense = match_dense(nest, dtypes)
     if not dense:
         return dense
-    # NOTE: compute the longest chain any intrinsic could use once, then pick the first
-    # intrinsic (in registry order) whose epilogue is a prefix of it.
-    longest = max((intr.epilogue for intr in intrinsics), key=len, default=())
-    reasons = []
+    # NOTE: intrinsics are tried in registry order (longest fusion first); the first
+    # one whose whole epilogue chain is present wins.
+    reasons, stops = [], []
     for intr in intrinsics:
         if dense.dtype not in intr.dtypes:
             reasons.append(f"{intr.name}: no {dense.dtype} kernel")
             continue
         chain, stopped = _epilogue_chain(normal, dense, intr.epilogue)
         if len(chain) != len(intr.epilogue):
-            reasons.append(f"{intr.name}: {stopped}")
+            stops.append((intr.epilogue, stopped))
+            reasons.append(f"{intr.name}: {stopped or 'the result is a function output'}")
             continue
         out = chain[-1][1].store.buffer if chain else dense.c
         region = Region(intr, dense, chain, out, dense.w, dense.layout)
@@ -310,8 +310,9 @@ def match_region(normal: NormalFunc, nest: Nest, intrinsics, transposed=()) -> R
         if hazard:
             reasons.append(f"{intr.name}: {hazard}")
             continue
-        if len(intr.epilogue) < len(longest):
-            region.stopped = reasons[0].split(": ", 1)[1] if reasons else None
+        # why a longer fusion that starts like this one did not apply
+        region.stopped = next((why for ep, why in stops if why and len(ep) > len(intr.epilogue)
+                               and ep[:len(intr.epilogue)] == intr.epilogue), None)
         _absorb_transpose(normal, region, transposed)
         return region
     return NoMatch("; ".join(reasons) if reasons else "no intrinsic registered")

@@ -98,36 +98,43 @@ def transpose_hints(mod) -> dict:
 
 
 def drop_absorbed_transposes(mod, absorbed: dict):
-    """Pass the untransposed tensor to functions whose weight param was flipped.
+    """Give the untransposed tensor to functions whose weight param was flipped.
 
-    ``absorbed`` maps a PrimFunc name to the input indices whose param now expects the
-    transpose's source. Dead transposes are removed afterwards.
+    ``absorbed`` maps a PrimFunc name to ``(input indices, new PrimFunc)``: those params
+    of the new function expect the transpose's source. The new functions get fresh
+    GlobalVars (their signature changed), and dead transposes are removed afterwards.
     """
     if not absorbed:
         return mod
+    base = T.IRModule({gv: f for gv, f in mod.functions_items()
+                       if gv.name_hint not in absorbed}, attrs=mod.attrs)
 
     @R.expr_functor.mutator
     class _Rewire(R.PyExprMutator):
-        def __init__(self, module, var2val):
+        def __init__(self, module):
             super().__init__(module)
-            self.var2val = var2val
+            self.var2val = {}
+            self.new_gvs = {}
 
         def visit_call_(self, call):  # noqa: N802 (TVM's visitor naming)
             call = super().visit_call_(call)
             if not call.op.same_as(T.call_tir_op()):
                 return call
-            flipped = absorbed.get(call.args[0].name_hint)
-            if not flipped:
+            name = call.args[0].name_hint
+            if name not in absorbed:
                 return call
+            flipped, new_func = absorbed[name]
+            if name not in self.new_gvs:
+                self.new_gvs[name] = self.builder_.add_func(new_func, name)
             args = list(call.args[1].fields)
             for i in flipped:
                 args[i] = _transposed_source(mod, self.var2val, args[i])
-            return T.relax_call_with_args(call, [call.args[0], R.Tuple(args)]
+            return T.relax_call_with_args(call, [self.new_gvs[name], R.Tuple(args)]
                                           + list(call.args[2:]))
 
-    out = mod.clone()
-    for gv, func in list(mod.functions_items()):
+    rewire = _Rewire(base)
+    for gv, func in mod.functions_items():
         if isinstance(func, T.Function):
-            new = _Rewire(mod, R.analysis.get_var2val(func)).visit_expr(func)
-            out.update_func(gv, new)
-    return T.dead_code_elimination()(out)
+            rewire.var2val = R.analysis.get_var2val(func)
+            rewire.builder_.update_func(gv, rewire.visit_expr(func))
+    return T.dead_code_elimination()(rewire.builder_.get())

@@ -1,0 +1,71 @@
+/*
+ * tirbyoc_kernels.h - public ABI of the tirbyoc C kernel library.
+ *
+ * This header is the single source of truth for every exported symbol. The
+ * same declarations feed the cffi extension (tirbyoc._kernels) and the
+ * relocatable object (libtirbyoc_kernels.o) that TVM links into generated
+ * code through T.call_extern.
+ *
+ * Symbol naming: tirbyoc_<op>_<dtype>[_<variant>]
+ *   op       what is computed, epilogue included (dense, dense_relu, ...)
+ *   dtype    element type (f32 = IEEE-754 binary32)
+ *   variant  operand layout; for dense: "nt" (W is [N, K]) or "nn" (W is [K, N])
+ *
+ * Argument convention (every kernel):
+ *   - sizes first (int64_t), then for each operand its pointer followed by its
+ *     row stride, output last;
+ *   - matrices are row-major with unit stride inside a row; row strides
+ *     (lda, ldw, ldc) count ELEMENTS, not bytes, and must be >= the row length;
+ *   - optional operands (bias) may be NULL; a matrix pointer may be NULL only
+ *     when that matrix has no elements;
+ *   - the output must not overlap any input;
+ *   - the return value is a tirbyoc_status (TIRBYOC_OK on success); on error
+ *     nothing is written.
+ *
+ * Kernels never allocate on the heap and keep no mutable global state, so
+ * they are safe to call concurrently on disjoint outputs.
+ *
+ * Everything between the CDEF markers is also fed verbatim (comments
+ * stripped) to cffi's cdef(): keep it free of macros and preprocessor lines.
+ */
+#ifndef TIRBYOC_KERNELS_H
+#define TIRBYOC_KERNELS_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* BEGIN CDEF */
+
+typedef enum tirbyoc_status {
+    TIRBYOC_OK = 0,
+    TIRBYOC_EINVAL = 1
+} tirbyoc_status;
+
+/*
+ * Dense layer, float32:  C[M, N] = A[M, K] @ op(W) (+ bias[N]) (then relu).
+ * A has row stride lda >= K, C has row stride ldc >= N, bias is [N]
+ * contiguous or NULL. M, N, K may be 0; with K == 0 the result is the bias
+ * (or 0) followed by the activation. Relu propagates NaN.
+ * TIRBYOC_EINVAL: a negative size, a row stride below its row length, or a
+ * NULL pointer to a matrix with elements.
+ */
+
+/* "nt": W is [N, K] (nn.Linear layout), ldw >= K.  C = A @ W^T (+ bias) */
+int32_t tirbyoc_dense_f32_nt(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, const float *w, int64_t ldw, const float *bias, float *c, int64_t ldc);
+/* "nt" then relu: C = max(A @ W^T (+ bias), 0) */
+int32_t tirbyoc_dense_relu_f32_nt(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, const float *w, int64_t ldw, const float *bias, float *c, int64_t ldc);
+/* "nn": W is [K, N], ldw >= N.  C = A @ W (+ bias) */
+int32_t tirbyoc_dense_f32_nn(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, const float *w, int64_t ldw, const float *bias, float *c, int64_t ldc);
+/* "nn" then relu: C = max(A @ W (+ bias), 0) */
+int32_t tirbyoc_dense_relu_f32_nn(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, const float *w, int64_t ldw, const float *bias, float *c, int64_t ldc);
+
+/* END CDEF */
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TIRBYOC_KERNELS_H */

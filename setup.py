@@ -1,0 +1,84 @@
+"""Build script for tirbyoc's C kernel library (metadata is in pyproject.toml).
+
+Two artifacts are produced from the same C sources and flags:
+  * tirbyoc/_kernels*.so       - the cffi extension (via ``cffi_modules``);
+  * tirbyoc/libtirbyoc_kernels.o - one relocatable, position-independent
+    object without any Python symbols, which TVM links into generated code
+    through ``tvm.runtime.load_static_library``.
+
+Both are rebuilt on every build so that ``pip install -e .`` always picks up
+edits to the C code.
+"""
+
+import itertools
+import os
+import runpy
+
+from setuptools import setup
+from setuptools.command.build_ext import build_ext
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PACKAGE = "tirbyoc"
+STATIC_OBJECT = "libtirbyoc_kernels.o"
+
+# Source list, include dirs and flags live in the cffi build script only.
+_KERNEL_BUILD = runpy.run_path(os.path.join(HERE, PACKAGE, "_build_kernels.py"))
+
+
+class build_ext_with_static_object(build_ext):
+    """build_ext that also emits the kernels as one relocatable object."""
+
+    def finalize_options(self):
+        super().finalize_options()
+        # Timestamps are not trusted (the header is not tracked by the
+        # object build, and pip may reuse build dirs): always rebuild.
+        self.force = True
+
+    def run(self):
+        super().run()
+        self._build_static_object()
+
+    def _static_object_paths(self):
+        built = os.path.join(self.build_lib, PACKAGE, STATIC_OBJECT)
+        package_dir = self.get_finalized_command("build_py").get_package_dir(PACKAGE)
+        return built, os.path.join(package_dir, STATIC_OBJECT)
+
+    def _build_static_object(self):
+        built, inplace = self._static_object_paths()
+        # self.compiler is the compiler that just built the cffi extension.
+        objects = self.compiler.compile(
+            _KERNEL_BUILD["KERNEL_SOURCES"],
+            output_dir=os.path.join(self.build_temp, "static"),
+            include_dirs=_KERNEL_BUILD["INCLUDE_DIRS"],
+            extra_postargs=list(_KERNEL_BUILD["EXTRA_COMPILE_ARGS"]) + ["-fPIC"],
+            depends=[_KERNEL_BUILD["HEADER"]],
+        )
+        self.mkpath(os.path.dirname(built))
+        # "-r": partial link of all kernel objects into one relocatable object
+        # (also for a single object, so there is one code path).
+        # The compiler command without its flags (it may be "ccache gcc").
+        cc = list(itertools.takewhile(lambda arg: not arg.startswith("-"),
+                                      self.compiler.compiler_so))
+        self.spawn(cc + ["-r", "-nostdlib", "-o", built] + objects)
+        if self.inplace:
+            self.copy_file(built, inplace, level=self.verbose)
+
+    def get_outputs(self):
+        outputs = super().get_outputs()
+        built, _ = self._static_object_paths()
+        if built not in outputs:
+            outputs.append(built)
+        return outputs
+
+    def get_output_mapping(self):
+        mapping = super().get_output_mapping()
+        if self.inplace:
+            built, inplace = self._static_object_paths()
+            mapping[built] = inplace
+        return mapping
+
+
+setup(
+    cffi_modules=["tirbyoc/_build_kernels.py:ffibuilder"],
+    cmdclass={"build_ext": build_ext_with_static_object},
+)

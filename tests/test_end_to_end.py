@@ -1,0 +1,194 @@
+"""End to end: Relax models offloaded, compiled, run; numerics and offload counts.
+
+Tolerance: results within rtol 1e-4 of a float64 numpy reference, with an absolute floor
+of 1e-4 * max|reference| for entries near zero.
+"""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+
+import tirbyoc
+from tirbyoc import examples
+
+RTOL = 1e-4
+
+
+def assert_close(got, ref):
+    np.testing.assert_allclose(got, ref, rtol=RTOL, atol=RTOL * float(np.abs(ref).max()))
+
+
+def _inputs(batch, layers, bind_weights):
+    x = np.random.default_rng(1).standard_normal((batch, layers[0][0].shape[1]), np.float32)
+    args = [x]
+    if not bind_weights:
+        for w, b in layers:
+            args += [w, b]
+    return x, args
+
+
+def _prim_func_names(mod):
+    return sorted(gv.name_hint for gv, f in mod.functions_items()
+                  if isinstance(f, tvm.tirx.PrimFunc))
+
+
+@pytest.mark.parametrize("bind_weights", [True, False], ids=["weights-bound", "weights-as-inputs"])
+def test_seed_mlp_relax_static(bind_weights):
+    layers = examples.mlp_weights()
+    mod = examples.mlp_relax(64, layers, bind_weights=bind_weights)
+    offloaded = tirbyoc.apply_tir_byoc(mod)
+    assert tirbyoc.offloaded_kernels(offloaded) == [
+        "tirbyoc_dense_f32_nt" if not bind_weights else "tirbyoc_dense_f32_nn",
+        "tirbyoc_dense_relu_f32_nt" if not bind_weights else "tirbyoc_dense_relu_f32_nn"]
+    # no transpose copy of a weight survives as a runtime step
+    assert not [n for n in _prim_func_names(offloaded) if "transpose" in n]
+    x, args = _inputs(64, layers, bind_weights)
+    ex = tvm.compile(offloaded, target="llvm")
+    assert_close(tirbyoc.run(ex, *args), examples.mlp_numpy(x, layers))
+
+
+def test_seed_mlp_symbolic_batch():
+    layers = examples.mlp_weights()
+    mod = examples.mlp_relax(None, layers, bind_weights=False)
+    report = tirbyoc.explain(mod)
+    assert sorted(r.intrinsic for r in report.offloaded) == ["dense_bias", "dense_bias_relu"]
+    ex = tirbyoc.compile(mod)
+    for batch in (1, 7, 33, 64):
+        x, args = _inputs(batch, layers, False)
+        assert_close(tirbyoc.run(ex, *args), examples.mlp_numpy(x, layers))
+
+
+def test_pipeline_with_tvm_compile_matches_tirbyoc_compile():
+    layers = examples.mlp_weights((33, 7, 5))
+    mod = examples.mlp_relax(9, layers)
+    target = tvm.target.Target("llvm")
+    ex = tvm.compile(mod, target=target, relax_pipeline=tirbyoc.pipeline(target))
+    x, args = _inputs(9, layers, True)
+    assert_close(tirbyoc.run(ex, *args), examples.mlp_numpy(x, layers))
+
+
+def _single_layer(rows_shape, k, n, tail=None, dtype="float32"):
+    """x[rows.., k] @ W^T + b -> relu (-> tail), weights as inputs."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType(rows_shape + (k,), dtype))
+    w = relax.Var("w", relax.TensorType((n, k), dtype))
+    b = relax.Var("b", relax.TensorType((n,), dtype))
+    with bb.function("main", [x, w, b]):
+        with bb.dataflow():
+            h = bb.emit(relax.op.matmul(x, bb.emit(relax.op.permute_dims(w, [1, 0]))))
+            h = bb.emit(relax.op.nn.relu(bb.emit(relax.op.add(h, b))))
+            if tail == "tanh":
+                h = bb.emit(relax.op.tanh(h))
+            elif tail == "residual":
+                h = bb.emit(relax.op.add(h, x))
+            out = bb.emit_output(h)
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def _reference(x, w, b, tail=None):
+    h = np.maximum(x.astype(np.float64) @ w.T.astype(np.float64) + b, 0)
+    if tail == "tanh":
+        h = np.tanh(h)
+    elif tail == "residual":
+        h = h + x
+    return h
+
+
+@pytest.mark.parametrize("tail", ["tanh", "residual"])
+def test_prefix_is_offloaded_and_the_rest_stays(tail):
+    k = n = 24
+    mod = _single_layer((5,), k, n, tail)
+    offloaded = tirbyoc.apply_tir_byoc(mod)
+    assert tirbyoc.offloaded_kernels(offloaded) == ["tirbyoc_dense_relu_f32_nt"]
+    fused = [f for gv, f in offloaded.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
+    # one fused PrimFunc: the kernel call, then the rest of the chain as TIR
+    assert len(fused) == 1
+    rest = [n.name for n in tirbyoc.normalize.normalize(fused[0]).nests if not n.offloaded_kernel]
+    assert len(rest) == 1
+    assert ("T.tanh" if tail == "tanh" else "x[") in fused[0].script()
+    rng = np.random.default_rng(2)
+    x, w, b = (rng.standard_normal(s, np.float32) for s in ((5, k), (n, k), (n,)))
+    got = tirbyoc.run(tvm.compile(offloaded, target="llvm"), x, w, b)
+    assert_close(got, _reference(x, w, b, tail))
+
+
+def test_batched_activations():
+    mod = _single_layer((2, 16), 64, 32)
+    assert tirbyoc.offloaded_kernels(tirbyoc.apply_tir_byoc(mod)) == ["tirbyoc_dense_relu_f32_nt"]
+    rng = np.random.default_rng(3)
+    x, w, b = (rng.standard_normal(s, np.float32) for s in ((2, 16, 64), (32, 64), (32,)))
+    assert_close(tirbyoc.run(tirbyoc.compile(mod), x, w, b), _reference(x, w, b))
+
+
+def test_legalized_unfused_module_offloads_the_dense_alone():
+    layers = examples.mlp_weights((16, 8, 4))
+    mod = relax.transform.LegalizeOps()(examples.mlp_relax(3, layers, bind_weights=False))
+    offloaded = tirbyoc.apply_tir_byoc(mod)
+    # the epilogue lives in separate PrimFuncs, so only the matmuls go to the kernel
+    assert tirbyoc.offloaded_kernels(offloaded) == ["tirbyoc_dense_f32_nt"] * 2
+    assert "add" in " ".join(_prim_func_names(offloaded))
+    x, args = _inputs(3, layers, False)
+    assert_close(tirbyoc.run(tvm.compile(offloaded, target="llvm"), *args),
+                 examples.mlp_numpy(x, layers))
+    # asked to fuse, the same module offloads the whole layers
+    fused = tirbyoc.apply_tir_byoc(mod, fuse=True)
+    assert tirbyoc.offloaded_kernels(fused) == ["tirbyoc_dense_f32_nt", "tirbyoc_dense_relu_f32_nt"]
+
+
+def test_float16_model_is_not_offloaded_and_still_runs():
+    mod = _single_layer((4,), 8, 6, dtype="float16")
+    offloaded = tirbyoc.apply_tir_byoc(mod)
+    assert tirbyoc.offloaded_kernels(offloaded) == []
+    report = tirbyoc.explain(mod)
+    assert len(report.rejected) == 1 and "float16" in report.rejected[0].detail
+    rng = np.random.default_rng(4)
+    x, w, b = (rng.standard_normal(s).astype(np.float16) for s in ((4, 8), (6, 8), (6,)))
+    got = tirbyoc.run(tvm.compile(offloaded, target="llvm"), x, w, b)
+    np.testing.assert_allclose(got.astype(np.float32), _reference(x, w, b), rtol=1e-2, atol=1e-2)
+
+
+_FRESH_PROCESS = textwrap.dedent("""
+    import sys
+    import numpy as np
+    import tvm
+    from tvm import relax
+    lib = tvm.runtime.load_module(sys.argv[1])
+    vm = relax.VirtualMachine(lib, tvm.cpu())
+    args = [tvm.runtime.tensor(a) for a in np.load(sys.argv[2]).values()]
+    np.save(sys.argv[3], vm["main"](*args).numpy())
+""")
+
+
+@pytest.mark.parametrize("batch", [64, None], ids=["static", "symbolic"])
+def test_export_library_runs_in_a_fresh_process(tmp_path, batch):
+    layers = examples.mlp_weights()
+    ex = tirbyoc.compile(examples.mlp_relax(batch, layers))
+    path = str(tmp_path / "mlp.so")
+    ex.export_library(path)
+    x, args = _inputs(batch or 17, layers, True)
+    np.savez(tmp_path / "in.npz", *args)
+    # NOTE: a plain interpreter that never imports tirbyoc: the kernels must be inside
+    # the exported library itself.
+    subprocess.run([sys.executable, "-c", _FRESH_PROCESS, path, str(tmp_path / "in.npz"),
+                    str(tmp_path / "out.npy")], check=True, cwd=tmp_path,
+                   env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    assert_close(np.load(tmp_path / "out.npy"), examples.mlp_numpy(x, layers))
+
+
+def test_missing_kernel_library_says_how_to_fix(monkeypatch, tmp_path):
+    from tirbyoc import kernels
+
+    monkeypatch.setattr(kernels, "STATIC_OBJECT_NAME", "not_built.o")
+    kernels.static_library.cache_clear()
+    try:
+        with pytest.raises(ImportError, match="pip install -e"):
+            tirbyoc.apply_tir_byoc(examples.mlp_relax(2, examples.mlp_weights((4, 3, 2))))
+    finally:
+        kernels.static_library.cache_clear()

@@ -1,0 +1,131 @@
+"""Example models: the seed MLP (800 -> Linear(500) -> ReLU -> Linear(10)) in three forms.
+
+* ``mlp_relax``: written directly in Relax, ``nn.Linear``-style (``matmul(x, W^T) + b``);
+* ``mlp_torch``: a ``torch.nn`` module imported with ``torch.export`` and
+  ``from_exported_program``;
+* ``mlp_onnx``: an ONNX graph (``Gemm`` with ``transB=1``, ``Relu``) imported with
+  ``from_onnx``.
+
+All take the weights from ``mlp_weights`` so that the three can be compared.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import _tvm as T
+
+SEED_SIZES = (800, 500, 10)
+
+
+def mlp_weights(sizes=SEED_SIZES, seed=0):
+    """``[(W [out, in], b [out]), ...]`` float32, scaled like ``nn.Linear``'s init."""
+    rng = np.random.default_rng(seed)
+    layers = []
+    for fan_in, fan_out in zip(sizes[:-1], sizes[1:]):
+        bound = 1.0 / np.sqrt(fan_in)
+        w = rng.uniform(-bound, bound, (fan_out, fan_in)).astype(np.float32)
+        b = rng.uniform(-bound, bound, fan_out).astype(np.float32)
+        layers.append((w, b))
+    return layers
+
+
+def mlp_numpy(x, layers):
+    """The reference: float64 numpy."""
+    h = x.astype(np.float64)
+    for i, (w, b) in enumerate(layers):
+        h = h @ w.T.astype(np.float64) + b
+        if i + 1 < len(layers):
+            h = np.maximum(h, 0.0)
+    return h.astype(np.float32)
+
+
+def mlp_relax(batch=64, layers=None, *, bind_weights=True, activation="relu"):
+    """The MLP as a Relax module; ``batch=None`` gives a symbolic batch dimension.
+
+    With ``bind_weights`` the weights are constants in the module (the deployment case);
+    otherwise ``main`` takes ``(x, w0, b0, w1, b1, ...)``.
+    """
+    R = T.relax_ns
+    layers = layers if layers is not None else mlp_weights()
+    rows = batch if batch is not None else T.tirx_ns.Var("batch", "int64")
+    bb = R.BlockBuilder()
+    x = R.Var("x", R.TensorType((rows, layers[0][0].shape[1]), "float32"))
+    params = [x]
+    if not bind_weights:
+        for i, (w, b) in enumerate(layers):
+            params += [R.Var(f"w{i}", R.TensorType(w.shape, "float32")),
+                       R.Var(f"b{i}", R.TensorType(b.shape, "float32"))]
+    with bb.function("main", params):
+        with bb.dataflow():
+            h = x
+            for i, (w, b) in enumerate(layers):
+                wv = R.const(w) if bind_weights else params[1 + 2 * i]
+                bv = R.const(b) if bind_weights else params[2 + 2 * i]
+                h = bb.emit(R.op.matmul(h, bb.emit(R.op.permute_dims(wv, [1, 0]))))
+                h = bb.emit(R.op.add(h, bv))
+                if i + 1 < len(layers):
+                    h = bb.emit(getattr(R.op.nn, activation)(h))
+            out = bb.emit_output(h)
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def mlp_torch_module(layers=None):
+    """A ``torch.nn.Sequential`` MLP holding ``layers``' weights."""
+    import torch
+
+    layers = layers if layers is not None else mlp_weights()
+    mods = []
+    for i, (w, b) in enumerate(layers):
+        lin = torch.nn.Linear(w.shape[1], w.shape[0])
+        with torch.no_grad():
+            lin.weight.copy_(torch.from_numpy(w))
+            lin.bias.copy_(torch.from_numpy(b))
+        mods.append(lin)
+        if i + 1 < len(layers):
+            mods.append(torch.nn.ReLU())
+    return torch.nn.Sequential(*mods).eval()
+
+
+def mlp_torch(batch=64, layers=None, *, dynamic_batch=False):
+    """(Relax module, torch module) via ``torch.export`` + ``from_exported_program``."""
+    import torch
+    from tvm.relax.frontend.torch import from_exported_program
+
+    model = mlp_torch_module(layers)
+    example = torch.zeros(batch, model[0].in_features)
+    shapes = {"input": {0: torch.export.Dim("batch", min=1, max=1 << 16)}} if dynamic_batch \
+        else None
+    ep = torch.export.export(model, (example,), dynamic_shapes=shapes)
+    return from_exported_program(ep), model
+
+
+def mlp_onnx_model(layers=None):
+    """The MLP as an ONNX ModelProto (``Gemm`` transB=1 + ``Relu``), symbolic batch."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    layers = layers if layers is not None else mlp_weights()
+    nodes, inits, h = [], [], "x"
+    for i, (w, b) in enumerate(layers):
+        inits += [numpy_helper.from_array(w, f"w{i}"), numpy_helper.from_array(b, f"b{i}")]
+        out = f"h{i}" if i + 1 < len(layers) else "y"
+        nodes.append(helper.make_node("Gemm", [h, f"w{i}", f"b{i}"], [out], transB=1))
+        h = out
+        if i + 1 < len(layers):
+            nodes.append(helper.make_node("Relu", [h], [f"r{i}"]))
+            h = f"r{i}"
+    graph = helper.make_graph(
+        nodes, "mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", layers[0][0].shape[1]])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", layers[-1][0].shape[0]])],
+        inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def mlp_onnx(layers=None):
+    """(Relax module, ONNX model) via ``tvm.relax.frontend.onnx.from_onnx``."""
+    from tvm.relax.frontend.onnx import from_onnx
+
+    model = mlp_onnx_model(layers)
+    return from_onnx(model, keep_params_in_input=False), model

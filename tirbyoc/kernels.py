@@ -1,0 +1,145 @@
+"""Python side of the tirbyoc C kernel library (sources in ``kernels/``).
+
+* :func:`load` - the cffi ``(ffi, lib)`` pair of the compiled kernels;
+* :func:`static_library_path` / :func:`static_library` - the relocatable
+  object ``libtirbyoc_kernels.o`` that TVM links into generated code
+  (attach ``static_library()`` to an IRModule's ``external_mods``);
+* :func:`exported_symbols` - the C function names the library exports;
+* :func:`dense` - a numpy convenience wrapper around the dense kernels.
+
+TVM is imported lazily (only by :func:`static_library`), so the kernels can
+be used and tested without paying for a TVM import.
+"""
+
+import functools
+import os
+
+import numpy as np
+
+STATIC_OBJECT_NAME = "libtirbyoc_kernels.o"
+SYMBOL_PREFIX = "tirbyoc_"
+
+# Mirrors enum tirbyoc_status in kernels/tirbyoc_kernels.h.
+TIRBYOC_OK = 0
+TIRBYOC_EINVAL = 1
+
+_BUILD_HINT = (
+    "the tirbyoc C kernel library was not built (or is out of date); "
+    "run `pip install -e .` in the project root"
+)
+
+
+class KernelLibraryError(ImportError):
+    """The compiled kernel library (cffi extension or static object) is missing."""
+
+
+@functools.lru_cache(maxsize=None)
+def load():
+    """Return the cffi ``(ffi, lib)`` of the compiled kernel library."""
+    try:
+        from . import _kernels
+    except ImportError as exc:
+        raise KernelLibraryError(f"{_BUILD_HINT} ({exc})") from exc
+    return _kernels.ffi, _kernels.lib
+
+
+def static_library_path():
+    """Path of ``libtirbyoc_kernels.o`` (built next to this package)."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), STATIC_OBJECT_NAME)
+    if not os.path.isfile(path):
+        raise KernelLibraryError(f"{_BUILD_HINT} (missing {path})")
+    return path
+
+
+@functools.lru_cache(maxsize=None)
+def _exported_symbols():
+    # Taken from the compiled extension rather than from the header, which a
+    # regular (non-editable) install does not ship. Both artifacts are built
+    # from the same sources in the same build, so the sets agree.
+    _, lib = load()
+    return tuple(sorted(
+        name for name in dir(lib)
+        if name.startswith(SYMBOL_PREFIX) and callable(getattr(lib, name))
+    ))
+
+
+def exported_symbols():
+    """Names of all C functions exported by the kernel library."""
+    return list(_exported_symbols())
+
+
+@functools.lru_cache(maxsize=None)
+def static_library():
+    """The kernel object as a TVM static-library module (cached).
+
+    Attach it to ``mod.with_attr("external_mods", [...])`` so that TVM links
+    ``libtirbyoc_kernels.o`` into the module it builds.
+    """
+    import tvm  # deferred: importing TVM is slow
+
+    return tvm.runtime.load_static_library(static_library_path(), exported_symbols())
+
+
+def _row_stride(arr, name):
+    """Row stride in elements of a 2-D float32 array with contiguous rows."""
+    if arr.dtype != np.float32:
+        raise TypeError(f"{name} must be float32, got {arr.dtype}")
+    if arr.ndim != 2:
+        raise ValueError(f"{name} must be 2-D, got shape {arr.shape}")
+    rows, cols = arr.shape
+    if cols > 1 and arr.strides[1] != arr.itemsize:
+        raise ValueError(f"{name} must have contiguous rows (inner stride 1)")
+    if rows <= 1:
+        # The stride of a single row is never used; numpy may report anything.
+        return cols
+    if arr.strides[0] % arr.itemsize or arr.strides[0] < cols * arr.itemsize:
+        raise ValueError(f"{name} has an unsupported row stride {arr.strides[0]} bytes")
+    return arr.strides[0] // arr.itemsize
+
+
+def dense(a, w, bias=None, relu=False, layout="nt", out=None):
+    """``a @ w.T`` ("nt", w is [N, K]) or ``a @ w`` ("nn", w is [K, N]),
+    plus ``bias`` ([N] or None), then relu if asked, via the C kernels.
+
+    Arrays must be float32 with contiguous rows; row strides may be larger
+    than the rows (e.g. column slices of wider arrays). ``out`` ([M, N]) is
+    written in place when given. Returns the result array.
+    """
+    if layout not in ("nt", "nn"):
+        raise ValueError(f"layout must be 'nt' or 'nn', got {layout!r}")
+    lda = _row_stride(a, "a")
+    ldw = _row_stride(w, "w")
+    m, k = a.shape
+    if layout == "nt":
+        n, wk = w.shape
+    else:
+        wk, n = w.shape
+    if wk != k:
+        raise ValueError(f"shape mismatch: a is {a.shape}, w is {w.shape} (layout {layout!r})")
+    if bias is not None:
+        if bias.dtype != np.float32 or bias.shape != (n,):
+            raise ValueError(f"bias must be float32 of shape ({n},), got {bias.dtype} {bias.shape}")
+        if n > 1 and bias.strides[0] != bias.itemsize:
+            raise ValueError("bias must be contiguous")
+    if out is None:
+        out = np.empty((m, n), dtype=np.float32)
+    elif out.shape != (m, n):
+        raise ValueError(f"out must have shape {(m, n)}, got {out.shape}")
+    if not out.flags.writeable:
+        raise ValueError("out must be writeable")
+    if any(x is not None and np.may_share_memory(out, x) for x in (a, w, bias)):
+        raise ValueError("out must not overlap the inputs")
+    ldc = _row_stride(out, "out")
+
+    ffi, lib = load()
+    func = getattr(lib, f"tirbyoc_dense{'_relu' if relu else ''}_f32_{layout}")
+
+    def ptr(arr):
+        if arr is None or arr.size == 0:
+            return ffi.NULL
+        return ffi.cast("float *", arr.ctypes.data)
+
+    status = func(m, n, k, ptr(a), lda, ptr(w), ldw, ptr(bias), ptr(out), ldc)
+    if status != TIRBYOC_OK:
+        raise RuntimeError(f"{func.__name__} failed with status {status}")
+    return out
