@@ -15,6 +15,7 @@ import tvm
 from tvm import relax
 
 import tirbyoc
+from intrinsics import REGISTRY, by_name
 from tirbyoc import examples
 
 RTOL = 1e-4
@@ -192,3 +193,70 @@ def test_missing_kernel_library_says_how_to_fix(monkeypatch, tmp_path):
             tirbyoc.apply_tir_byoc(examples.mlp_relax(2, examples.mlp_weights((4, 3, 2))))
     finally:
         kernels.static_library.cache_clear()
+
+
+def test_tir_only_module_in_process_and_exported(tmp_path):
+    from . import tir_forms as F
+
+    mod = tvm.IRModule({"main": F.nt_bias_relu})
+    ex = tirbyoc.compile(mod)
+    rng = np.random.default_rng(5)
+    a, w, b = (rng.standard_normal(s, np.float32) for s in ((64, 80), (50, 80), (50,)))
+    ref = np.maximum(a.astype(np.float64) @ w.T + b, 0)
+    out = tvm.runtime.tensor(np.zeros((64, 50), np.float32))
+    ex["main"](*[tvm.runtime.tensor(v) for v in (a, w, b)], out)
+    assert_close(out.numpy(), ref)
+    path = str(tmp_path / "tir.so")
+    ex.export_library(path)
+    np.savez(tmp_path / "in.npz", a, w, b)
+    script = textwrap.dedent("""
+        import sys
+        import numpy as np
+        import tvm
+        lib = tvm.runtime.load_module(sys.argv[1])
+        args = [tvm.runtime.tensor(a) for a in np.load(sys.argv[2]).values()]
+        out = tvm.runtime.tensor(np.zeros((64, 50), np.float32))
+        lib["main"](*args, out)
+        np.save(sys.argv[3], out.numpy())
+    """)
+    subprocess.run([sys.executable, "-c", script, path, str(tmp_path / "in.npz"),
+                    str(tmp_path / "out.npy")], check=True, cwd=tmp_path)
+    assert_close(np.load(tmp_path / "out.npy"), ref)
+
+
+def _layer(intrinsic_name, layout, m, k, n):
+    """One layer whose epilogue is exactly that of ``intrinsic_name``; weights as inputs."""
+    bias, relu = "bias" in intrinsic_name, "relu" in intrinsic_name
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((m, k), "float32"))
+    w = relax.Var("w", relax.TensorType((n, k) if layout == "nt" else (k, n), "float32"))
+    b = relax.Var("b", relax.TensorType((n,), "float32"))
+    with bb.function("main", [x, w, b]):
+        with bb.dataflow():
+            wk = bb.emit(relax.op.permute_dims(w, [1, 0])) if layout == "nt" else w
+            h = bb.emit(relax.op.matmul(x, wk))
+            if bias:
+                h = bb.emit(relax.op.add(h, b))
+            if relu:
+                h = bb.emit(relax.op.nn.relu(h))
+            out = bb.emit_output(h)
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+@pytest.mark.parametrize("layout", ["nt", "nn"])
+@pytest.mark.parametrize("name", [i.name for i in REGISTRY])
+def test_every_intrinsic_matches_its_numpy_reference(name, layout):
+    intr = by_name(name)
+    m, k, n = 7, 33, 5
+    mod = _layer(name, layout, m, k, n)
+    report = tirbyoc.explain(mod)
+    assert [r.intrinsic for r in report.offloaded] == [name]
+    assert report.offloaded[0].kernel == intr.symbol("float32", "nt" if layout == "nt" else "nn")
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((m, k), np.float32)
+    w_kn = rng.standard_normal((k, n), np.float32)
+    b = rng.standard_normal(n, np.float32)
+    w = np.ascontiguousarray(w_kn.T) if layout == "nt" else w_kn
+    got = tirbyoc.run(tirbyoc.compile(mod), x, w, b)
+    assert_close(got, intr.reference(x, w_kn, b if "bias" in name else None))

@@ -381,6 +381,22 @@ def intermediate_read_twice(A: T.Buffer((4, 6), "float32"), W: T.Buffer((3, 6), 
             P[vi, vj] = C[vi, vj]
 
 
+@T.prim_func(s_tir=True)
+def bias_is_the_product(A: T.Buffer((1, 6), "float32"), W: T.Buffer((3, 6), "float32"),
+                        O: T.Buffer((1, 3), "float32")):
+    C = T.sblock_alloc_buffer((1, 3), "float32")
+    for i, j, k in T.grid(1, 3, 6):
+        with T.sblock("mm"):
+            vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+            with T.init():
+                C[vi, vj] = T.float32(0)
+            C[vi, vj] = C[vi, vj] + A[vi, vk] * W[vj, vk]
+    for i, j in T.grid(1, 3):
+        with T.sblock("double"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            O[vi, vj] = C[vi, vj] + C[0, vj]
+
+
 # Forms whose every block must come back unchanged: (name, function, reason fragment)
 REFUSED = [
     ("extra_scale", extra_scale, "extra factor"),
@@ -399,4 +415,5 @@ PARTIAL = [
     ("scaled_epilogue", scaled_epilogue, "dense", "scaled_bias", "bias"),
     ("intermediate_read_twice", intermediate_read_twice, "dense", "bias",
      "more than one consumer"),
+    ("bias_is_the_product", bias_is_the_product, "dense", "double", "the region writes"),
 ]

@@ -81,7 +81,15 @@ def apply_tir_byoc(mod, *, fuse="auto", intrinsics=None):
     nothing more. ``fuse``: see ``tirbyoc.relax_prep.prepare``.
     """
     out, rows = _transform(mod, fuse, intrinsics)
-    return _attach_kernels(out) if any(r.offloaded for r in rows) else out
+    if not any(r.offloaded for r in rows):
+        return out
+    if not relax_prep.has_relax_functions(out):
+        # NOTE: TVM's TIR-only build ignores external_mods; its in-process JIT finds the
+        # kernels among the process's global symbols instead (see tirbyoc.compile).
+        from . import kernels
+
+        kernels.make_symbols_global()
+    return _attach_kernels(out)
 
 
 @dataclass
@@ -188,7 +196,15 @@ def compile(mod, target="llvm", *, intrinsics=None):  # noqa: A001 (mirrors tvm.
     """``tvm.compile`` with tirbyoc's offload; the result runs in process and survives
     ``export_library`` + ``tvm.runtime.load_module`` in a fresh process."""
     target = T.as_target(target)
-    return T.tvm_compile(mod, target, relax_pipeline=pipeline(target, intrinsics=intrinsics))
+    if relax_prep.has_relax_functions(mod):
+        return T.tvm_compile(mod, target, relax_pipeline=pipeline(target, intrinsics=intrinsics))
+    from . import kernels
+
+    # A TIR-only module: TVM's TIR build does not read external_mods, so the kernel
+    # object is imported into the result explicitly (export_library then links it).
+    ex = T.tvm_compile(apply_tir_byoc(mod, intrinsics=intrinsics), target)
+    ex.mod.import_module(kernels.static_library())
+    return ex
 
 
 def run(executable, *inputs, func: str = "main"):

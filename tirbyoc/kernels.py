@@ -80,6 +80,24 @@ def static_library():
     return tvm.runtime.load_static_library(static_library_path(), exported_symbols())
 
 
+@functools.lru_cache(maxsize=None)
+def make_symbols_global():
+    """Make the kernel symbols visible to code that TVM JIT-compiles in this process.
+
+    Python loads the cffi extension with RTLD_LOCAL; TVM's in-process LLVM JIT of a
+    TIR-only module resolves ``call_extern`` symbols among the process's global symbols,
+    so the extension is loaded once more with RTLD_GLOBAL. (Relax builds link
+    ``static_library()`` instead and do not need this.)
+    """
+    import ctypes
+
+    try:
+        from . import _kernels
+    except ImportError as exc:
+        raise KernelLibraryError(f"{_BUILD_HINT} ({exc})") from exc
+    return ctypes.CDLL(_kernels.__file__, mode=ctypes.RTLD_GLOBAL)
+
+
 def _row_stride(arr, name):
     """Row stride in elements of a 2-D float32 array with contiguous rows."""
     if arr.dtype != np.float32:

@@ -259,8 +259,11 @@ def _epilogue_chain(normal: NormalFunc, dense: Dense, steps_wanted):
         if not sm:
             stopped = f"consumer {consumer.name} is not a {step.name}: {sm.reason}"
             break
-        if any(b.same_as(consumer.store.buffer) for b in sm.captures.values()):
-            stopped = f"consumer {consumer.name} reads its own output"
+        # NOTE: an operand of the step that the region itself writes (e.g. adding the
+        # matmul result to itself) would be read before the kernel produced it.
+        written = [dense.c, consumer.store.buffer] + [n.store.buffer for _, n, _ in chain]
+        if any(b.same_as(x) for b in sm.captures.values() for x in written):
+            stopped = f"consumer {consumer.name} reads a buffer the region writes as an operand"
             break
         chain.append((step, consumer, sm))
         prev_buf = consumer.store.buffer
