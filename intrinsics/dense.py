@@ -5,7 +5,8 @@ Pattern: a ``C[rows.., n] += A[rows.., k] * W`` reduction (weight read as W[n, k
 optionally a relu. Kernels: ``tirbyoc_dense_f32_{nt,nn}`` (bias may be NULL) and
 ``tirbyoc_dense_relu_f32_{nt,nn}``, declared in ``kernels/tirbyoc_kernels.h``.
 Argument mapping (all sizes and strides int64, strides in elements):
-``(m, n, k, A, lda, W, ldw, bias or NULL, C, ldc)``.
+``(m, n, k, A, lda, W, ldw, bias or NULL, C, ldc)``; for a weight packed at compile time
+(``tirbyoc_dense[_relu]_f32_packed``) the same without ``ldw``.
 """
 
 from __future__ import annotations
@@ -23,11 +24,12 @@ def dense_arguments(region: Region) -> list:
     d = region.dense
     bias = region.capture("bias")
     an = T.analyzer()
-    ldw = row_stride(region.weight, 1, an)
+    weight = [T.address_of_first(region.weight)]
+    if region.layout != "packed":
+        weight.append(T.as_int64(row_stride(region.weight, 1, an)))
     ldc = row_stride(region.out, len(d.rows), an)
     return [T.as_int64(d.m), T.as_int64(d.n), T.as_int64(d.k),
-            T.address_of_first(d.a), T.as_int64(d.lda),
-            T.address_of_first(region.weight), T.as_int64(ldw),
+            T.address_of_first(d.a), T.as_int64(d.lda), *weight,
             T.address_of_first(bias) if bias is not None else T.null_pointer(),
             T.address_of_first(region.out), T.as_int64(ldc)]
 

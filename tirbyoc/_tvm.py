@@ -55,6 +55,12 @@ tensor = tvm.runtime.tensor
 cpu = tvm.cpu
 
 Function = relax.Function
+RelaxConstant = ir.expr.GenericConst  # what relax.const builds (tensor constants)
+
+
+def constant_value(const):
+    """The numpy value of a Relax tensor constant."""
+    return const.value.numpy()
 VirtualMachine = relax.VirtualMachine
 
 

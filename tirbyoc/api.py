@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import _tvm as T
-from . import relax_prep
+from . import relax_prep, weights
 from .matcher import Region, match_func
 from .normalize import INTRINSIC_ATTR, normalize
 from .rewrite import rewrite_func
@@ -19,16 +19,17 @@ def _registry(intrinsics):
     return REGISTRY
 
 
-def offload_prim_func(func, intrinsics=None, transposed=()):
+def offload_prim_func(func, intrinsics=None, sources=None, pack=True):
     """Offload the matched regions of one PrimFunc.
 
     Returns ``(new_func, results)`` where ``results`` is a list of ``(nest, Region |
     NoMatch)`` for every candidate; ``new_func is func`` when nothing matched.
+    ``sources``/``pack``: see ``tirbyoc.weights``.
     """
     normal = normalize(func)
     if normal.reason:
         return func, []
-    results = match_func(normal, _registry(intrinsics), transposed)
+    results = match_func(normal, _registry(intrinsics), sources, pack)
     regions = [r for _, r in results if r]
     return rewrite_func(normal, regions), results
 
@@ -44,25 +45,26 @@ def _attach_kernels(mod):
     return mod.with_attr("external_mods", existing + [static])
 
 
-def _transform(mod, fuse, intrinsics):
+def _transform(mod, fuse, intrinsics, pack=True):
     """Shared by ``apply_tir_byoc`` and ``explain``: (new module, report rows)."""
     mod = relax_prep.prepare(mod, fuse)
-    hints = relax_prep.transpose_hints(mod)
+    srcs = weights.sources(mod)
     out = mod.clone()
-    rows, absorbed = [], {}
+    rows, rerouted = [], {}
     for gv, func in mod.functions_items():
         if not isinstance(func, T.PrimFunc):
             continue
-        new, results = offload_prim_func(func, intrinsics, hints.get(gv.name_hint, ()))
+        new, results = offload_prim_func(func, intrinsics, srcs.get(gv.name_hint), pack)
         rows.extend(_already_offloaded_rows(gv.name_hint, func))
         for nest, res in results:
             rows.append(ExplainRow.of(gv.name_hint, nest, res))
-        flips = {_buffer_param_index(func, old) for _, r in results if r for old in r.absorbed}
-        if flips:
-            absorbed[gv.name_hint] = (flips, new)
+        routes = {_buffer_param_index(func, old): route
+                  for _, r in results if r for old, route in r.reroutes.items()}
+        if routes:
+            rerouted[gv.name_hint] = (new, routes)
         elif new is not func:
             out.update_func(gv, new)
-    return relax_prep.drop_absorbed_transposes(out, absorbed), rows
+    return weights.apply_reroutes(out, rerouted), rows
 
 
 def _buffer_param_index(func, param) -> int:
@@ -70,7 +72,7 @@ def _buffer_param_index(func, param) -> int:
     return next(i for i, p in enumerate(buffers) if p.same_as(param))
 
 
-def apply_tir_byoc(mod, *, fuse="auto", intrinsics=None):
+def apply_tir_byoc(mod, *, fuse="auto", intrinsics=None, pack_weights=True):
     """Offload matched dense(+bias)(+relu) TIR blocks to the tirbyoc kernel library.
 
     ``mod`` is a Relax IRModule as written (it is legalized and fused the way TVM's
@@ -78,9 +80,10 @@ def apply_tir_byoc(mod, *, fuse="auto", intrinsics=None):
     result is a new IRModule: matched regions are ``call_extern`` blocks, everything else
     is unchanged, and the kernel library is attached as ``external_mods`` so that
     ``tvm.compile`` links it. The input is not modified; applying it twice offloads
-    nothing more. ``fuse``: see ``tirbyoc.relax_prep.prepare``.
+    nothing more. ``fuse``: see ``tirbyoc.relax_prep.prepare``. ``pack_weights``: weights
+    that are constants are packed at compile time into the kernel's preferred layout.
     """
-    out, rows = _transform(mod, fuse, intrinsics)
+    out, rows = _transform(mod, fuse, intrinsics, pack_weights)
     if not any(r.offloaded for r in rows):
         return out
     if not relax_prep.has_relax_functions(out):
@@ -115,8 +118,11 @@ class ExplainRow:
 def _describe(region: Region) -> str:
     d = region.dense
     text = f"M={_show(d.m)} N={_show(d.n)} K={_show(d.k)}, weight {region.layout.upper()}"
-    if region.absorbed:
-        text += " (reads the untransposed weight in place)"
+    for route in region.reroutes.values():
+        if route.pack:
+            text += f" (constant weight packed at compile time from {route.pack.upper()})"
+        elif route.untranspose:
+            text += " (reads the untransposed weight in place)"
     if region.stopped:
         text += f"; epilogue stops: {region.stopped}"
     return text
@@ -170,10 +176,10 @@ class Report:
     __repr__ = __str__
 
 
-def explain(mod, *, fuse="auto", intrinsics=None) -> Report:
+def explain(mod, *, fuse="auto", intrinsics=None, pack_weights=True) -> Report:
     """What ``apply_tir_byoc`` offloads (or offloaded) and, for every other candidate block
     (every reduction block), why not."""
-    return Report(_transform(mod, fuse, intrinsics)[1])
+    return Report(_transform(mod, fuse, intrinsics, pack_weights)[1])
 
 
 def pipeline(target=None, *, intrinsics=None):

@@ -40,11 +40,13 @@ def mlp_numpy(x, layers):
     return h.astype(np.float32)
 
 
-def mlp_relax(batch=64, layers=None, *, bind_weights=True, activation="relu"):
+def mlp_relax(batch=64, layers=None, *, bind_weights=True, activation="relu",
+              activation_last=False):
     """The MLP as a Relax module; ``batch=None`` gives a symbolic batch dimension.
 
     With ``bind_weights`` the weights are constants in the module (the deployment case);
-    otherwise ``main`` takes ``(x, w0, b0, w1, b1, ...)``.
+    otherwise ``main`` takes ``(x, w0, b0, w1, b1, ...)``. The activation follows every
+    layer but the last, and the last too with ``activation_last``.
     """
     R = T.relax_ns
     layers = layers if layers is not None else mlp_weights()
@@ -64,7 +66,7 @@ def mlp_relax(batch=64, layers=None, *, bind_weights=True, activation="relu"):
                 bv = R.const(b) if bind_weights else params[2 + 2 * i]
                 h = bb.emit(R.op.matmul(h, bb.emit(R.op.permute_dims(wv, [1, 0]))))
                 h = bb.emit(R.op.add(h, bv))
-                if i + 1 < len(layers):
+                if i + 1 < len(layers) or activation_last:
                     h = bb.emit(getattr(R.op.nn, activation)(h))
             out = bb.emit_output(h)
         bb.emit_func_output(out)

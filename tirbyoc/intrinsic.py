@@ -68,7 +68,8 @@ class Intrinsic:
     """A fused operation that one kernel computes.
 
     ``kernel`` is a symbol template with ``{dtype}`` (``f32``) and ``{layout}``
-    (``nt``: weight [N, K]; ``nn``: weight [K, N]). ``arguments(region)`` maps a matched
+    (``nt``: weight [N, K]; ``nn``: weight [K, N]; ``packed``: a constant weight packed
+    at compile time by the kernel library). ``arguments(region)`` maps a matched
     region to the kernel's arguments. ``reference(a, w_kn, bias)`` computes the same
     result in numpy from an activation [M, K], a weight [K, N] and a bias [N] or None.
     """
@@ -79,6 +80,7 @@ class Intrinsic:
     arguments: Callable
     reference: Callable
     dtypes: tuple = ("float32",)
+    layouts: tuple = ("nt", "nn", "packed")
 
     def symbol(self, dtype: str, layout: str) -> str:
         return self.kernel.format(dtype=_SHORT_DTYPE[dtype], layout=layout)

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from . import _tvm as T
+from . import weights
 from .intrinsic import Intrinsic, NoMatch, StepContext
 from .normalize import Nest, NormalFunc
 
@@ -62,7 +63,7 @@ class Region:
     weight: object  # the buffer the kernel reads as weight (may be a new param)
     layout: str
     stopped: str | None = None  # why the epilogue chain did not go further
-    absorbed: dict = field(default_factory=dict)  # old weight param -> new param buffer
+    reroutes: dict = field(default_factory=dict)  # old weight param -> weights.Reroute
 
     def __repr__(self) -> str:
         return f"Region({self.intrinsic.name}, {self.symbol}, {self.nests})"
@@ -288,8 +289,13 @@ def _hazard(normal: NormalFunc, region_nests, inputs, out) -> str | None:
     return None
 
 
-def match_region(normal: NormalFunc, nest: Nest, intrinsics, transposed=()) -> Region | NoMatch:
-    """Match one candidate nest against the intrinsics (first full match wins)."""
+def match_region(normal: NormalFunc, nest: Nest, intrinsics, sources=None,
+                 pack=True) -> Region | NoMatch:
+    """Match one candidate nest against the intrinsics (first full match wins).
+
+    ``sources``: ``{buffer param index: weights.WeightSource}`` from the Relax callers;
+    ``pack``: let constant weights be packed at compile time.
+    """
     dtypes = {d for intr in intrinsics for d in intr.dtypes}
     dense = match_dense(nest, dtypes)
     if not dense:
@@ -316,29 +322,9 @@ def match_region(normal: NormalFunc, nest: Nest, intrinsics, transposed=()) -> R
         # why a longer fusion that starts like this one did not apply
         region.stopped = next((why for ep, why in stops if why and len(ep) > len(intr.epilogue)
                                and ep[:len(intr.epilogue)] == intr.epilogue), None)
-        _absorb_transpose(normal, region, transposed)
+        weights.reroute(normal, region, sources or {}, pack)
         return region
     return NoMatch("; ".join(reasons) if reasons else "no intrinsic registered")
-
-
-def _absorb_transpose(normal: NormalFunc, region: Region, transposed) -> None:
-    """Read a weight param that is a transpose of another tensor in place (layout flip).
-
-    ``transposed`` holds the indices of buffer params whose caller passes ``W^T`` computed
-    by a separate transpose. When the region's weight is such a param and nothing else in
-    the function reads it, the kernel reads the untransposed tensor instead: the param is
-    replaced by a buffer of the reversed shape and the layout flips (nn <-> nt).
-    """
-    w = region.dense.w
-    idx = next((i for i, p in enumerate(normal.params) if p.same_as(w)), None)
-    if idx is None or idx not in transposed:
-        return
-    if _count_readers(normal.nests, w) != 1 or w.strides:
-        return
-    new_w = T.decl_buffer([w.shape[1], w.shape[0]], w.dtype, w.name)
-    region.weight = new_w
-    region.layout = "nt" if region.layout == "nn" else "nn"
-    region.absorbed = {w: new_w}
 
 
 def candidates(normal: NormalFunc):
@@ -347,14 +333,14 @@ def candidates(normal: NormalFunc):
             if n.offloaded_kernel is None and any(i.kind == "R" for i in n.iters)]
 
 
-def match_func(normal: NormalFunc, intrinsics, transposed=()):
+def match_func(normal: NormalFunc, intrinsics, sources=None, pack=True):
     """Match every candidate of one function: a list of (nest, Region | NoMatch).
 
     Regions never overlap: a nest already claimed by an earlier region is not reused.
     """
     results, claimed = [], set()
     for nest in candidates(normal):
-        res = match_region(normal, nest, intrinsics, transposed)
+        res = match_region(normal, nest, intrinsics, sources, pack)
         if res and any(n.index in claimed for n in res.nests):
             res = NoMatch("overlaps a region that was already matched")
         if res:

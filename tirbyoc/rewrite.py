@@ -53,9 +53,7 @@ def rewrite_func(normal: NormalFunc, regions: list[Region]):
     new_root = T.make_block(root.name_hint, T.seq(stmts), root.reads, root.writes,
                             root.annotations, root.iter_vars, root.init, allocs,
                             root.match_buffers)
-    swaps = {}
-    for region in regions:
-        swaps.update(region.absorbed)
+    swaps = {old: route.param for region in regions for old, route in region.reroutes.items()}
     params = [swaps.get(p, p) for p in normal.func.params]
     old = normal.func.body
     return T.make_prim_func(normal.func, params, T.make_realize(new_root, old.iter_values,
