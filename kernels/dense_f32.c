@@ -313,3 +313,108 @@ int32_t tirbyoc_dense_relu_f32_nn(int64_t m, int64_t n, int64_t k,
     return dense_f32(LAYOUT_NN, EPILOGUE_RELU, m, n, k, a, lda, w, ldw, bias,
                      c, ldc);
 }
+
+/* ---- Pre-packed weights (layout documented in tirbyoc_kernels.h) ---- */
+
+#define PACK_NR TIRBYOC_PACK_NR
+
+int64_t tirbyoc_packed_weight_size_f32(int64_t n, int64_t k)
+{
+    int64_t panels;
+    if (n < 0 || k < 0)
+        return -1;
+    if (n == 0 || k == 0)
+        return 0;
+    panels = n / PACK_NR + (n % PACK_NR != 0);
+    if (panels > INT64_MAX / PACK_NR / k)
+        return -1;
+    return panels * PACK_NR * k;
+}
+
+static int32_t pack_weight(layout_t layout, int64_t n, int64_t k,
+                           const float *restrict w, int64_t ldw,
+                           float *restrict packed)
+{
+    int64_t size = tirbyoc_packed_weight_size_f32(n, k);
+    int64_t q, p, r;
+    if (size < 0 || ldw < (layout == LAYOUT_NT ? k : n))
+        return TIRBYOC_EINVAL;
+    if (size == 0)
+        return TIRBYOC_OK;
+    if (w == NULL || packed == NULL)
+        return TIRBYOC_EINVAL;
+    for (q = 0; q * PACK_NR < n; ++q) {
+        float *restrict panel = packed + q * PACK_NR * k;
+        for (p = 0; p < k; ++p)
+            for (r = 0; r < PACK_NR; ++r) {
+                const int64_t j = q * PACK_NR + r;
+                panel[p * PACK_NR + r] =
+                    j >= n ? 0.0f
+                           : (layout == LAYOUT_NT ? w[j * ldw + p]
+                                                  : w[p * ldw + j]);
+            }
+    }
+    return TIRBYOC_OK;
+}
+
+int32_t tirbyoc_pack_weight_f32_nt(int64_t n, int64_t k, const float *w,
+                                   int64_t ldw, float *packed)
+{
+    return pack_weight(LAYOUT_NT, n, k, w, ldw, packed);
+}
+
+int32_t tirbyoc_pack_weight_f32_nn(int64_t n, int64_t k, const float *w,
+                                   int64_t ldw, float *packed)
+{
+    return pack_weight(LAYOUT_NN, n, k, w, ldw, packed);
+}
+
+static int32_t dense_packed(epilogue_t epi, int64_t m, int64_t n, int64_t k,
+                            const float *restrict a, int64_t lda,
+                            const float *restrict packed,
+                            const float *restrict bias, float *restrict c,
+                            int64_t ldc)
+{
+    int64_t i, q, p, r;
+    if (m < 0 || n < 0 || k < 0 || lda < k || ldc < n)
+        return TIRBYOC_EINVAL;
+    if ((a == NULL && m > 0 && k > 0) || (packed == NULL && n > 0 && k > 0) ||
+        (c == NULL && m > 0 && n > 0))
+        return TIRBYOC_EINVAL;
+    for (i = 0; i < m; ++i) {
+        float *restrict row = c + i * ldc;
+        for (q = 0; q * PACK_NR < n; ++q) {
+            const float *restrict panel = packed + q * PACK_NR * k;
+            const int64_t nb = min_i64(PACK_NR, n - q * PACK_NR);
+            float acc[PACK_NR];
+            for (r = 0; r < PACK_NR; ++r)
+                acc[r] = 0.0f;
+            for (p = 0; p < k; ++p) {
+                const float x = a[i * lda + p];
+                for (r = 0; r < PACK_NR; ++r)
+                    acc[r] += x * panel[p * PACK_NR + r];
+            }
+            for (r = 0; r < nb; ++r)
+                row[q * PACK_NR + r] =
+                    acc[r] + (bias != NULL ? bias[q * PACK_NR + r] : 0.0f);
+        }
+        apply_epilogue(row, n, epi);
+    }
+    return TIRBYOC_OK;
+}
+
+int32_t tirbyoc_dense_f32_packed(int64_t m, int64_t n, int64_t k,
+                                 const float *a, int64_t lda,
+                                 const float *packed, const float *bias,
+                                 float *c, int64_t ldc)
+{
+    return dense_packed(EPILOGUE_NONE, m, n, k, a, lda, packed, bias, c, ldc);
+}
+
+int32_t tirbyoc_dense_relu_f32_packed(int64_t m, int64_t n, int64_t k,
+                                      const float *a, int64_t lda,
+                                      const float *packed, const float *bias,
+                                      float *c, int64_t ldc)
+{
+    return dense_packed(EPILOGUE_RELU, m, n, k, a, lda, packed, bias, c, ldc);
+}

@@ -9,7 +9,8 @@
  * Symbol naming: tirbyoc_<op>_<dtype>[_<variant>]
  *   op       what is computed, epilogue included (dense, dense_relu, ...)
  *   dtype    element type (f32 = IEEE-754 binary32)
- *   variant  operand layout; for dense: "nt" (W is [N, K]) or "nn" (W is [K, N])
+ *   variant  operand layout; for dense: "nt" (W is [N, K]), "nn" (W is [K, N])
+ *            or "packed" (W pre-packed, see tirbyoc_pack_weight_f32_nt)
  *
  * Argument convention (every kernel):
  *   - sizes first (int64_t), then for each operand its pointer followed by its
@@ -62,7 +63,41 @@ int32_t tirbyoc_dense_f32_nn(int64_t m, int64_t n, int64_t k, const float *a, in
 /* "nn" then relu: C = max(A @ W (+ bias), 0) */
 int32_t tirbyoc_dense_relu_f32_nn(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, const float *w, int64_t ldw, const float *bias, float *c, int64_t ldc);
 
+/*
+ * Pre-packed weights. A weight that is a compile-time constant can be packed
+ * once (tirbyoc_pack_weight_f32_nt / _nn) into an opaque float buffer of
+ * tirbyoc_packed_weight_size_f32 floats (for N, K), which the *_packed kernels
+ * then read instead of W. The layout is fixed and identical for every
+ * instruction set, so a buffer packed on one machine is valid on any other:
+ *
+ *   column panels of TIRBYOC_PACK_NR = 16 output columns; panel q holds the
+ *   columns j = 16q .. 16q+15 as K rows of 16 floats (K-major inside the
+ *   panel), i.e.
+ *       packed[q * 16 * K + p * 16 + r] = op(W)[p][16q + r]
+ *   where op(W)[p][j] is the weight that multiplies A[:, p] into C[:, j]
+ *   (W[j][p] for "nt", W[p][j] for "nn"). Columns j >= N of the last panel
+ *   are zero. Size: ceil(N / 16) * 16 * K floats (0 when N or K is 0).
+ *
+ * For best speed the buffer should be 64-byte aligned (any float alignment
+ * is correct).
+ */
+
+/* Floats in the packed buffer for an [N, K] weight; -1 on a negative size
+ * or when the size does not fit in int64_t. */
+int64_t tirbyoc_packed_weight_size_f32(int64_t n, int64_t k);
+/* Packs W [N, K] (row stride ldw >= K) into packed (see above). */
+int32_t tirbyoc_pack_weight_f32_nt(int64_t n, int64_t k, const float *w, int64_t ldw, float *packed);
+/* Packs W [K, N] (row stride ldw >= N) into packed (see above). */
+int32_t tirbyoc_pack_weight_f32_nn(int64_t n, int64_t k, const float *w, int64_t ldw, float *packed);
+/* C = A @ op(W) (+ bias) with op(W) given packed; A and C as for nt/nn. */
+int32_t tirbyoc_dense_f32_packed(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, const float *packed, const float *bias, float *c, int64_t ldc);
+/* Packed then relu: C = max(A @ op(W) (+ bias), 0) */
+int32_t tirbyoc_dense_relu_f32_packed(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, const float *packed, const float *bias, float *c, int64_t ldc);
+
 /* END CDEF */
+
+/* Width of a column panel of the packed weight layout. */
+#define TIRBYOC_PACK_NR 16
 
 #ifdef __cplusplus
 }
