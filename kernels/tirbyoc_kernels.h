@@ -23,8 +23,11 @@
  *   - the return value is a tirbyoc_status (TIRBYOC_OK on success); on error
  *     nothing is written.
  *
- * Kernels never allocate on the heap and keep no mutable global state, so
- * they are safe to call concurrently on disjoint outputs.
+ * Kernels are safe to call concurrently (from any number of threads) on
+ * disjoint outputs. The only global state is the library's settings (the
+ * instruction set and thread count below) and its worker pool; hot paths
+ * never allocate (each thread's scratch buffer is allocated once, on its
+ * first large call).
  *
  * Everything between the CDEF markers is also fed verbatim (comments
  * stripped) to cffi's cdef(): keep it free of macros and preprocessor lines.
@@ -93,6 +96,29 @@ int32_t tirbyoc_pack_weight_f32_nn(int64_t n, int64_t k, const float *w, int64_t
 int32_t tirbyoc_dense_f32_packed(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, const float *packed, const float *bias, float *c, int64_t ldc);
 /* Packed then relu: C = max(A @ op(W) (+ bias), 0) */
 int32_t tirbyoc_dense_relu_f32_packed(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, const float *packed, const float *bias, float *c, int64_t ldc);
+
+/*
+ * Settings (process-wide; every kernel reads them when it starts).
+ *
+ * Instruction set: "avx512" (AVX512F), "avx2" (AVX2 + FMA) or "generic"
+ * (portable C). By default the best one the CPU and OS support, capped by
+ * the environment variable TIRBYOC_ISA (read on first use). Results may
+ * differ in the last bits between instruction sets.
+ */
+/* Selects an instruction set by name; TIRBYOC_EINVAL if unknown or not
+ * supported here. */
+int32_t tirbyoc_set_isa(const char *name);
+/* Name of the active instruction set (a static string). */
+const char *tirbyoc_isa(void);
+/*
+ * Threads: large calls are split over up to this many threads (a persistent
+ * pool; a call that finds the pool busy runs on its own thread). Default:
+ * TIRBYOC_NUM_THREADS, else the number of CPUs the process may run on.
+ * Results do not depend on the thread count.
+ */
+int32_t tirbyoc_set_num_threads(int32_t n);
+/* The current thread count setting. */
+int32_t tirbyoc_num_threads(void);
 
 /* END CDEF */
 

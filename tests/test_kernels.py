@@ -263,6 +263,7 @@ def test_packed_matches_unpacked(layout, relu, m, n, k):
 EXPECTED_SYMBOLS = sorted(FUNC_IDS + [
     "tirbyoc_packed_weight_size_f32", "tirbyoc_pack_weight_f32_nt", "tirbyoc_pack_weight_f32_nn",
     "tirbyoc_dense_f32_packed", "tirbyoc_dense_relu_f32_packed",
+    "tirbyoc_set_isa", "tirbyoc_isa", "tirbyoc_set_num_threads", "tirbyoc_num_threads",
 ])
 
 
