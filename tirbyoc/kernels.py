@@ -115,6 +115,45 @@ def _row_stride(arr, name):
     return arr.strides[0] // arr.itemsize
 
 
+def isa():
+    """Name of the instruction set the kernels use: "avx512", "avx2" or "generic"."""
+    ffi, lib = load()
+    return ffi.string(lib.tirbyoc_isa()).decode()
+
+
+def available_isas():
+    """Instruction sets this CPU (and OS) supports, slowest first, e.g.
+    ``["generic", "avx2", "avx512"]``."""
+    _, lib = load()
+    current = isa()
+    names = [name for name in ("generic", "avx2", "avx512")
+             if lib.tirbyoc_set_isa(name.encode()) == TIRBYOC_OK]
+    lib.tirbyoc_set_isa(current.encode())
+    return names
+
+
+def set_isa(name):
+    """Use instruction set ``name`` for all later calls (process-wide)."""
+    _, lib = load()
+    if lib.tirbyoc_set_isa(str(name).encode()) != TIRBYOC_OK:
+        raise ValueError(f"instruction set {name!r} is unknown or not supported by this CPU")
+
+
+def num_threads():
+    """Threads that large kernel calls may use."""
+    _, lib = load()
+    return lib.tirbyoc_num_threads()
+
+
+def set_num_threads(n):
+    """Let large kernel calls use up to ``n`` (>= 1) threads (process-wide)."""
+    _, lib = load()
+    if not isinstance(n, (int, np.integer)) or n < 1 or n > 2**31 - 1:
+        raise ValueError(f"thread count must be an int >= 1, got {n!r}")
+    if lib.tirbyoc_set_num_threads(int(n)) != TIRBYOC_OK:
+        raise ValueError(f"invalid thread count {n!r}")
+
+
 def _aligned_empty(size, align=64):
     """Uninitialized float32 array of ``size`` elements whose data is ``align``-byte aligned."""
     extra = align // 4
