@@ -1,218 +1,227 @@
 /*
- * dense_f32.c - float32 dense kernels: C = A @ op(W) (+ bias), followed by
- * an optional elementwise epilogue. See tirbyoc_kernels.h for the ABI.
+ * dense_f32.c - the exported float32 dense kernels: C = A @ op(W) (+ bias),
+ * followed by an optional elementwise epilogue. See tirbyoc_kernels.h for
+ * the ABI and dense_f32_internal.h for the per-ISA building blocks.
  *
- * The four exported functions are thin wrappers around one static
- * implementation, dense_f32(), parameterized by W's layout and the epilogue.
+ * This file holds what is common to every instruction set: argument
+ * checks, the choice between the two algorithms, cache blocking and the
+ * split of the work over threads.
  *
- * Plain C99 that the compiler auto-vectorizes for whatever baseline ISA it
- * targets. The code is shaped so that the vectorized loops never need to
- * reorder a floating-point sum (which -O3 without -ffast-math may not do):
+ *   Few rows (M <= TB_SMALL_M): matrix-vector like work, limited by reading
+ *   W once from memory; the ISA's `small` routine streams W without
+ *   packing anything.
  *
- *   Main path ("row update"): K is cut into blocks of TB_KC and N into
- *   blocks of TB_NB columns. For a block, op(W) is viewed as TB_KC rows of
- *   TB_NB contiguous floats: for "nn" that is W itself, for "nt" the slice
- *   is first transposed ("packed") into a stack buffer. Then for every
- *   group of TB_MR rows of A, each k updates TB_MR accumulator rows with
- *   a[i][k] * w_row[k][:], a loop that is vectorized along the columns and
- *   shares every loaded W vector among TB_MR rows. The accumulators are a
- *   small local tile that stays in L1; earlier K blocks leave partial sums
- *   in C, and the last K block adds bias and applies the epilogue.
+ *   Otherwise, blocked: for each block of NC columns and KC steps of K, W is
+ *   packed into 16-column panels (or read in place when pre-packed, which
+ *   uses the same panel format) and kept in L2; for each group of mr rows,
+ *   A is packed into a small L1-resident panel and the register-tiled
+ *   micro-kernel sweeps it over all W panels of the block. Partial sums
+ *   live in C between K blocks; the last K block adds bias and applies the
+ *   epilogue while the tile is still in registers.
  *
- *   "nt" with few rows (fewer than TB_NT_DOT_ROWS): packing would cost
- *   about as much as the product itself, so each output is a dot product of
- *   two contiguous rows, with TB_LANES explicit partial sums that map onto
- *   vector lanes.
- *
- * No heap allocation, no mutable globals: scratch space (about 33 KiB per
- * call) is on the stack.
+ * Threads split N (or M when N is narrow), never K, and every output
+ * element is computed by the same sequence of operations whatever the
+ * split, so results do not depend on the thread count.
  */
 #include <stddef.h>
 #include <stdint.h>
 
-#include "tirbyoc_kernels.h"
+#include "dense_f32_internal.h"
 
-/* Rows of A per register/L1 tile: each loaded W vector feeds TB_MR rows. */
-#define TB_MR 4
-/* Columns per block: TB_MR x TB_NB accumulators (1 KiB) stay in L1. */
-#define TB_NB 64
-/* K per block: the packed TB_KC x TB_NB panel is 32 KiB. */
-#define TB_KC 128
-/* Independent partial sums in the dot-product path. */
-#define TB_LANES 8
-/* "nt" with fewer rows than this uses dot products: below it, transposing
- * W costs more than the row-update loop gains (measured crossover). */
-#define TB_NT_DOT_ROWS 16
-
-typedef enum { LAYOUT_NT, LAYOUT_NN } layout_t;
-
-/* To add an epilogue: add an enumerator here, a case in apply_epilogue(),
- * and the exported wrappers at the bottom (plus their declarations). */
-typedef enum { EPILOGUE_NONE, EPILOGUE_RELU } epilogue_t;
+/* Rows up to which the matrix-vector path is used. */
+#define TB_SMALL_M 4
+/* Below this many flops a call stays on the calling thread. */
+#define TB_PAR_FLOPS (4.0 * 1024 * 1024)
+/* Columns per thread unit of the small-M path (whole panels). */
+#define TB_SMALL_UNIT 64
 
 static int64_t min_i64(int64_t x, int64_t y) { return x < y ? x : y; }
+static int64_t cdiv(int64_t x, int64_t y) { return (x + y - 1) / y; }
 
-/* Elementwise activation over a row of finished outputs. */
-static void apply_epilogue(float *restrict v, int64_t n, epilogue_t epi)
+typedef struct {
+    const tb_isa *isa;
+    tb_wlayout layout;
+    int epi;
+    int64_t m, n, k;
+    const float *a;
+    int64_t lda;
+    const float *w;
+    int64_t ldw; /* for TB_W_PACKED: floats between panels (16 * K) */
+    const float *bias;
+    float *c;
+    int64_t ldc;
+    int split_n;  /* threads take column ranges (else row ranges) */
+    int64_t unit; /* granularity of that split */
+} job_t;
+
+/* Offsets W to column j0 (a multiple of 16 for packed W). */
+static const float *w_at_column(const job_t *job, int64_t j0)
 {
-    int64_t j;
-    switch (epi) {
-    case EPILOGUE_NONE:
-        break;
-    case EPILOGUE_RELU:
-        /* "negative -> 0" rather than "positive -> keep": NaN passes through. */
-        for (j = 0; j < n; ++j)
-            v[j] = v[j] < 0.0f ? 0.0f : v[j];
-        break;
+    switch (job->layout) {
+    case TB_W_NT:
+        return job->w + j0 * job->ldw;
+    case TB_W_NN:
+        return job->w + j0;
+    default:
+        return job->w + (j0 / TB_NR) * job->ldw;
     }
 }
 
-/*
- * Moves one accumulator row into C. The first K block overwrites C, later
- * blocks add to it; the last one also adds bias (already offset to this
- * column block, or NULL) and applies the epilogue.
- */
-static void store_row(float *restrict c, const float *restrict acc, int64_t nb,
-                      int first, int last, const float *restrict bias,
-                      epilogue_t epi)
+/* The blocked algorithm for C[0:m, 0:n]; w, bias and c already offset. */
+static void blocked(const tb_isa *isa, tb_wlayout layout, int epi, int64_t m,
+                    int64_t n, int64_t k, const float *a, int64_t lda,
+                    const float *w, int64_t ldw, const float *bias, float *c,
+                    int64_t ldc)
 {
-    int64_t j;
-    if (first)
-        for (j = 0; j < nb; ++j)
-            c[j] = acc[j];
+    float *scratch = tb_scratch();
+    float *wbuf, *abuf;
+    int64_t kblocks, mpanels, jc, kb, mp;
+
+    if (scratch == NULL) {
+        /* No scratch memory: the unpacked path is slower but needs none. */
+        isa->small(layout, m, n, k, a, lda, w, ldw, bias, c, ldc, epi);
+        return;
+    }
+    wbuf = scratch;
+    abuf = scratch + (size_t)TB_KC_MAX * TB_NC_MAX;
+    /* Equal K blocks and equal row groups: no tiny leftover block. They
+     * depend on k and m only, so the rounding does not depend on threads. */
+    kblocks = cdiv(k, isa->kc);
+    mpanels = cdiv(m, isa->mr);
+
+    for (jc = 0; jc < n; jc += isa->nc) {
+        const int64_t nc = min_i64(isa->nc, n - jc);
+        for (kb = 0; kb < kblocks; ++kb) {
+            const int64_t pc = k * kb / kblocks;
+            const int64_t kc = k * (kb + 1) / kblocks - pc;
+            const int flags = (kb > 0 ? TB_ACCUMULATE : 0) |
+                              (kb == kblocks - 1 ? TB_LAST : 0);
+            const float *wblk;
+            int64_t wps;
+            if (layout == TB_W_PACKED) {
+                wblk = w + (jc / TB_NR) * ldw + pc * TB_NR;
+                wps = ldw;
+            } else {
+                const float *src = layout == TB_W_NT ? w + jc * ldw + pc
+                                                     : w + pc * ldw + jc;
+                isa->pack_w(layout, kc, nc, src, ldw, wbuf, kc * TB_NR);
+                wblk = wbuf;
+                wps = kc * TB_NR;
+            }
+            for (mp = 0; mp < mpanels; ++mp) {
+                const int64_t i0 = m * mp / mpanels;
+                const int mr = (int)(m * (mp + 1) / mpanels - i0);
+                int64_t jr;
+                isa->pack_a(mr, kc, a + i0 * lda + pc, lda, abuf);
+                for (jr = 0; jr < nc; jr += isa->nr)
+                    isa->ukernel(kc, abuf, wblk + (jr / TB_NR) * wps, wps,
+                                 c + i0 * ldc + jc + jr, ldc, mr,
+                                 (int)min_i64(isa->nr, nc - jr), flags,
+                                 bias != NULL ? bias + jc + jr : NULL, epi);
+            }
+        }
+    }
+}
+
+static void run_part(const job_t *job, int64_t i0, int64_t i1, int64_t j0,
+                     int64_t j1)
+{
+    const float *w = w_at_column(job, j0);
+    const float *bias = job->bias != NULL ? job->bias + j0 : NULL;
+    const float *a = job->a + i0 * job->lda;
+    float *c = job->c + i0 * job->ldc + j0;
+    if (i1 <= i0 || j1 <= j0)
+        return;
+    if (job->m <= TB_SMALL_M)
+        job->isa->small(job->layout, i1 - i0, j1 - j0, job->k, a, job->lda,
+                        w, job->ldw, bias, c, job->ldc, job->epi);
     else
-        for (j = 0; j < nb; ++j)
-            c[j] += acc[j];
-    if (last) {
-        if (bias != NULL)
-            for (j = 0; j < nb; ++j)
-                c[j] += bias[j];
-        apply_epilogue(c, nb, epi);
-    }
+        blocked(job->isa, job->layout, job->epi, i1 - i0, j1 - j0, job->k, a,
+                job->lda, w, job->ldw, bias, c, job->ldc);
 }
 
-/* panel[p][j] = W[j0 + j][k0 + p] for "nt" W ([N, K], row stride ldw). */
-static void pack_nt(const float *restrict w, int64_t ldw, int64_t k0,
-                    int64_t kc, int64_t j0, int64_t nb,
-                    float *restrict panel)
+static void task(void *arg, int tid, int nt)
 {
-    int64_t p, j;
-    for (j = 0; j < nb; ++j) {
-        const float *restrict src = w + (j0 + j) * ldw + k0;
-        for (p = 0; p < kc; ++p)
-            panel[p * TB_NB + j] = src[p];
-    }
+    const job_t *job = (const job_t *)arg;
+    const int64_t total = job->split_n ? job->n : job->m;
+    const int64_t units = cdiv(total, job->unit);
+    const int64_t lo = min_i64(total, units * tid / nt * job->unit);
+    const int64_t hi = min_i64(total, units * (tid + 1) / nt * job->unit);
+    if (job->split_n)
+        run_part(job, 0, job->m, lo, hi);
+    else
+        run_part(job, lo, hi, 0, job->n);
 }
 
-/*
- * C[0:TB_MR, 0:nb] (+)= A[0:TB_MR, 0:kc] @ B[0:kc, 0:nb], where B row p is
- * b + p * ldb (contiguous along the columns).
- */
-static void tile_rows(int64_t kc, const float *restrict a, int64_t lda,
-                      const float *restrict b, int64_t ldb,
-                      float *restrict c, int64_t ldc, int64_t nb, int first,
-                      int last, const float *restrict bias, epilogue_t epi)
+static int32_t dense_run(tb_wlayout layout, tb_epilogue epi, int64_t m,
+                         int64_t n, int64_t k, const float *a, int64_t lda,
+                         const float *w, int64_t ldw, const float *bias,
+                         float *c, int64_t ldc)
 {
-    float acc[TB_MR][TB_NB];
-    float *restrict c0 = acc[0];
-    float *restrict c1 = acc[1];
-    float *restrict c2 = acc[2];
-    float *restrict c3 = acc[3];
-    int64_t p, j;
-    int r;
+    job_t job;
+    int64_t i, j, units;
+    int want;
 
-    for (j = 0; j < nb; ++j)
-        c0[j] = c1[j] = c2[j] = c3[j] = 0.0f;
-    for (p = 0; p < kc; ++p) {
-        const float *restrict bp = b + p * ldb;
-        const float x0 = a[p];
-        const float x1 = a[lda + p];
-        const float x2 = a[2 * lda + p];
-        const float x3 = a[3 * lda + p];
-        for (j = 0; j < nb; ++j) {
-            const float bj = bp[j];
-            c0[j] += x0 * bj;
-            c1[j] += x1 * bj;
-            c2[j] += x2 * bj;
-            c3[j] += x3 * bj;
-        }
+    if (m == 0 || n == 0)
+        return TIRBYOC_OK;
+    if (k == 0) {
+        /* Empty reduction: the result is the bias (or 0), activated. */
+        for (i = 0; i < m; ++i)
+            for (j = 0; j < n; ++j)
+                c[i * ldc + j] =
+                    tb_epi_scalar(bias != NULL ? bias[j] : 0.0f, (int)epi);
+        return TIRBYOC_OK;
     }
-    for (r = 0; r < TB_MR; ++r)
-        store_row(c + r * ldc, acc[r], nb, first, last, bias, epi);
-}
 
-/* Same as tile_rows() for a single row (rows left over after TB_MR groups). */
-static void tile_row(int64_t kc, const float *restrict a,
-                     const float *restrict b, int64_t ldb,
-                     float *restrict c, int64_t nb, int first, int last,
-                     const float *restrict bias, epilogue_t epi)
-{
-    float acc[TB_NB];
-    int64_t p, j;
-
-    for (j = 0; j < nb; ++j)
-        acc[j] = 0.0f;
-    for (p = 0; p < kc; ++p) {
-        const float *restrict bp = b + p * ldb;
-        const float x = a[p];
-        for (j = 0; j < nb; ++j)
-            acc[j] += x * bp[j];
+    job.isa = tb_active_isa();
+    job.layout = layout;
+    job.epi = (int)epi;
+    job.m = m;
+    job.n = n;
+    job.k = k;
+    job.a = a;
+    job.lda = lda;
+    job.w = w;
+    job.ldw = layout == TB_W_PACKED ? k * TB_NR : ldw;
+    job.bias = bias;
+    job.c = c;
+    job.ldc = ldc;
+    if (m <= TB_SMALL_M) {
+        job.split_n = 1;
+        job.unit = TB_SMALL_UNIT;
+    } else if (n >= 8 * (int64_t)job.isa->nr) {
+        job.split_n = 1;
+        job.unit = job.isa->nr;
+    } else {
+        job.split_n = 0;
+        job.unit = job.isa->mr;
     }
-    store_row(c, acc, nb, first, last, bias, epi);
+    units = cdiv(job.split_n ? n : m, job.unit);
+    want = tb_num_threads();
+    if (2.0 * (double)m * (double)n * (double)k < TB_PAR_FLOPS)
+        want = 1;
+    if (want > units)
+        want = (int)units;
+    tb_parallel(task, &job, want);
+    return TIRBYOC_OK;
 }
 
-/* sum(x[0:k] * y[0:k]) with TB_LANES independent partial sums. */
-static float dot(int64_t k, const float *restrict x, const float *restrict y)
-{
-    float s[TB_LANES];
-    float total = 0.0f;
-    int64_t p;
-    int l;
+/* ---- argument checks and exported wrappers ---- */
 
-    for (l = 0; l < TB_LANES; ++l)
-        s[l] = 0.0f;
-    for (p = 0; p + TB_LANES <= k; p += TB_LANES)
-        for (l = 0; l < TB_LANES; ++l)
-            s[l] += x[p + l] * y[p + l];
-    for (l = 0; l < TB_LANES; ++l)
-        total += s[l];
-    for (; p < k; ++p)
-        total += x[p] * y[p];
-    return total;
-}
-
-/* "nt" for few rows: every output is a dot product of an A row and a W row. */
-static void dense_nt_dots(epilogue_t epi, int64_t m, int64_t n, int64_t k,
-                          const float *restrict a, int64_t lda,
-                          const float *restrict w, int64_t ldw,
-                          const float *restrict bias, float *restrict c,
-                          int64_t ldc)
-{
-    int64_t i, j0, j;
-    /* Column blocks keep TB_NB rows of W cache-resident across the A rows. */
-    for (j0 = 0; j0 < n; j0 += TB_NB) {
-        const int64_t nb = min_i64(TB_NB, n - j0);
-        for (i = 0; i < m; ++i) {
-            float *restrict row = c + i * ldc + j0;
-            for (j = 0; j < nb; ++j)
-                row[j] = dot(k, a + i * lda, w + (j0 + j) * ldw);
-            if (bias != NULL)
-                for (j = 0; j < nb; ++j)
-                    row[j] += bias[j0 + j];
-            apply_epilogue(row, nb, epi);
-        }
-    }
-}
-
-static int args_valid(layout_t layout, int64_t m, int64_t n, int64_t k,
+static int args_valid(tb_wlayout layout, int64_t m, int64_t n, int64_t k,
                       const float *a, int64_t lda, const float *w,
                       int64_t ldw, const float *c, int64_t ldc)
 {
-    const int64_t w_row_len = layout == LAYOUT_NT ? k : n;
     if (m < 0 || n < 0 || k < 0)
         return 0;
-    if (lda < k || ldw < w_row_len || ldc < n)
+    if (lda < k || ldc < n)
         return 0;
+    if (layout == TB_W_PACKED) {
+        if (tirbyoc_packed_weight_size_f32(n, k) < 0)
+            return 0;
+    } else if (ldw < (layout == TB_W_NT ? k : n)) {
+        return 0;
+    }
     /* A matrix pointer may only be NULL when that matrix is empty. */
     if ((a == NULL && m > 0 && k > 0) || (w == NULL && n > 0 && k > 0) ||
         (c == NULL && m > 0 && n > 0))
@@ -220,72 +229,22 @@ static int args_valid(layout_t layout, int64_t m, int64_t n, int64_t k,
     return 1;
 }
 
-static int32_t dense_f32(layout_t layout, epilogue_t epi, int64_t m,
-                         int64_t n, int64_t k, const float *restrict a,
-                         int64_t lda, const float *restrict w, int64_t ldw,
-                         const float *restrict bias, float *restrict c,
-                         int64_t ldc)
+static int32_t dense_f32(tb_wlayout layout, tb_epilogue epi, int64_t m,
+                         int64_t n, int64_t k, const float *a, int64_t lda,
+                         const float *w, int64_t ldw, const float *bias,
+                         float *c, int64_t ldc)
 {
-    float panel[TB_KC * TB_NB];
-    int64_t i, j, j0, k0;
-
     if (!args_valid(layout, m, n, k, a, lda, w, ldw, c, ldc))
         return TIRBYOC_EINVAL;
-    if (m == 0 || n == 0)
-        return TIRBYOC_OK;
-
-    if (k == 0) {
-        /* Empty reduction: the result is the bias (or 0), activated. */
-        for (i = 0; i < m; ++i) {
-            float *restrict row = c + i * ldc;
-            for (j = 0; j < n; ++j)
-                row[j] = bias != NULL ? bias[j] : 0.0f;
-            apply_epilogue(row, n, epi);
-        }
-        return TIRBYOC_OK;
-    }
-
-    if (layout == LAYOUT_NT && m < TB_NT_DOT_ROWS) {
-        dense_nt_dots(epi, m, n, k, a, lda, w, ldw, bias, c, ldc);
-        return TIRBYOC_OK;
-    }
-
-    for (k0 = 0; k0 < k; k0 += TB_KC) {
-        const int64_t kc = min_i64(TB_KC, k - k0);
-        const int first = k0 == 0;
-        const int last = k0 + kc == k;
-        for (j0 = 0; j0 < n; j0 += TB_NB) {
-            const int64_t nb = min_i64(TB_NB, n - j0);
-            const float *restrict bias_j =
-                (last && bias != NULL) ? bias + j0 : NULL;
-            const float *b;
-            int64_t ldb;
-            if (layout == LAYOUT_NN) {
-                /* W rows are already contiguous along the output columns. */
-                b = w + k0 * ldw + j0;
-                ldb = ldw;
-            } else {
-                pack_nt(w, ldw, k0, kc, j0, nb, panel);
-                b = panel;
-                ldb = TB_NB;
-            }
-            for (i = 0; i + TB_MR <= m; i += TB_MR)
-                tile_rows(kc, a + i * lda + k0, lda, b, ldb, c + i * ldc + j0,
-                          ldc, nb, first, last, bias_j, epi);
-            for (; i < m; ++i)
-                tile_row(kc, a + i * lda + k0, b, ldb, c + i * ldc + j0, nb,
-                         first, last, bias_j, epi);
-        }
-    }
-    return TIRBYOC_OK;
+    return dense_run(layout, epi, m, n, k, a, lda, w, ldw, bias, c, ldc);
 }
 
 int32_t tirbyoc_dense_f32_nt(int64_t m, int64_t n, int64_t k, const float *a,
                              int64_t lda, const float *w, int64_t ldw,
                              const float *bias, float *c, int64_t ldc)
 {
-    return dense_f32(LAYOUT_NT, EPILOGUE_NONE, m, n, k, a, lda, w, ldw, bias,
-                     c, ldc);
+    return dense_f32(TB_W_NT, TB_EPI_NONE, m, n, k, a, lda, w, ldw, bias, c,
+                     ldc);
 }
 
 int32_t tirbyoc_dense_relu_f32_nt(int64_t m, int64_t n, int64_t k,
@@ -293,16 +252,16 @@ int32_t tirbyoc_dense_relu_f32_nt(int64_t m, int64_t n, int64_t k,
                                   int64_t ldw, const float *bias, float *c,
                                   int64_t ldc)
 {
-    return dense_f32(LAYOUT_NT, EPILOGUE_RELU, m, n, k, a, lda, w, ldw, bias,
-                     c, ldc);
+    return dense_f32(TB_W_NT, TB_EPI_RELU, m, n, k, a, lda, w, ldw, bias, c,
+                     ldc);
 }
 
 int32_t tirbyoc_dense_f32_nn(int64_t m, int64_t n, int64_t k, const float *a,
                              int64_t lda, const float *w, int64_t ldw,
                              const float *bias, float *c, int64_t ldc)
 {
-    return dense_f32(LAYOUT_NN, EPILOGUE_NONE, m, n, k, a, lda, w, ldw, bias,
-                     c, ldc);
+    return dense_f32(TB_W_NN, TB_EPI_NONE, m, n, k, a, lda, w, ldw, bias, c,
+                     ldc);
 }
 
 int32_t tirbyoc_dense_relu_f32_nn(int64_t m, int64_t n, int64_t k,
@@ -310,6 +269,66 @@ int32_t tirbyoc_dense_relu_f32_nn(int64_t m, int64_t n, int64_t k,
                                   int64_t ldw, const float *bias, float *c,
                                   int64_t ldc)
 {
-    return dense_f32(LAYOUT_NN, EPILOGUE_RELU, m, n, k, a, lda, w, ldw, bias,
-                     c, ldc);
+    return dense_f32(TB_W_NN, TB_EPI_RELU, m, n, k, a, lda, w, ldw, bias, c,
+                     ldc);
+}
+
+int32_t tirbyoc_dense_f32_packed(int64_t m, int64_t n, int64_t k,
+                                 const float *a, int64_t lda,
+                                 const float *packed, const float *bias,
+                                 float *c, int64_t ldc)
+{
+    return dense_f32(TB_W_PACKED, TB_EPI_NONE, m, n, k, a, lda, packed, 0,
+                     bias, c, ldc);
+}
+
+int32_t tirbyoc_dense_relu_f32_packed(int64_t m, int64_t n, int64_t k,
+                                      const float *a, int64_t lda,
+                                      const float *packed, const float *bias,
+                                      float *c, int64_t ldc)
+{
+    return dense_f32(TB_W_PACKED, TB_EPI_RELU, m, n, k, a, lda, packed, 0,
+                     bias, c, ldc);
+}
+
+/* ---- pre-packed weights (layout documented in tirbyoc_kernels.h) ---- */
+
+int64_t tirbyoc_packed_weight_size_f32(int64_t n, int64_t k)
+{
+    int64_t panels;
+    if (n < 0 || k < 0)
+        return -1;
+    if (n == 0 || k == 0)
+        return 0;
+    panels = cdiv(n, TB_NR);
+    if (panels > INT64_MAX / TB_NR / k)
+        return -1;
+    return panels * TB_NR * k;
+}
+
+static int32_t pack_weight(tb_wlayout layout, int64_t n, int64_t k,
+                           const float *w, int64_t ldw, float *packed)
+{
+    const int64_t size = tirbyoc_packed_weight_size_f32(n, k);
+    if (size < 0 || ldw < (layout == TB_W_NT ? k : n))
+        return TIRBYOC_EINVAL;
+    if (size == 0)
+        return TIRBYOC_OK;
+    if (w == NULL || packed == NULL)
+        return TIRBYOC_EINVAL;
+    /* Packing only moves floats, so every ISA produces the same bytes. */
+    tb_active_isa()->pack_w(layout, k, n, w, ldw, packed, k * TB_NR);
+    return TIRBYOC_OK;
+}
+
+int32_t tirbyoc_pack_weight_f32_nt(int64_t n, int64_t k, const float *w,
+                                   int64_t ldw, float *packed)
+{
+    return pack_weight(TB_W_NT, n, k, w, ldw, packed);
+}
+
+int32_t tirbyoc_pack_weight_f32_nn(int64_t n, int64_t k, const float *w,
+                                   int64_t ldw, float *packed)
+{
+    return pack_weight(TB_W_NN, n, k, w, ldw, packed);
 }

@@ -242,10 +242,29 @@ def test_dense_wrapper_rejects_bad_inputs():
         kernels.dense(a, w, out=np.empty((4, 4), dtype=np.float32))
 
 
+# --- pre-packed weights --------------------------------------------------
+
+
+@pytest.mark.parametrize("layout", ["nt", "nn"])
+@pytest.mark.parametrize("relu", [False, True])
+@pytest.mark.parametrize("m,n,k", [(1, 1, 1), (3, 17, 5), (33, 500, 7), (64, 100, 300)])
+def test_packed_matches_unpacked(layout, relu, m, n, k):
+    rng = np.random.default_rng(9)
+    a, w, bias = make_operands(rng, m, n, k, layout, pad=3)
+    packed = kernels.pack_weight(w, layout)
+    assert packed.size == kernels.packed_weight_size(n, k) == -(-n // 16) * 16 * k
+    out = kernels.dense(a, packed, bias, relu=relu, layout="packed")
+    assert_close(out, reference(a, w, bias, layout, relu))
+
+
 # --- symbols and the static object ------------------------------------------
 
 
-EXPECTED_SYMBOLS = sorted(FUNC_IDS)
+EXPECTED_SYMBOLS = sorted(FUNC_IDS + [
+    "tirbyoc_packed_weight_size_f32", "tirbyoc_pack_weight_f32_nt", "tirbyoc_pack_weight_f32_nn",
+    "tirbyoc_dense_f32_packed", "tirbyoc_dense_relu_f32_packed",
+    "tirbyoc_set_isa", "tirbyoc_isa", "tirbyoc_set_num_threads", "tirbyoc_num_threads",
+])
 
 
 def test_exported_symbols():

@@ -22,7 +22,14 @@ import cffi
 # paths, and pip runs setup.py from the project root.
 HEADER = "kernels/tirbyoc_kernels.h"
 # Every C file of the kernel library; add new kernel files here.
-KERNEL_SOURCES = ["kernels/dense_f32.c"]
+KERNEL_SOURCES = [
+    "kernels/dense_f32.c",
+    "kernels/dense_f32_generic.c",
+    "kernels/dense_f32_avx2.c",
+    "kernels/dense_f32_avx512.c",
+    "kernels/dispatch.c",
+    "kernels/threads.c",
+]
 INCLUDE_DIRS = ["kernels"]
 # Appended after Python's own CFLAGS, so these win. -fno-wrapv undoes the
 # -fwrapv that CPython builds with: the kernels never rely on signed
@@ -57,7 +64,7 @@ ffibuilder.set_source(
     sources=list(KERNEL_SOURCES),
     include_dirs=list(INCLUDE_DIRS),
     extra_compile_args=list(EXTRA_COMPILE_ARGS),
-    depends=[HEADER],
+    depends=[HEADER, "kernels/dense_f32_internal.h"],
 )
 
 

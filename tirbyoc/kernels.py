@@ -115,25 +115,123 @@ def _row_stride(arr, name):
     return arr.strides[0] // arr.itemsize
 
 
-def dense(a, w, bias=None, relu=False, layout="nt", out=None):
+def isa():
+    """Name of the instruction set the kernels use: "avx512", "avx2" or "generic"."""
+    ffi, lib = load()
+    return ffi.string(lib.tirbyoc_isa()).decode()
+
+
+def available_isas():
+    """Instruction sets this CPU (and OS) supports, slowest first, e.g.
+    ``["generic", "avx2", "avx512"]``."""
+    _, lib = load()
+    current = isa()
+    names = [name for name in ("generic", "avx2", "avx512")
+             if lib.tirbyoc_set_isa(name.encode()) == TIRBYOC_OK]
+    lib.tirbyoc_set_isa(current.encode())
+    return names
+
+
+def set_isa(name):
+    """Use instruction set ``name`` for all later calls (process-wide)."""
+    _, lib = load()
+    if lib.tirbyoc_set_isa(str(name).encode()) != TIRBYOC_OK:
+        raise ValueError(f"instruction set {name!r} is unknown or not supported by this CPU")
+
+
+def num_threads():
+    """Threads that large kernel calls may use."""
+    _, lib = load()
+    return lib.tirbyoc_num_threads()
+
+
+def set_num_threads(n):
+    """Let large kernel calls use up to ``n`` (>= 1) threads (process-wide)."""
+    _, lib = load()
+    if not isinstance(n, (int, np.integer)) or n < 1 or n > 2**31 - 1:
+        raise ValueError(f"thread count must be an int >= 1, got {n!r}")
+    if lib.tirbyoc_set_num_threads(int(n)) != TIRBYOC_OK:
+        raise ValueError(f"invalid thread count {n!r}")
+
+
+def _aligned_empty(size, align=64):
+    """Uninitialized float32 array of ``size`` elements whose data is ``align``-byte aligned."""
+    extra = align // 4
+    raw = np.empty(size + extra, dtype=np.float32)
+    offset = (-raw.ctypes.data % align) // 4
+    return raw[offset:offset + size]
+
+
+def _weight_dims(w, layout):
+    """(N, K, row stride) of an unpacked weight in layout "nt" ([N, K]) or "nn" ([K, N])."""
+    if layout not in ("nt", "nn"):
+        raise ValueError(f"layout must be 'nt' or 'nn', got {layout!r}")
+    ldw = _row_stride(w, "w")
+    n, k = w.shape if layout == "nt" else w.shape[::-1]
+    return n, k, ldw
+
+
+def packed_weight_size(n, k):
+    """Number of floats of the packed form of an [N, K] weight."""
+    _, lib = load()
+    size = lib.tirbyoc_packed_weight_size_f32(n, k)
+    if size < 0:
+        raise ValueError(f"invalid weight size N={n}, K={k}")
+    return size
+
+
+def pack_weight(w, layout="nt"):
+    """Pack a weight (``[N, K]`` for "nt", ``[K, N]`` for "nn") once for
+    ``dense(..., layout="packed")``.
+
+    Returns a 1-D, 64-byte aligned float32 array in the fixed layout described
+    in ``kernels/tirbyoc_kernels.h`` (the same on every instruction set).
+    """
+    n, k, ldw = _weight_dims(w, layout)
+    packed = _aligned_empty(packed_weight_size(n, k))
+    ffi, lib = load()
+    func = getattr(lib, f"tirbyoc_pack_weight_f32_{layout}")
+    w_ptr = ffi.NULL if w.size == 0 else ffi.cast("float *", w.ctypes.data)
+    p_ptr = ffi.NULL if packed.size == 0 else ffi.cast("float *", packed.ctypes.data)
+    status = func(n, k, w_ptr, ldw, p_ptr)
+    if status != TIRBYOC_OK:
+        raise RuntimeError(f"{func.__name__} failed with status {status}")
+    return packed
+
+
+def dense(a, w, bias=None, relu=False, layout="nt", out=None, n=None):
     """``a @ w.T`` ("nt", w is [N, K]) or ``a @ w`` ("nn", w is [K, N]),
     plus ``bias`` ([N] or None), then relu if asked, via the C kernels.
+
+    With ``layout="packed"``, ``w`` is the result of :func:`pack_weight`; N is
+    then taken from ``n``, or else from ``out`` or ``bias``.
 
     Arrays must be float32 with contiguous rows; row strides may be larger
     than the rows (e.g. column slices of wider arrays). ``out`` ([M, N]) is
     written in place when given. Returns the result array.
     """
-    if layout not in ("nt", "nn"):
-        raise ValueError(f"layout must be 'nt' or 'nn', got {layout!r}")
+    if layout not in ("nt", "nn", "packed"):
+        raise ValueError(f"layout must be 'nt', 'nn' or 'packed', got {layout!r}")
     lda = _row_stride(a, "a")
-    ldw = _row_stride(w, "w")
     m, k = a.shape
-    if layout == "nt":
-        n, wk = w.shape
+    if layout == "packed":
+        if n is None:
+            if out is not None and out.ndim == 2:
+                n = out.shape[1]
+            elif bias is not None and bias.ndim == 1:
+                n = bias.shape[0]
+            else:
+                raise ValueError("layout 'packed' needs n (or out or bias) to know N")
+        if w.dtype != np.float32 or w.ndim != 1 or (w.size > 1 and w.strides[0] != w.itemsize):
+            raise ValueError("a packed weight must be a contiguous 1-D float32 array")
+        if w.size != packed_weight_size(n, k):
+            raise ValueError(f"packed weight has {w.size} floats, expected "
+                             f"{packed_weight_size(n, k)} for N={n}, K={k}")
+        ldw = None
     else:
-        wk, n = w.shape
-    if wk != k:
-        raise ValueError(f"shape mismatch: a is {a.shape}, w is {w.shape} (layout {layout!r})")
+        n, wk, ldw = _weight_dims(w, layout)
+        if wk != k:
+            raise ValueError(f"shape mismatch: a is {a.shape}, w is {w.shape} (layout {layout!r})")
     if bias is not None:
         if bias.dtype != np.float32 or bias.shape != (n,):
             raise ValueError(f"bias must be float32 of shape ({n},), got {bias.dtype} {bias.shape}")
@@ -157,7 +255,10 @@ def dense(a, w, bias=None, relu=False, layout="nt", out=None):
             return ffi.NULL
         return ffi.cast("float *", arr.ctypes.data)
 
-    status = func(m, n, k, ptr(a), lda, ptr(w), ldw, ptr(bias), ptr(out), ldc)
+    if layout == "packed":
+        status = func(m, n, k, ptr(a), lda, ptr(w), ptr(bias), ptr(out), ldc)
+    else:
+        status = func(m, n, k, ptr(a), lda, ptr(w), ldw, ptr(bias), ptr(out), ldc)
     if status != TIRBYOC_OK:
         raise RuntimeError(f"{func.__name__} failed with status {status}")
     return out

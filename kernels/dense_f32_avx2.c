@@ -1,0 +1,435 @@
+/*
+ * dense_f32_avx2.c - AVX2 + FMA building blocks of the float32 dense
+ * kernels (see dense_f32_internal.h), for CPUs without AVX-512 (e.g. AMD
+ * Zen 2/3, Intel Haswell to Comet Lake).
+ *
+ * Only this file is compiled for AVX2/FMA (target pragma below); dispatch.c
+ * calls into it only when the CPU and OS support it.
+ *
+ * Micro-kernel: Y_MR rows x 16 columns (one W panel of the shared packed
+ * layout = two ymm), 12 ymm accumulators. Column edges use vmaskmovps on C
+ * and bias; W panels are zero padded. Every output goes through the same
+ * sequence of operations whatever tile it falls in.
+ */
+#pragma GCC target("avx2,fma")
+
+#include <immintrin.h>
+
+#include "dense_f32_internal.h"
+
+#define Y_MR 6
+#define Y_NR 16
+#define Y_PF 16
+
+#define ALWAYS_INLINE static inline __attribute__((always_inline))
+
+static int64_t min_i64(int64_t x, int64_t y) { return x < y ? x : y; }
+
+/* Lane mask selecting the first n (clamped to 0..8) of 8 floats. */
+ALWAYS_INLINE __m256i mask_n(int64_t n)
+{
+    const int32_t c = n < 0 ? 0 : (n > 8 ? 8 : (int32_t)n);
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(c),
+                              _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+ALWAYS_INLINE __m256 epi256(__m256 v, int epi)
+{
+    switch (epi) {
+    case TB_EPI_RELU:
+        /* vmaxps returns its second source for NaN and +-0, like
+         * tb_epi_scalar. */
+        return _mm256_max_ps(_mm256_setzero_ps(), v);
+    default:
+        return v;
+    }
+}
+
+/* ---- micro-kernel ---- */
+
+ALWAYS_INLINE void tile(const int MR, const int FULL, int64_t kc,
+                        const float *restrict ap, const float *restrict wp,
+                        float *restrict c, int64_t ldc, int nr, int flags,
+                        const float *restrict bias, int epi)
+{
+    __m256 acc0[Y_MR], acc1[Y_MR];
+    const __m256i k0 = mask_n(nr), k1 = mask_n(nr - 8);
+    int64_t p;
+    int i;
+
+    for (i = 0; i < MR; ++i) {
+        acc0[i] = _mm256_setzero_ps();
+        acc1[i] = _mm256_setzero_ps();
+        _mm_prefetch((const char *)(c + i * ldc), _MM_HINT_T0);
+    }
+    for (p = 0; p < kc; ++p) {
+        const __m256 b0 = _mm256_loadu_ps(wp + p * 16);
+        const __m256 b1 = _mm256_loadu_ps(wp + p * 16 + 8);
+        _mm_prefetch((const char *)(wp + (p + Y_PF) * 16), _MM_HINT_T0);
+#pragma GCC unroll 8
+        for (i = 0; i < MR; ++i) {
+            const __m256 x = _mm256_broadcast_ss(ap + p * MR + i);
+            acc0[i] = _mm256_fmadd_ps(x, b0, acc0[i]);
+            acc1[i] = _mm256_fmadd_ps(x, b1, acc1[i]);
+        }
+    }
+    {
+        const int last = flags & TB_LAST;
+        __m256 bias0 = _mm256_setzero_ps(), bias1 = _mm256_setzero_ps();
+        if (last && bias != NULL) {
+            bias0 = FULL ? _mm256_loadu_ps(bias) : _mm256_maskload_ps(bias, k0);
+            bias1 = FULL ? _mm256_loadu_ps(bias + 8)
+                         : _mm256_maskload_ps(bias + 8, k1);
+        }
+        for (i = 0; i < MR; ++i) {
+            float *restrict row = c + i * ldc;
+            __m256 v0 = acc0[i], v1 = acc1[i];
+            if (flags & TB_ACCUMULATE) {
+                v0 = _mm256_add_ps(v0, FULL ? _mm256_loadu_ps(row)
+                                            : _mm256_maskload_ps(row, k0));
+                v1 = _mm256_add_ps(v1, FULL ? _mm256_loadu_ps(row + 8)
+                                            : _mm256_maskload_ps(row + 8, k1));
+            }
+            if (last) {
+                if (bias != NULL) {
+                    v0 = _mm256_add_ps(v0, bias0);
+                    v1 = _mm256_add_ps(v1, bias1);
+                }
+                v0 = epi256(v0, epi);
+                v1 = epi256(v1, epi);
+            }
+            if (FULL) {
+                _mm256_storeu_ps(row, v0);
+                _mm256_storeu_ps(row + 8, v1);
+            } else {
+                _mm256_maskstore_ps(row, k0, v0);
+                _mm256_maskstore_ps(row + 8, k1, v1);
+            }
+        }
+    }
+}
+
+typedef void (*tile_fn)(int64_t, const float *, const float *, float *,
+                        int64_t, int, int, const float *, int);
+
+#define TILE_FN(MR, FULL)                                                     \
+    static void tile_##MR##_##FULL(int64_t kc, const float *ap,               \
+                                   const float *wp, float *c, int64_t ldc,    \
+                                   int nr, int flags, const float *bias,      \
+                                   int epi)                                   \
+    {                                                                         \
+        tile(MR, FULL, kc, ap, wp, c, ldc, nr, flags, bias, epi);             \
+    }
+#define TILE_FNS(MR) TILE_FN(MR, 0) TILE_FN(MR, 1)
+TILE_FNS(1) TILE_FNS(2) TILE_FNS(3) TILE_FNS(4) TILE_FNS(5) TILE_FNS(6)
+
+static const tile_fn tiles[2][Y_MR + 1] = {
+    {NULL, tile_1_0, tile_2_0, tile_3_0, tile_4_0, tile_5_0, tile_6_0},
+    {NULL, tile_1_1, tile_2_1, tile_3_1, tile_4_1, tile_5_1, tile_6_1},
+};
+
+static void ukernel(int64_t kc, const float *ap, const float *wp, int64_t wps,
+                    float *c, int64_t ldc, int mr, int nr, int flags,
+                    const float *bias, int epi)
+{
+    (void)wps; /* one panel: nr <= 16 */
+    tiles[nr == 16][mr](kc, ap, wp, c, ldc, nr, flags, bias, epi);
+}
+
+/* ---- packing ---- */
+
+/* In-register transpose of an 8 x 8 block: r[i][j] -> r[j][i]. */
+ALWAYS_INLINE void transpose8(__m256 r[8])
+{
+    __m256 t[8], u[8];
+    int g;
+    for (g = 0; g < 4; ++g) {
+        t[2 * g] = _mm256_unpacklo_ps(r[2 * g], r[2 * g + 1]);
+        t[2 * g + 1] = _mm256_unpackhi_ps(r[2 * g], r[2 * g + 1]);
+    }
+    for (g = 0; g < 2; ++g) {
+        u[4 * g + 0] = _mm256_shuffle_ps(t[4 * g], t[4 * g + 2], 0x44);
+        u[4 * g + 1] = _mm256_shuffle_ps(t[4 * g], t[4 * g + 2], 0xEE);
+        u[4 * g + 2] = _mm256_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0x44);
+        u[4 * g + 3] = _mm256_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0xEE);
+    }
+    for (g = 0; g < 4; ++g) {
+        r[g] = _mm256_permute2f128_ps(u[g], u[4 + g], 0x20);
+        r[4 + g] = _mm256_permute2f128_ps(u[g], u[4 + g], 0x31);
+    }
+}
+
+/* rows x cols (both <= 8) block, zero filled, transposed into r. */
+ALWAYS_INLINE void load_transposed(__m256 r[8], const float *src, int64_t ld,
+                                   int64_t rows, int64_t cols)
+{
+    const __m256i mk = mask_n(cols);
+    int i;
+    for (i = 0; i < 8; ++i)
+        r[i] = i < rows ? _mm256_maskload_ps(src + i * ld, mk)
+                        : _mm256_setzero_ps();
+    transpose8(r);
+}
+
+static void pack_a(int64_t mr, int64_t kc, const float *restrict a,
+                   int64_t lda, float *restrict ap)
+{
+    int64_t i0, p0, j;
+    /* Row groups of 8 (mr <= Y_MR < 8 in practice). */
+    for (i0 = 0; i0 < mr; i0 += 8) {
+        const int64_t rows = min_i64(8, mr - i0);
+        const __m256i mm = mask_n(rows);
+        for (p0 = 0; p0 < kc; p0 += 8) {
+            const int64_t cols = min_i64(8, kc - p0);
+            __m256 r[8];
+            load_transposed(r, a + i0 * lda + p0, lda, rows, cols);
+            for (j = 0; j < cols; ++j)
+                _mm256_maskstore_ps(ap + (p0 + j) * mr + i0, mm, r[j]);
+        }
+    }
+}
+
+static void pack_w(tb_wlayout layout, int64_t kc, int64_t nc,
+                   const float *restrict w, int64_t ldw, float *restrict dst,
+                   int64_t dps)
+{
+    int64_t q, p, j;
+    for (q = 0; q * 16 < nc; ++q) {
+        float *restrict panel = dst + q * dps;
+        const int64_t nb = min_i64(16, nc - q * 16);
+        if (layout == TB_W_NT) {
+            const float *src = w + q * 16 * ldw;
+            for (p = 0; p < kc; p += 8) {
+                const int64_t cols = min_i64(8, kc - p);
+                __m256 lo[8], hi[8];
+                load_transposed(lo, src + p, ldw, min_i64(8, nb), cols);
+                load_transposed(hi, src + 8 * ldw + p, ldw, nb - 8, cols);
+                for (j = 0; j < cols; ++j) {
+                    _mm256_storeu_ps(panel + (p + j) * 16, lo[j]);
+                    _mm256_storeu_ps(panel + (p + j) * 16 + 8, hi[j]);
+                }
+            }
+        } else {
+            const __m256i k0 = mask_n(nb), k1 = mask_n(nb - 8);
+            const float *src = w + q * 16;
+            for (p = 0; p < kc; ++p) {
+                _mm256_storeu_ps(panel + p * 16,
+                                 _mm256_maskload_ps(src + p * ldw, k0));
+                _mm256_storeu_ps(panel + p * 16 + 8,
+                                 _mm256_maskload_ps(src + p * ldw + 8, k1));
+            }
+        }
+    }
+}
+
+/* ---- few rows: matrix-vector like, streaming W once ---- */
+
+ALWAYS_INLINE float hsum(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v),
+                          _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* nt: MM rows of A against JB rows of W, as dot products over all of K. */
+ALWAYS_INLINE void dots(const int MM, const int JB, int64_t k,
+                        const float *restrict a, int64_t lda,
+                        const float *restrict w, int64_t ldw,
+                        const float *restrict bias, float *restrict c,
+                        int64_t ldc, int epi)
+{
+    __m256 acc[4][4];
+    int64_t p;
+    int i, j;
+    for (i = 0; i < MM; ++i)
+        for (j = 0; j < JB; ++j)
+            acc[i][j] = _mm256_setzero_ps();
+    for (p = 0; p < k; p += 8) {
+        const __m256i mk = mask_n(k - p);
+        __m256 x[4];
+        for (i = 0; i < MM; ++i)
+            x[i] = _mm256_maskload_ps(a + i * lda + p, mk);
+        for (j = 0; j < JB; ++j) {
+            const __m256 y = _mm256_maskload_ps(w + j * ldw + p, mk);
+            for (i = 0; i < MM; ++i)
+                acc[i][j] = _mm256_fmadd_ps(x[i], y, acc[i][j]);
+        }
+    }
+    for (i = 0; i < MM; ++i)
+        for (j = 0; j < JB; ++j) {
+            float v = hsum(acc[i][j]);
+            if (bias != NULL)
+                v += bias[j];
+            c[i * ldc + j] = tb_epi_scalar(v, epi);
+        }
+}
+
+#define DOTS_FN(MM, JB)                                                       \
+    static void dots_##MM##_##JB(int64_t k, const float *a, int64_t lda,      \
+                                 const float *w, int64_t ldw,                 \
+                                 const float *bias, float *c, int64_t ldc,    \
+                                 int epi)                                     \
+    {                                                                         \
+        dots(MM, JB, k, a, lda, w, ldw, bias, c, ldc, epi);                   \
+    }
+DOTS_FN(1, 4) DOTS_FN(2, 4) DOTS_FN(3, 4) DOTS_FN(4, 3)
+DOTS_FN(1, 1) DOTS_FN(2, 1) DOTS_FN(3, 1) DOTS_FN(4, 1)
+
+typedef void (*dots_fn)(int64_t, const float *, int64_t, const float *,
+                        int64_t, const float *, float *, int64_t, int);
+static const dots_fn dots_wide[5] = {NULL, dots_1_4, dots_2_4, dots_3_4,
+                                     dots_4_3};
+static const int dots_jb[5] = {0, 4, 4, 4, 3};
+static const dots_fn dots_one[5] = {NULL, dots_1_1, dots_2_1, dots_3_1,
+                                    dots_4_1};
+
+/* packed: MM rows against PB panels (16 columns = 2 ymm each). */
+ALWAYS_INLINE void panels(const int MM, const int PB, int64_t k,
+                          const float *restrict a, int64_t lda,
+                          const float *restrict w, int64_t pstride,
+                          const float *restrict bias, float *restrict c,
+                          int64_t ldc, int64_t nb, int epi)
+{
+    __m256 acc[4][8];
+    int64_t p;
+    int i, q;
+    for (i = 0; i < MM; ++i)
+        for (q = 0; q < 2 * PB; ++q)
+            acc[i][q] = _mm256_setzero_ps();
+    for (p = 0; p < k; ++p) {
+        __m256 x[4];
+        for (i = 0; i < MM; ++i)
+            x[i] = _mm256_broadcast_ss(a + i * lda + p);
+        for (q = 0; q < 2 * PB; ++q) {
+            const __m256 y =
+                _mm256_loadu_ps(w + (q / 2) * pstride + p * 16 + (q % 2) * 8);
+            for (i = 0; i < MM; ++i)
+                acc[i][q] = _mm256_fmadd_ps(x[i], y, acc[i][q]);
+        }
+    }
+    for (q = 0; q < 2 * PB; ++q) {
+        const __m256i mk = mask_n(nb - q * 8);
+        const __m256 bv = bias != NULL ? _mm256_maskload_ps(bias + q * 8, mk)
+                                       : _mm256_setzero_ps();
+        for (i = 0; i < MM; ++i) {
+            __m256 v = acc[i][q];
+            if (bias != NULL)
+                v = _mm256_add_ps(v, bv);
+            _mm256_maskstore_ps(c + i * ldc + q * 8, mk, epi256(v, epi));
+        }
+    }
+}
+
+#define PANELS_FN(MM, PB)                                                     \
+    static void panels_##MM##_##PB(int64_t k, const float *a, int64_t lda,    \
+                                   const float *w, int64_t ps,                \
+                                   const float *bias, float *c, int64_t ldc,  \
+                                   int64_t nb, int epi)                       \
+    {                                                                         \
+        panels(MM, PB, k, a, lda, w, ps, bias, c, ldc, nb, epi);              \
+    }
+PANELS_FN(1, 4) PANELS_FN(2, 2) PANELS_FN(3, 2) PANELS_FN(4, 1)
+PANELS_FN(1, 1) PANELS_FN(2, 1) PANELS_FN(3, 1)
+
+typedef void (*panels_fn)(int64_t, const float *, int64_t, const float *,
+                          int64_t, const float *, float *, int64_t, int64_t,
+                          int);
+static const panels_fn panels_wide[5] = {NULL, panels_1_4, panels_2_2,
+                                         panels_3_2, panels_4_1};
+static const int panels_pb[5] = {0, 4, 2, 2, 1};
+static const panels_fn panels_one[5] = {NULL, panels_1_1, panels_2_1,
+                                        panels_3_1, panels_4_1};
+
+#define Y_NN_CHUNK 1024
+
+/* nn: rows of W stream through; C[0:mm, chunk] stays in L1 and takes four
+ * rank-1 updates per pass. */
+static void rows_nn(int64_t mm, int64_t n, int64_t k, const float *restrict a,
+                    int64_t lda, const float *restrict w, int64_t ldw,
+                    const float *restrict bias, float *restrict c,
+                    int64_t ldc, int epi)
+{
+    int64_t j0, j, p;
+    int i, s;
+    for (j0 = 0; j0 < n; j0 += Y_NN_CHUNK) {
+        const int64_t nb = min_i64(Y_NN_CHUNK, n - j0);
+        for (p = 0; p < k; p += 4) {
+            const int steps = (int)min_i64(4, k - p);
+            const float *restrict wr = w + p * ldw + j0;
+            for (i = 0; i < mm; ++i) {
+                const float *restrict x = a + i * lda + p;
+                float *restrict row = c + i * ldc + j0;
+                __m256 xs[4];
+                for (s = 0; s < 4; ++s)
+                    xs[s] = _mm256_set1_ps(s < steps ? x[s] : 0.0f);
+                for (j = 0; j < nb; j += 8) {
+                    const __m256i mk = mask_n(nb - j);
+                    __m256 v = p == 0 ? _mm256_setzero_ps()
+                                      : _mm256_maskload_ps(row + j, mk);
+                    if (steps == 4 && nb - j >= 8) {
+                        v = _mm256_fmadd_ps(xs[0], _mm256_loadu_ps(wr + j), v);
+                        v = _mm256_fmadd_ps(xs[1], _mm256_loadu_ps(wr + ldw + j), v);
+                        v = _mm256_fmadd_ps(xs[2], _mm256_loadu_ps(wr + 2 * ldw + j), v);
+                        v = _mm256_fmadd_ps(xs[3], _mm256_loadu_ps(wr + 3 * ldw + j), v);
+                    } else {
+                        for (s = 0; s < steps; ++s)
+                            v = _mm256_fmadd_ps(
+                                xs[s], _mm256_maskload_ps(wr + s * ldw + j, mk), v);
+                    }
+                    _mm256_maskstore_ps(row + j, mk, v);
+                }
+            }
+        }
+        for (i = 0; i < mm; ++i) {
+            float *restrict row = c + i * ldc + j0;
+            for (j = 0; j < nb; j += 8) {
+                const __m256i mk = mask_n(nb - j);
+                __m256 v = _mm256_maskload_ps(row + j, mk);
+                if (bias != NULL)
+                    v = _mm256_add_ps(v, _mm256_maskload_ps(bias + j0 + j, mk));
+                _mm256_maskstore_ps(row + j, mk, epi256(v, epi));
+            }
+        }
+    }
+}
+
+static void small(tb_wlayout layout, int64_t m, int64_t n, int64_t k,
+                  const float *restrict a, int64_t lda,
+                  const float *restrict w, int64_t ldw,
+                  const float *restrict bias, float *restrict c, int64_t ldc,
+                  int epi)
+{
+    int64_t i0, j;
+    for (i0 = 0; i0 < m; i0 += 4) {
+        const int mm = (int)min_i64(4, m - i0);
+        const float *ai = a + i0 * lda;
+        float *ci = c + i0 * ldc;
+        if (layout == TB_W_NT) {
+            const int jb = dots_jb[mm];
+            for (j = 0; j + jb <= n; j += jb)
+                dots_wide[mm](k, ai, lda, w + j * ldw, ldw,
+                              bias != NULL ? bias + j : NULL, ci + j, ldc, epi);
+            for (; j < n; ++j)
+                dots_one[mm](k, ai, lda, w + j * ldw, ldw,
+                             bias != NULL ? bias + j : NULL, ci + j, ldc, epi);
+        } else if (layout == TB_W_NN) {
+            rows_nn(mm, n, k, ai, lda, w, ldw, bias, ci, ldc, epi);
+        } else {
+            const int pb = panels_pb[mm];
+            for (j = 0; j + pb * 16 <= n; j += pb * 16)
+                panels_wide[mm](k, ai, lda, w + (j / 16) * ldw, ldw,
+                                bias != NULL ? bias + j : NULL, ci + j, ldc,
+                                pb * 16, epi);
+            for (; j < n; j += 16)
+                panels_one[mm](k, ai, lda, w + (j / 16) * ldw, ldw,
+                               bias != NULL ? bias + j : NULL, ci + j, ldc,
+                               n - j, epi);
+        }
+    }
+}
+
+const tb_isa tb_isa_avx2 = {
+    "avx2", Y_MR, Y_NR, 256, 512, ukernel, pack_a, pack_w, small,
+};

@@ -1,0 +1,441 @@
+/*
+ * dense_f32_avx512.c - AVX-512 (AVX512F + FMA) building blocks of the
+ * float32 dense kernels (see dense_f32_internal.h).
+ *
+ * Only this file is compiled for AVX-512 (through the target pragma below);
+ * dispatch.c calls into it only when the CPU and OS support it.
+ *
+ * Micro-kernel: X_MR rows x 32 columns (two 16-float W panels), i.e.
+ * 2 * X_MR zmm accumulators; per k step two W vectors are loaded and each
+ * row's A value is broadcast once and used by two FMAs. Column edges use
+ * AVX-512 masks on C and bias (W panels are zero padded), row edges have
+ * their own instantiations, so every output goes through the same
+ * sequence of operations whatever tile it falls in.
+ */
+#pragma GCC target("avx512f,avx2,fma")
+
+#include <immintrin.h>
+
+#include "dense_f32_internal.h"
+
+#define X_MR 12
+#define X_NR 32
+/* W prefetch distance in k steps (one k step = one line per panel). */
+#define X_PF 16
+
+#define ALWAYS_INLINE static inline __attribute__((always_inline))
+
+static int64_t min_i64(int64_t x, int64_t y) { return x < y ? x : y; }
+
+static __mmask16 mask_n(int64_t n)
+{
+    return n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1u);
+}
+
+ALWAYS_INLINE __m512 epi512(__m512 v, int epi)
+{
+    switch (epi) {
+    case TB_EPI_RELU:
+        /* vmaxps returns its second source for NaN (and for +-0): NaN and
+         * -0.0 pass through exactly as in tb_epi_scalar. */
+        return _mm512_max_ps(_mm512_setzero_ps(), v);
+    default:
+        return v;
+    }
+}
+
+/* ---- micro-kernel ---- */
+
+ALWAYS_INLINE void tile(const int MR, const int NV, int64_t kc,
+                        const float *restrict ap, const float *restrict wp,
+                        int64_t wps, float *restrict c, int64_t ldc, int nr,
+                        int flags, const float *restrict bias, int epi)
+{
+    __m512 acc0[X_MR], acc1[X_MR];
+    const float *restrict w0 = wp;
+    const float *restrict w1 = wp + wps;
+    const __mmask16 m0 = NV == 2 ? (__mmask16)0xFFFF : mask_n(nr);
+    const __mmask16 m1 = NV == 2 ? mask_n(nr - 16) : (__mmask16)0;
+    int64_t p;
+    int i;
+
+    for (i = 0; i < MR; ++i) {
+        acc0[i] = _mm512_setzero_ps();
+        acc1[i] = _mm512_setzero_ps();
+        /* C is only needed after the loop: fetch it meanwhile. */
+        _mm_prefetch((const char *)(c + i * ldc), _MM_HINT_T0);
+        if (NV == 2)
+            _mm_prefetch((const char *)(c + i * ldc + 16), _MM_HINT_T0);
+    }
+    for (p = 0; p < kc; ++p) {
+        const __m512 b0 = _mm512_loadu_ps(w0 + p * 16);
+        const __m512 b1 = NV == 2 ? _mm512_loadu_ps(w1 + p * 16)
+                                  : _mm512_setzero_ps();
+        _mm_prefetch((const char *)(w0 + (p + X_PF) * 16), _MM_HINT_T0);
+        if (NV == 2)
+            _mm_prefetch((const char *)(w1 + (p + X_PF) * 16), _MM_HINT_T0);
+#pragma GCC unroll 16
+        for (i = 0; i < MR; ++i) {
+            const __m512 x = _mm512_set1_ps(ap[p * MR + i]);
+            acc0[i] = _mm512_fmadd_ps(x, b0, acc0[i]);
+            if (NV == 2)
+                acc1[i] = _mm512_fmadd_ps(x, b1, acc1[i]);
+        }
+    }
+    {
+        __m512 bias0 = _mm512_setzero_ps(), bias1 = _mm512_setzero_ps();
+        const int last = flags & TB_LAST;
+        if (last && bias != NULL) {
+            bias0 = _mm512_maskz_loadu_ps(m0, bias);
+            if (NV == 2)
+                bias1 = _mm512_maskz_loadu_ps(m1, bias + 16);
+        }
+        for (i = 0; i < MR; ++i) {
+            float *restrict row = c + i * ldc;
+            __m512 v0 = acc0[i], v1 = acc1[i];
+            if (flags & TB_ACCUMULATE) {
+                v0 = _mm512_add_ps(v0, _mm512_maskz_loadu_ps(m0, row));
+                if (NV == 2)
+                    v1 = _mm512_add_ps(v1, _mm512_maskz_loadu_ps(m1, row + 16));
+            }
+            if (last) {
+                if (bias != NULL) {
+                    v0 = _mm512_add_ps(v0, bias0);
+                    v1 = _mm512_add_ps(v1, bias1);
+                }
+                v0 = epi512(v0, epi);
+                v1 = epi512(v1, epi);
+            }
+            _mm512_mask_storeu_ps(row, m0, v0);
+            if (NV == 2)
+                _mm512_mask_storeu_ps(row + 16, m1, v1);
+        }
+    }
+}
+
+typedef void (*tile_fn)(int64_t, const float *, const float *, int64_t,
+                        float *, int64_t, int, int, const float *, int);
+
+#define TILE_FN(MR, NV)                                                       \
+    static void tile_##MR##_##NV(int64_t kc, const float *ap,                 \
+                                 const float *wp, int64_t wps, float *c,      \
+                                 int64_t ldc, int nr, int flags,              \
+                                 const float *bias, int epi)                  \
+    {                                                                         \
+        tile(MR, NV, kc, ap, wp, wps, c, ldc, nr, flags, bias, epi);          \
+    }
+#define TILE_FNS(MR) TILE_FN(MR, 1) TILE_FN(MR, 2)
+TILE_FNS(1) TILE_FNS(2) TILE_FNS(3) TILE_FNS(4) TILE_FNS(5) TILE_FNS(6)
+TILE_FNS(7) TILE_FNS(8) TILE_FNS(9) TILE_FNS(10) TILE_FNS(11) TILE_FNS(12)
+
+static const tile_fn tiles[2][X_MR + 1] = {
+    {NULL, tile_1_1, tile_2_1, tile_3_1, tile_4_1, tile_5_1, tile_6_1,
+     tile_7_1, tile_8_1, tile_9_1, tile_10_1, tile_11_1, tile_12_1},
+    {NULL, tile_1_2, tile_2_2, tile_3_2, tile_4_2, tile_5_2, tile_6_2,
+     tile_7_2, tile_8_2, tile_9_2, tile_10_2, tile_11_2, tile_12_2},
+};
+
+static void ukernel(int64_t kc, const float *ap, const float *wp, int64_t wps,
+                    float *c, int64_t ldc, int mr, int nr, int flags,
+                    const float *bias, int epi)
+{
+    tiles[nr > 16][mr](kc, ap, wp, wps, c, ldc, nr, flags, bias, epi);
+}
+
+/* ---- packing ---- */
+
+/* In-register transpose: r[i][j] -> r[j][i] for a 16 x 16 block. */
+ALWAYS_INLINE void transpose16(__m512 r[16])
+{
+    __m512 t[16], u[16];
+    int g, c;
+    for (g = 0; g < 8; ++g) {
+        t[2 * g] = _mm512_unpacklo_ps(r[2 * g], r[2 * g + 1]);
+        t[2 * g + 1] = _mm512_unpackhi_ps(r[2 * g], r[2 * g + 1]);
+    }
+    /* u[4g + c]: in 128-bit lane L, column 4L + c of rows 4g .. 4g+3. */
+    for (g = 0; g < 4; ++g) {
+        u[4 * g + 0] = _mm512_shuffle_ps(t[4 * g], t[4 * g + 2], 0x44);
+        u[4 * g + 1] = _mm512_shuffle_ps(t[4 * g], t[4 * g + 2], 0xEE);
+        u[4 * g + 2] = _mm512_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0x44);
+        u[4 * g + 3] = _mm512_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0xEE);
+    }
+    for (c = 0; c < 4; ++c) {
+        const __m512 v0 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0x88);
+        const __m512 v1 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xDD);
+        const __m512 v2 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0x88);
+        const __m512 v3 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0xDD);
+        r[c] = _mm512_shuffle_f32x4(v0, v2, 0x88);
+        r[4 + c] = _mm512_shuffle_f32x4(v1, v3, 0x88);
+        r[8 + c] = _mm512_shuffle_f32x4(v0, v2, 0xDD);
+        r[12 + c] = _mm512_shuffle_f32x4(v1, v3, 0xDD);
+    }
+}
+
+/* rows x 16 block of a row-major matrix (rows <= 16, cols <= 16), zero
+ * filled, transposed: r[j] holds column j. */
+ALWAYS_INLINE void load_transposed(__m512 r[16], const float *src,
+                                   int64_t ld, int64_t rows, int64_t cols)
+{
+    const __mmask16 mk = mask_n(cols);
+    int i;
+    for (i = 0; i < 16; ++i)
+        r[i] = i < rows ? _mm512_maskz_loadu_ps(mk, src + i * ld)
+                        : _mm512_setzero_ps();
+    transpose16(r);
+}
+
+static void pack_a(int64_t mr, int64_t kc, const float *restrict a,
+                   int64_t lda, float *restrict ap)
+{
+    const __mmask16 mm = mask_n(mr);
+    int64_t p0;
+    for (p0 = 0; p0 < kc; p0 += 16) {
+        const int64_t cols = min_i64(16, kc - p0);
+        __m512 r[16];
+        int64_t j;
+        load_transposed(r, a + p0, lda, mr, cols);
+        for (j = 0; j < cols; ++j)
+            _mm512_mask_storeu_ps(ap + (p0 + j) * mr, mm, r[j]);
+    }
+}
+
+static void pack_w(tb_wlayout layout, int64_t kc, int64_t nc,
+                   const float *restrict w, int64_t ldw, float *restrict dst,
+                   int64_t dps)
+{
+    int64_t q, p;
+    for (q = 0; q * 16 < nc; ++q) {
+        float *restrict panel = dst + q * dps;
+        const int64_t nb = min_i64(16, nc - q * 16);
+        if (layout == TB_W_NT) {
+            const float *src = w + q * 16 * ldw;
+            for (p = 0; p < kc; p += 16) {
+                const int64_t cols = min_i64(16, kc - p);
+                __m512 r[16];
+                int64_t j;
+                load_transposed(r, src + p, ldw, nb, cols);
+                for (j = 0; j < cols; ++j)
+                    _mm512_storeu_ps(panel + (p + j) * 16, r[j]);
+            }
+        } else {
+            const __mmask16 mk = mask_n(nb);
+            const float *src = w + q * 16;
+            for (p = 0; p < kc; ++p)
+                _mm512_storeu_ps(panel + p * 16,
+                                 _mm512_maskz_loadu_ps(mk, src + p * ldw));
+        }
+    }
+}
+
+/* ---- few rows: matrix-vector like, streaming W once ---- */
+
+/* nt: MM rows of A against JB rows of W, as dot products over all of K. */
+ALWAYS_INLINE void dots(const int MM, const int JB, int64_t k,
+                        const float *restrict a, int64_t lda,
+                        const float *restrict w, int64_t ldw,
+                        const float *restrict bias, float *restrict c,
+                        int64_t ldc, int epi)
+{
+    __m512 acc[4][8];
+    int64_t p;
+    int i, j;
+    for (i = 0; i < MM; ++i)
+        for (j = 0; j < JB; ++j)
+            acc[i][j] = _mm512_setzero_ps();
+    for (p = 0; p < k; p += 16) {
+        const __mmask16 mk = mask_n(k - p);
+        __m512 x[4];
+        for (i = 0; i < MM; ++i)
+            x[i] = _mm512_maskz_loadu_ps(mk, a + i * lda + p);
+        for (j = 0; j < JB; ++j) {
+            const __m512 y = _mm512_maskz_loadu_ps(mk, w + j * ldw + p);
+            for (i = 0; i < MM; ++i)
+                acc[i][j] = _mm512_fmadd_ps(x[i], y, acc[i][j]);
+        }
+    }
+    for (i = 0; i < MM; ++i)
+        for (j = 0; j < JB; ++j) {
+            float v = _mm512_reduce_add_ps(acc[i][j]);
+            if (bias != NULL)
+                v += bias[j];
+            c[i * ldc + j] = tb_epi_scalar(v, epi);
+        }
+}
+
+#define DOTS_FN(MM, JB)                                                       \
+    static void dots_##MM##_##JB(int64_t k, const float *a, int64_t lda,      \
+                                 const float *w, int64_t ldw,                 \
+                                 const float *bias, float *c, int64_t ldc,    \
+                                 int epi)                                     \
+    {                                                                         \
+        dots(MM, JB, k, a, lda, w, ldw, bias, c, ldc, epi);                   \
+    }
+DOTS_FN(1, 8) DOTS_FN(2, 8) DOTS_FN(3, 4) DOTS_FN(4, 4)
+DOTS_FN(1, 1) DOTS_FN(2, 1) DOTS_FN(3, 1) DOTS_FN(4, 1)
+
+typedef void (*dots_fn)(int64_t, const float *, int64_t, const float *,
+                        int64_t, const float *, float *, int64_t, int);
+static const dots_fn dots_wide[5] = {NULL, dots_1_8, dots_2_8, dots_3_4,
+                                     dots_4_4};
+static const dots_fn dots_one[5] = {NULL, dots_1_1, dots_2_1, dots_3_1,
+                                    dots_4_1};
+
+/* packed: MM rows against PB panels (16 columns each) over all of K. */
+ALWAYS_INLINE void panels(const int MM, const int PB, int64_t k,
+                          const float *restrict a, int64_t lda,
+                          const float *restrict w, int64_t pstride,
+                          const float *restrict bias, float *restrict c,
+                          int64_t ldc, int64_t nb, int epi)
+{
+    __m512 acc[4][8];
+    int64_t p;
+    int i, q;
+    for (i = 0; i < MM; ++i)
+        for (q = 0; q < PB; ++q)
+            acc[i][q] = _mm512_setzero_ps();
+    for (p = 0; p < k; ++p) {
+        __m512 x[4];
+        for (i = 0; i < MM; ++i)
+            x[i] = _mm512_set1_ps(a[i * lda + p]);
+        for (q = 0; q < PB; ++q) {
+            const __m512 y = _mm512_loadu_ps(w + q * pstride + p * 16);
+            for (i = 0; i < MM; ++i)
+                acc[i][q] = _mm512_fmadd_ps(x[i], y, acc[i][q]);
+        }
+    }
+    for (q = 0; q < PB; ++q) {
+        const __mmask16 mk = mask_n(nb - q * 16);
+        const __m512 bv = bias != NULL
+                              ? _mm512_maskz_loadu_ps(mk, bias + q * 16)
+                              : _mm512_setzero_ps();
+        for (i = 0; i < MM; ++i) {
+            __m512 v = acc[i][q];
+            if (bias != NULL)
+                v = _mm512_add_ps(v, bv);
+            _mm512_mask_storeu_ps(c + i * ldc + q * 16, mk, epi512(v, epi));
+        }
+    }
+}
+
+#define PANELS_FN(MM, PB)                                                     \
+    static void panels_##MM##_##PB(int64_t k, const float *a, int64_t lda,    \
+                                   const float *w, int64_t ps,                \
+                                   const float *bias, float *c, int64_t ldc,  \
+                                   int64_t nb, int epi)                       \
+    {                                                                         \
+        panels(MM, PB, k, a, lda, w, ps, bias, c, ldc, nb, epi);              \
+    }
+PANELS_FN(1, 8) PANELS_FN(2, 8) PANELS_FN(3, 4) PANELS_FN(4, 4)
+PANELS_FN(1, 1) PANELS_FN(2, 1) PANELS_FN(3, 1) PANELS_FN(4, 1)
+
+typedef void (*panels_fn)(int64_t, const float *, int64_t, const float *,
+                          int64_t, const float *, float *, int64_t, int64_t,
+                          int);
+static const panels_fn panels_wide[5] = {NULL, panels_1_8, panels_2_8,
+                                         panels_3_4, panels_4_4};
+static const panels_fn panels_one[5] = {NULL, panels_1_1, panels_2_1,
+                                        panels_3_1, panels_4_1};
+
+/* Columns of C kept in L1 while W rows stream past (nn). */
+#define X_NN_CHUNK 1024
+
+/* nn: rows of W stream through; C[0:mm, chunk] stays in L1 and takes four
+ * rank-1 updates per pass (four W rows in flight). */
+static void rows_nn(int64_t mm, int64_t n, int64_t k, const float *restrict a,
+                    int64_t lda, const float *restrict w, int64_t ldw,
+                    const float *restrict bias, float *restrict c,
+                    int64_t ldc, int epi)
+{
+    int64_t j0, j, p;
+    int i;
+    for (j0 = 0; j0 < n; j0 += X_NN_CHUNK) {
+        const int64_t nb = min_i64(X_NN_CHUNK, n - j0);
+        for (p = 0; p < k; p += 4) {
+            const int64_t steps = min_i64(4, k - p);
+            const float *restrict wr = w + p * ldw + j0;
+            for (i = 0; i < mm; ++i) {
+                const float *restrict x = a + i * lda + p;
+                float *restrict row = c + i * ldc + j0;
+                const __m512 x0 = _mm512_set1_ps(x[0]);
+                const __m512 x1 = _mm512_set1_ps(steps > 1 ? x[1] : 0.0f);
+                const __m512 x2 = _mm512_set1_ps(steps > 2 ? x[2] : 0.0f);
+                const __m512 x3 = _mm512_set1_ps(steps > 3 ? x[3] : 0.0f);
+                for (j = 0; j < nb; j += 16) {
+                    const __mmask16 mk = mask_n(nb - j);
+                    __m512 v = p == 0 ? _mm512_setzero_ps()
+                                      : _mm512_maskz_loadu_ps(mk, row + j);
+                    v = _mm512_fmadd_ps(
+                        x0, _mm512_maskz_loadu_ps(mk, wr + j), v);
+                    if (steps == 4) {
+                        v = _mm512_fmadd_ps(
+                            x1, _mm512_maskz_loadu_ps(mk, wr + ldw + j), v);
+                        v = _mm512_fmadd_ps(
+                            x2, _mm512_maskz_loadu_ps(mk, wr + 2 * ldw + j), v);
+                        v = _mm512_fmadd_ps(
+                            x3, _mm512_maskz_loadu_ps(mk, wr + 3 * ldw + j), v);
+                    } else {
+                        if (steps > 1)
+                            v = _mm512_fmadd_ps(
+                                x1, _mm512_maskz_loadu_ps(mk, wr + ldw + j), v);
+                        if (steps > 2)
+                            v = _mm512_fmadd_ps(
+                                x2,
+                                _mm512_maskz_loadu_ps(mk, wr + 2 * ldw + j), v);
+                    }
+                    _mm512_mask_storeu_ps(row + j, mk, v);
+                }
+            }
+        }
+        for (i = 0; i < mm; ++i) {
+            float *restrict row = c + i * ldc + j0;
+            for (j = 0; j < nb; j += 16) {
+                const __mmask16 mk = mask_n(nb - j);
+                __m512 v = _mm512_maskz_loadu_ps(mk, row + j);
+                if (bias != NULL)
+                    v = _mm512_add_ps(v,
+                                      _mm512_maskz_loadu_ps(mk, bias + j0 + j));
+                _mm512_mask_storeu_ps(row + j, mk, epi512(v, epi));
+            }
+        }
+    }
+}
+
+static void small(tb_wlayout layout, int64_t m, int64_t n, int64_t k,
+                  const float *restrict a, int64_t lda,
+                  const float *restrict w, int64_t ldw,
+                  const float *restrict bias, float *restrict c, int64_t ldc,
+                  int epi)
+{
+    int64_t i0, j;
+    for (i0 = 0; i0 < m; i0 += 4) {
+        const int mm = (int)min_i64(4, m - i0);
+        const float *ai = a + i0 * lda;
+        float *ci = c + i0 * ldc;
+        if (layout == TB_W_NT) {
+            const int jb = mm <= 2 ? 8 : 4;
+            for (j = 0; j + jb <= n; j += jb)
+                dots_wide[mm](k, ai, lda, w + j * ldw, ldw,
+                              bias != NULL ? bias + j : NULL, ci + j, ldc, epi);
+            for (; j < n; ++j)
+                dots_one[mm](k, ai, lda, w + j * ldw, ldw,
+                             bias != NULL ? bias + j : NULL, ci + j, ldc, epi);
+        } else if (layout == TB_W_NN) {
+            rows_nn(mm, n, k, ai, lda, w, ldw, bias, ci, ldc, epi);
+        } else {
+            const int pb = mm <= 2 ? 8 : 4;
+            for (j = 0; j + pb * 16 <= n; j += pb * 16)
+                panels_wide[mm](k, ai, lda, w + (j / 16) * ldw, ldw,
+                                bias != NULL ? bias + j : NULL, ci + j, ldc,
+                                pb * 16, epi);
+            for (; j < n; j += 16)
+                panels_one[mm](k, ai, lda, w + (j / 16) * ldw, ldw,
+                               bias != NULL ? bias + j : NULL, ci + j, ldc,
+                               n - j, epi);
+        }
+    }
+}
+
+const tb_isa tb_isa_avx512 = {
+    "avx512", X_MR, X_NR, 384, 640, ukernel, pack_a, pack_w, small,
+};

@@ -1,0 +1,127 @@
+/*
+ * dense_f32_internal.h - declarations shared by the float32 dense driver
+ * (dense_f32.c), the per-instruction-set kernel files (dense_f32_generic.c,
+ * dense_f32_avx2.c, dense_f32_avx512.c), the CPU dispatch (dispatch.c) and
+ * the thread pool (threads.c). Not part of the public ABI.
+ *
+ * Every instruction set provides the same small set of building blocks
+ * (tb_isa below); the blocking, threading and argument checks live once in
+ * dense_f32.c.
+ */
+#ifndef TIRBYOC_DENSE_F32_INTERNAL_H
+#define TIRBYOC_DENSE_F32_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tirbyoc_kernels.h"
+
+/* Width of a W panel (packed layout and runtime-packed blocks alike). */
+#define TB_NR TIRBYOC_PACK_NR
+
+/*
+ * Elementwise epilogue applied to finished outputs (after the bias). To add
+ * one: a new enumerator here, a case in each instruction set's epilogue
+ * helper (tb_epi_scalar below and the vector helpers in dense_f32_avx2.c /
+ * dense_f32_avx512.c), and the exported wrappers in dense_f32.c.
+ */
+typedef enum { TB_EPI_NONE, TB_EPI_RELU } tb_epilogue;
+
+/* How the driver reads W. */
+typedef enum { TB_W_NT, TB_W_NN, TB_W_PACKED } tb_wlayout;
+
+/* Micro-kernel flags. */
+#define TB_ACCUMULATE 1 /* C holds a partial sum over earlier K blocks */
+#define TB_LAST 2       /* last K block: add bias, apply the epilogue */
+
+/* Upper bounds over all instruction sets (they size the scratch buffers). */
+#define TB_MR_MAX 16
+#define TB_KC_MAX 512
+#define TB_NC_MAX 1024
+
+/*
+ * Micro-kernel: C[0:mr, 0:nr] (+)= Ap @ Wp for one register tile.
+ *   ap: packed A, kc steps of mr floats (ap[p * mr + i] = A[i][p]);
+ *   wp: first W panel at the K offset of this block, 16 floats per k step;
+ *       the second panel (nr > 16) starts wps floats later. Panels are
+ *       zero padded to 16 columns, so only C and bias need edge handling.
+ *   flags: TB_ACCUMULATE (start from C instead of 0), TB_LAST (then add
+ *       bias[0:nr] if bias != NULL and apply epi before storing).
+ * 1 <= mr <= isa->mr, 1 <= nr <= isa->nr.
+ */
+typedef void (*tb_ukernel_fn)(int64_t kc, const float *ap, const float *wp,
+                              int64_t wps, float *c, int64_t ldc, int mr,
+                              int nr, int flags, const float *bias, int epi);
+
+/* A[0:mr, 0:kc] (row stride lda) -> ap[p * mr + i]. */
+typedef void (*tb_pack_a_fn)(int64_t mr, int64_t kc, const float *a,
+                             int64_t lda, float *ap);
+
+/*
+ * W block -> ceil(nc / 16) panels of kc x 16 floats, panel q at
+ * dst + q * dps, zero padded past nc. For TB_W_NT, w points at W[j0][p0]
+ * (W is [N, K]); for TB_W_NN at W[p0][j0] (W is [K, N]).
+ */
+typedef void (*tb_pack_w_fn)(tb_wlayout layout, int64_t kc, int64_t nc,
+                             const float *w, int64_t ldw, float *dst,
+                             int64_t dps);
+
+/*
+ * Few rows (matrix-vector like, no packing): the whole K range for
+ * C[0:m, 0:n]; any m >= 1 (handled a few rows at a time), bias offset to
+ * the first column or NULL. For TB_W_PACKED, w is the first panel and
+ * ldw the distance between panels (16 * K).
+ */
+typedef void (*tb_small_fn)(tb_wlayout layout, int64_t m, int64_t n,
+                            int64_t k, const float *a, int64_t lda,
+                            const float *w, int64_t ldw, const float *bias,
+                            float *c, int64_t ldc, int epi);
+
+typedef struct tb_isa {
+    const char *name;
+    int mr;      /* rows of a register tile (<= TB_MR_MAX) */
+    int nr;      /* columns of a register tile: 16 or 32 */
+    int kc;      /* K block (<= TB_KC_MAX) */
+    int nc;      /* N block, a multiple of nr (<= TB_NC_MAX) */
+    tb_ukernel_fn ukernel;
+    tb_pack_a_fn pack_a;
+    tb_pack_w_fn pack_w;
+    tb_small_fn small;
+} tb_isa;
+
+extern const tb_isa tb_isa_generic;
+extern const tb_isa tb_isa_avx2;
+extern const tb_isa tb_isa_avx512;
+
+/* dispatch.c: the active instruction set (chosen once, then cached). */
+const tb_isa *tb_active_isa(void);
+
+/* threads.c */
+typedef void (*tb_task_fn)(void *arg, int tid, int nthreads);
+/* Configured thread count (TIRBYOC_NUM_THREADS or the CPUs available). */
+int tb_num_threads(void);
+/*
+ * Runs fn(arg, t, nt) for t = 0 .. nt-1, t = 0 on the calling thread, with
+ * 1 <= nt <= want: nt is 1 when the pool is busy (another caller is using
+ * it) or cannot start threads. Returns when all calls have returned.
+ */
+void tb_parallel(tb_task_fn fn, void *arg, int want);
+/* Per-thread scratch of TB_SCRATCH_FLOATS floats, 64-byte aligned,
+ * allocated on a thread's first use; NULL if that allocation failed. */
+float *tb_scratch(void);
+#define TB_SCRATCH_FLOATS \
+    ((size_t)TB_KC_MAX * TB_NC_MAX + (size_t)TB_MR_MAX * TB_KC_MAX)
+
+/* Scalar epilogue, shared by the scalar edge code of every file. */
+static inline float tb_epi_scalar(float v, int epi)
+{
+    switch (epi) {
+    case TB_EPI_RELU:
+        /* "negative -> 0" rather than "positive -> keep": NaN passes. */
+        return v < 0.0f ? 0.0f : v;
+    default:
+        return v;
+    }
+}
+
+#endif /* TIRBYOC_DENSE_F32_INTERNAL_H */

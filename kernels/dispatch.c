@@ -1,0 +1,127 @@
+/*
+ * dispatch.c - chooses the instruction set of the float32 dense kernels at
+ * run time: AVX-512 ("avx512"), AVX2 + FMA ("avx2") or portable C
+ * ("generic").
+ *
+ * Detection uses cpuid and xgetbv directly (not __builtin_cpu_supports),
+ * because the relocatable object linked into TVM modules must not depend
+ * on libgcc. An instruction set counts only when the OS also saves its
+ * register state (XCR0), e.g. AVX-512 may be disabled by the kernel or a
+ * hypervisor on a CPU that has it.
+ *
+ * The choice is made on first use, capped by the environment variable
+ * TIRBYOC_ISA=generic|avx2|avx512, and can be changed with tirbyoc_set_isa.
+ * It is one atomic int: racing first uses compute the same value.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#define TB_X86 1
+#endif
+
+#include "dense_f32_internal.h"
+
+enum { LEVEL_GENERIC, LEVEL_AVX2, LEVEL_AVX512, LEVEL_COUNT };
+
+static const tb_isa *const isa_table[LEVEL_COUNT] = {
+    &tb_isa_generic, &tb_isa_avx2, &tb_isa_avx512,
+};
+
+#ifdef TB_X86
+static uint64_t read_xcr0(void)
+{
+    uint32_t lo, hi;
+    /* xgetbv with ecx = 0; encoded as bytes for old assemblers. */
+    __asm__ volatile(".byte 0x0f, 0x01, 0xd0" : "=a"(lo), "=d"(hi) : "c"(0));
+    return ((uint64_t)hi << 32) | lo;
+}
+#endif
+
+/* Highest level this CPU and OS support. */
+static int detect_level(void)
+{
+#ifdef TB_X86
+    unsigned int eax, ebx, ecx, edx;
+    uint64_t xcr0;
+    int fma, avx, osxsave, avx2, avx512f;
+
+    if (!__get_cpuid_count(1, 0, &eax, &ebx, &ecx, &edx))
+        return LEVEL_GENERIC;
+    fma = (ecx >> 12) & 1;
+    osxsave = (ecx >> 27) & 1;
+    avx = (ecx >> 28) & 1;
+    if (!osxsave || !avx || !fma)
+        return LEVEL_GENERIC;
+    xcr0 = read_xcr0();
+    /* XMM (bit 1) and YMM (bit 2) state enabled by the OS. */
+    if ((xcr0 & 0x6) != 0x6)
+        return LEVEL_GENERIC;
+    if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx))
+        return LEVEL_GENERIC;
+    avx2 = (ebx >> 5) & 1;
+    avx512f = (ebx >> 16) & 1;
+    if (!avx2)
+        return LEVEL_GENERIC;
+    /* Opmask (bit 5), upper ZMM0-15 (bit 6), ZMM16-31 (bit 7). */
+    if (avx512f && (xcr0 & 0xe0) == 0xe0)
+        return LEVEL_AVX512;
+    return LEVEL_AVX2;
+#else
+    return LEVEL_GENERIC;
+#endif
+}
+
+static int level_by_name(const char *name)
+{
+    int level;
+    if (name == NULL)
+        return -1;
+    for (level = 0; level < LEVEL_COUNT; ++level)
+        if (strcmp(name, isa_table[level]->name) == 0)
+            return level;
+    return -1;
+}
+
+/* -1 until first computed; detection is pure, so races are harmless. */
+static int cpu_level = -1;
+static int active_level = -1;
+
+static int supported_level(void)
+{
+    int level = __atomic_load_n(&cpu_level, __ATOMIC_ACQUIRE);
+    if (level < 0) {
+        level = detect_level();
+        __atomic_store_n(&cpu_level, level, __ATOMIC_RELEASE);
+    }
+    return level;
+}
+
+const tb_isa *tb_active_isa(void)
+{
+    int level = __atomic_load_n(&active_level, __ATOMIC_ACQUIRE);
+    if (level < 0) {
+        int expected = -1;
+        int cap = level_by_name(getenv("TIRBYOC_ISA"));
+        level = supported_level();
+        if (cap >= 0 && cap < level)
+            level = cap;
+        /* A concurrent tirbyoc_set_isa wins over the default. */
+        if (!__atomic_compare_exchange_n(&active_level, &expected, level, 0,
+                                         __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+            level = expected;
+    }
+    return isa_table[level];
+}
+
+int32_t tirbyoc_set_isa(const char *name)
+{
+    int level = level_by_name(name);
+    if (level < 0 || level > supported_level())
+        return TIRBYOC_EINVAL;
+    __atomic_store_n(&active_level, level, __ATOMIC_RELEASE);
+    return TIRBYOC_OK;
+}
+
+const char *tirbyoc_isa(void) { return tb_active_isa()->name; }

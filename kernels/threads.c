@@ -1,0 +1,314 @@
+/*
+ * threads.c - the worker pool, the thread-count setting and per-thread
+ * scratch buffers of the kernel library.
+ *
+ * The pool is created on first use and then kept: workers wait for work by
+ * spinning briefly and then sleeping on a condition variable. It serves one
+ * caller at a time; it is taken with a try-lock, so a call that finds it
+ * busy (the library called concurrently from several threads) simply runs
+ * on its own thread. Because kernels split their work the same way for any
+ * thread count, results do not depend on who got the pool.
+ *
+ * Fork: the lock word holds the pid of the process that took it, and the
+ * pool records the pid that created its workers. A child process (whose
+ * copy of the pool has no threads, and may even look locked) takes over a
+ * lock held by another pid and builds a fresh pool, leaking the parent's
+ * small bookkeeping block instead of touching its possibly inconsistent
+ * mutexes.
+ *
+ * Only libc (with pthreads) is used; no libgcc helpers.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "dense_f32_internal.h"
+
+#define TB_MAX_THREADS 64
+/* How long an idle worker spins before it sleeps. */
+#define TB_SPIN_NS 200000L
+
+#if defined(__x86_64__) || defined(__i386__)
+#define cpu_relax() __asm__ volatile("pause" ::: "memory")
+#else
+#define cpu_relax() __asm__ volatile("" ::: "memory")
+#endif
+
+/* ---- thread count ---- */
+
+static int configured_threads; /* 0: not yet read */
+
+static int default_threads(void)
+{
+    const char *env = getenv("TIRBYOC_NUM_THREADS");
+    cpu_set_t set;
+    long n;
+    if (env != NULL && *env != '\0') {
+        char *end;
+        n = strtol(env, &end, 10);
+        if (*end == '\0' && n >= 1)
+            return n > TB_MAX_THREADS ? TB_MAX_THREADS : (int)n;
+    }
+    if (sched_getaffinity(0, sizeof(set), &set) == 0)
+        n = CPU_COUNT(&set);
+    else
+        n = sysconf(_SC_NPROCESSORS_ONLN);
+    if (n < 1)
+        n = 1;
+    return n > TB_MAX_THREADS ? TB_MAX_THREADS : (int)n;
+}
+
+int tb_num_threads(void)
+{
+    int n = __atomic_load_n(&configured_threads, __ATOMIC_ACQUIRE);
+    if (n == 0) {
+        int expected = 0;
+        n = default_threads();
+        if (!__atomic_compare_exchange_n(&configured_threads, &expected, n, 0,
+                                         __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+            n = expected;
+    }
+    return n;
+}
+
+int32_t tirbyoc_set_num_threads(int32_t n)
+{
+    if (n < 1)
+        return TIRBYOC_EINVAL;
+    __atomic_store_n(&configured_threads, n > TB_MAX_THREADS ? TB_MAX_THREADS : n,
+                     __ATOMIC_RELEASE);
+    return TIRBYOC_OK;
+}
+
+int32_t tirbyoc_num_threads(void) { return tb_num_threads(); }
+
+/* ---- per-thread scratch ---- */
+
+static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
+static pthread_key_t scratch_key;
+static int scratch_key_ok;
+
+static void scratch_free(void *p) { free(p); }
+
+static void scratch_init(void)
+{
+    scratch_key_ok = pthread_key_create(&scratch_key, scratch_free) == 0;
+}
+
+float *tb_scratch(void)
+{
+    void *p;
+    pthread_once(&scratch_once, scratch_init);
+    if (!scratch_key_ok)
+        return NULL;
+    p = pthread_getspecific(scratch_key);
+    if (p == NULL) {
+        if (posix_memalign(&p, 64, TB_SCRATCH_FLOATS * sizeof(float)) != 0)
+            return NULL;
+        if (pthread_setspecific(scratch_key, p) != 0) {
+            free(p);
+            return NULL;
+        }
+    }
+    return (float *)p;
+}
+
+/* ---- worker pool ---- */
+
+/* One worker's mailbox, on its own cache line. */
+typedef struct {
+    unsigned long gen; /* bumped by the caller to post a job */
+    char pad[64 - sizeof(unsigned long)];
+} slot_t;
+
+typedef struct {
+    pid_t pid; /* process whose threads these are */
+    int nworkers;
+    tb_task_fn fn; /* the current job, valid while its gen is posted */
+    void *arg;
+    int nt;
+    int done;     /* workers finished with the current job */
+    int sleepers; /* workers blocked (or about to block) on cv */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    slot_t slot[TB_MAX_THREADS];
+} pool_t;
+
+typedef struct {
+    pool_t *pool;
+    int id; /* 1 .. nworkers */
+} worker_arg_t;
+
+static pid_t pool_lock_word; /* 0 or the pid holding the pool */
+static pool_t *the_pool;
+
+static long now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1000000000L + ts.tv_nsec;
+}
+
+static void *worker_main(void *p)
+{
+    worker_arg_t *wa = (worker_arg_t *)p;
+    pool_t *pool = wa->pool;
+    const int id = wa->id;
+    /* A new worker's slot has never been posted: jobs are only posted to
+     * workers that exist. */
+    unsigned long seen = 0;
+    free(wa);
+    for (;;) {
+        unsigned long gen = __atomic_load_n(&pool->slot[id].gen, __ATOMIC_ACQUIRE);
+        if (gen == seen) {
+            const long until = now_ns() + TB_SPIN_NS;
+            int spins = 0;
+            while ((gen = __atomic_load_n(&pool->slot[id].gen,
+                                          __ATOMIC_ACQUIRE)) == seen) {
+                cpu_relax();
+                if (++spins % 64 == 0 && now_ns() > until)
+                    break;
+            }
+        }
+        if (gen == seen) {
+            pthread_mutex_lock(&pool->mu);
+            __atomic_add_fetch(&pool->sleepers, 1, __ATOMIC_SEQ_CST);
+            while ((gen = __atomic_load_n(&pool->slot[id].gen,
+                                          __ATOMIC_SEQ_CST)) == seen)
+                pthread_cond_wait(&pool->cv, &pool->mu);
+            __atomic_sub_fetch(&pool->sleepers, 1, __ATOMIC_SEQ_CST);
+            pthread_mutex_unlock(&pool->mu);
+        }
+        seen = gen;
+        pool->fn(pool->arg, id, pool->nt);
+        __atomic_add_fetch(&pool->done, 1, __ATOMIC_RELEASE);
+    }
+    return NULL;
+}
+
+static pool_t *pool_new(void)
+{
+    pool_t *pool = (pool_t *)calloc(1, sizeof(pool_t));
+    if (pool == NULL)
+        return NULL;
+    pool->pid = getpid();
+    if (pthread_mutex_init(&pool->mu, NULL) != 0) {
+        free(pool);
+        return NULL;
+    }
+    if (pthread_cond_init(&pool->cv, NULL) != 0) {
+        pthread_mutex_destroy(&pool->mu);
+        free(pool);
+        return NULL;
+    }
+    return pool;
+}
+
+/* Starts workers until there are `want` of them; returns how many exist. */
+static int pool_grow(pool_t *pool, int want)
+{
+    sigset_t all, old;
+    pthread_attr_t attr;
+    if (want <= pool->nworkers)
+        return pool->nworkers;
+    if (pthread_attr_init(&attr) != 0)
+        return pool->nworkers;
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    /* Workers inherit a full signal mask: signals go to the caller's threads. */
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    while (pool->nworkers < want) {
+        pthread_t th;
+        worker_arg_t *wa = (worker_arg_t *)malloc(sizeof(*wa));
+        if (wa == NULL)
+            break;
+        wa->pool = pool;
+        wa->id = pool->nworkers + 1;
+        if (pthread_create(&th, &attr, worker_main, wa) != 0) {
+            free(wa);
+            break;
+        }
+        pool->nworkers++;
+    }
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    pthread_attr_destroy(&attr);
+    return pool->nworkers;
+}
+
+/* Takes the pool lock (or returns 0); steals it from a parent process. */
+static int pool_trylock(pid_t self)
+{
+    pid_t owner = __atomic_load_n(&pool_lock_word, __ATOMIC_RELAXED);
+    if (owner == self)
+        return 0; /* busy in this process */
+    return __atomic_compare_exchange_n(&pool_lock_word, &owner, self, 0,
+                                       __ATOMIC_ACQUIRE, __ATOMIC_RELAXED);
+}
+
+static void pool_unlock(void)
+{
+    __atomic_store_n(&pool_lock_word, 0, __ATOMIC_RELEASE);
+}
+
+void tb_parallel(tb_task_fn fn, void *arg, int want)
+{
+    pool_t *pool;
+    pid_t self;
+    int nt, t, spins;
+
+    if (want > TB_MAX_THREADS)
+        want = TB_MAX_THREADS;
+    if (want <= 1) {
+        fn(arg, 0, 1);
+        return;
+    }
+    self = getpid();
+    if (!pool_trylock(self)) {
+        fn(arg, 0, 1);
+        return;
+    }
+    pool = the_pool;
+    if (pool == NULL || pool->pid != self) {
+        /* First use, or first use in a forked child: start afresh. */
+        pool = pool_new();
+        the_pool = pool;
+    }
+    nt = pool == NULL ? 1 : pool_grow(pool, want - 1) + 1;
+    if (nt > want)
+        nt = want;
+    if (nt <= 1) {
+        pool_unlock();
+        fn(arg, 0, 1);
+        return;
+    }
+
+    pool->fn = fn;
+    pool->arg = arg;
+    pool->nt = nt;
+    __atomic_store_n(&pool->done, 0, __ATOMIC_RELAXED);
+    for (t = 1; t < nt; ++t)
+        __atomic_add_fetch(&pool->slot[t].gen, 1, __ATOMIC_SEQ_CST);
+    /* Pairs with the sleeper count a worker publishes before its last check. */
+    if (__atomic_load_n(&pool->sleepers, __ATOMIC_SEQ_CST) > 0) {
+        pthread_mutex_lock(&pool->mu);
+        pthread_cond_broadcast(&pool->cv);
+        pthread_mutex_unlock(&pool->mu);
+    }
+
+    fn(arg, 0, nt);
+
+    spins = 0;
+    while (__atomic_load_n(&pool->done, __ATOMIC_ACQUIRE) < nt - 1) {
+        cpu_relax();
+        /* A descheduled worker (busy machine): let it run. */
+        if (++spins > 20000)
+            sched_yield();
+    }
+    pool_unlock();
+}
