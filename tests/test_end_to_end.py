@@ -12,6 +12,7 @@ import textwrap
 import numpy as np
 import pytest
 import tvm
+import tvm_ffi
 from tvm import relax
 
 import tirbyoc
@@ -44,9 +45,10 @@ def test_seed_mlp_relax_static(bind_weights):
     layers = examples.mlp_weights()
     mod = examples.mlp_relax(64, layers, bind_weights=bind_weights)
     offloaded = tirbyoc.apply_tir_byoc(mod)
-    assert tirbyoc.offloaded_kernels(offloaded) == [
-        "tirbyoc_dense_f32_nt" if not bind_weights else "tirbyoc_dense_f32_nn",
-        "tirbyoc_dense_relu_f32_nt" if not bind_weights else "tirbyoc_dense_relu_f32_nn"]
+    # weights as inputs: read in place (nn.Linear layout); bound: packed at compile time
+    layout = "packed" if bind_weights else "nt"
+    assert tirbyoc.offloaded_kernels(offloaded) == [f"tirbyoc_dense_f32_{layout}",
+                                                    f"tirbyoc_dense_relu_f32_{layout}"]
     # no transpose copy of a weight survives as a runtime step
     assert not [n for n in _prim_func_names(offloaded) if "transpose" in n]
     x, args = _inputs(64, layers, bind_weights)
@@ -260,3 +262,38 @@ def test_every_intrinsic_matches_its_numpy_reference(name, layout):
     w = np.ascontiguousarray(w_kn.T) if layout == "nt" else w_kn
     got = tirbyoc.run(tirbyoc.compile(mod), x, w, b)
     assert_close(got, intr.reference(x, w_kn, b if "bias" in name else None))
+
+
+def test_only_offloaded_layers_get_packed_weights():
+    """A float32 layer (offloaded, weight packed) feeding a float16 layer (TVM's own)."""
+    rng = np.random.default_rng(8)
+    w1, b1 = rng.standard_normal((6, 8), np.float32), rng.standard_normal(6, np.float32)
+    w2 = rng.standard_normal((6, 4)).astype(np.float16)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((3, 8), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            h = bb.emit(relax.op.matmul(x, relax.op.permute_dims(relax.const(w1), [1, 0])))
+            h = bb.emit(relax.op.nn.relu(bb.emit(relax.op.add(h, relax.const(b1)))))
+            h = bb.emit(relax.op.astype(h, "float16"))
+            out = bb.emit_output(bb.emit(relax.op.matmul(h, relax.const(w2))))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    offloaded = tirbyoc.apply_tir_byoc(mod)
+    assert tirbyoc.offloaded_kernels(offloaded) == ["tirbyoc_dense_relu_f32_packed"]
+    consts = []
+    tvm_ffi.structural_walk(offloaded["main"], [(tvm.ir.expr.GenericConst, consts.append)])
+    values = [c.value.numpy() for c in consts]
+    halves = [v for v in values if v.dtype == np.float16]
+    assert len(halves) == 1
+    np.testing.assert_array_equal(halves[0], w2)  # TVM's own layer keeps its weight as is
+    from tirbyoc import kernels
+
+    singles = sorted((v for v in values if v.dtype == np.float32), key=lambda v: v.size)
+    assert [v.shape for v in singles] == [(6,), (kernels.packed_weight_size(6, 8),)]
+    np.testing.assert_array_equal(singles[1], kernels.pack_weight(w1, "nt"))
+    x_np = rng.standard_normal((3, 8), np.float32)
+    ref = np.maximum(x_np.astype(np.float64) @ w1.T + b1, 0).astype(np.float16).astype(
+        np.float64) @ w2.astype(np.float64)
+    got = tirbyoc.run(tvm.compile(offloaded, target="llvm"), x_np)
+    np.testing.assert_allclose(got.astype(np.float64), ref, rtol=1e-2, atol=1e-2)
