@@ -36,11 +36,12 @@ def nt_bias_relu_expected(A: T.Buffer((64, 80), "float32"), W: T.Buffer((50, 80)
     with T.sblock("root"):
         T.reads()
         T.writes()
-        with T.sblock("tirbyoc_dense_bias_relu"):
+        with T.sblock("tirbyoc_dense_bias_relu_mm"):
             T.reads(A[0:64, 0:80], W[0:50, 0:80], B[0:50])
             T.writes(O[0:64, 0:50])
             T.sblock_attr({"tirbyoc.intrinsic": "dense_bias_relu",
-                           "tirbyoc.kernel": "tirbyoc_dense_relu_f32_nt"})
+                           "tirbyoc.kernel": "tirbyoc_dense_relu_f32_nt",
+                           "tirbyoc.offloaded": "mm + bias + relu -> tirbyoc_dense_relu_f32_nt"})
             assert T.call_extern(
                 "int32", "tirbyoc_dense_relu_f32_nt", T.int64(64), T.int64(50), T.int64(80),
                 T.address_of(A[T.int64(0), T.int64(0)]), T.int64(80),

@@ -8,6 +8,7 @@
 
 from .api import (Report, apply_tir_byoc, compile, explain, offload_prim_func, offloaded_kernels,
                   pipeline, run)
+from .schedule_rule import ScheduleRule
 
 __all__ = ["apply_tir_byoc", "explain", "pipeline", "compile", "run", "offload_prim_func",
-           "offloaded_kernels", "Report"]
+           "offloaded_kernels", "Report", "ScheduleRule"]

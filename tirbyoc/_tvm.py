@@ -55,6 +55,8 @@ tensor = tvm.runtime.tensor
 cpu = tvm.cpu
 
 Function = relax.Function
+Schedule = s_tir.Schedule
+DlightScheduleRule = s_tir.dlight.ScheduleRule
 RelaxConstant = ir.expr.GenericConst  # what relax.const builds (tensor constants)
 
 

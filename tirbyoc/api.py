@@ -6,32 +6,22 @@ from dataclasses import dataclass
 
 from . import _tvm as T
 from . import relax_prep, weights
-from .matcher import Region, match_func
+from .matcher import Region
 from .normalize import INTRINSIC_ATTR, normalize
-from .rewrite import rewrite_func
-
-
-def _registry(intrinsics):
-    if intrinsics is not None:
-        return list(intrinsics)
-    from intrinsics import REGISTRY
-
-    return REGISTRY
+from .schedule_rule import ScheduleRule
 
 
 def offload_prim_func(func, intrinsics=None, sources=None, pack=True):
-    """Offload the matched regions of one PrimFunc.
+    """Offload the matched regions of one PrimFunc (``ScheduleRule`` on one function).
 
     Returns ``(new_func, results)`` where ``results`` is a list of ``(nest, Region |
     NoMatch)`` for every candidate; ``new_func is func`` when nothing matched.
     ``sources``/``pack``: see ``tirbyoc.weights``.
     """
-    normal = normalize(func)
-    if normal.reason:
-        return func, []
-    results = match_func(normal, _registry(intrinsics), sources, pack)
-    regions = [r for _, r in results if r]
-    return rewrite_func(normal, regions), results
+    sch, results = ScheduleRule(intrinsics).offload(func, sources, pack)
+    if sch is None:
+        return func, results
+    return sch.mod["main"].with_attrs(func.attrs) if func.attrs else sch.mod["main"], results
 
 
 def _attach_kernels(mod):

@@ -22,7 +22,7 @@ def _kernel_block(region: Region):
     inputs = [region.dense.a, region.weight] + [
         b for _, _, sm in region.steps for b in sm.captures.values()]
     block = T.make_block(
-        f"tirbyoc_{region.intrinsic.name}", body,
+        f"tirbyoc_{region.intrinsic.name}_{region.dense.nest.name}", body,
         reads=[T.full_region(b) for b in inputs], writes=[T.full_region(region.out)],
         annotations={OFFLOADED_ATTR: symbol, INTRINSIC_ATTR: region.intrinsic.name})
     return T.make_realize(block)

@@ -1,0 +1,57 @@
+"""tirbyoc's offload as an ``s_tir.dlight`` schedule rule.
+
+    import tvm.s_tir.dlight as dl
+    with target:
+        mod = dl.ApplyDefaultSchedule(tirbyoc.ScheduleRule(), dl.cpu.GEMV())(mod)
+
+``apply`` returns a Schedule of the PrimFunc with its matched regions offloaded, or
+``None`` when nothing matched (the next rule then schedules the function). The trace
+records one ``annotate`` per kernel block, naming the intrinsic, the blocks it replaced
+and the kernel. ``apply_tir_byoc`` runs this same rule on every PrimFunc.
+"""
+
+from __future__ import annotations
+
+from . import _tvm as T
+from .matcher import match_func
+from .normalize import normalize
+from .rewrite import rewrite_func
+
+TRACE_ATTR = "tirbyoc.offloaded"
+
+
+def registry(intrinsics=None) -> list:
+    """The intrinsics to match, in order (default: the ``intrinsics`` package registry)."""
+    if intrinsics is not None:
+        return list(intrinsics)
+    from intrinsics import REGISTRY
+
+    return REGISTRY
+
+
+class ScheduleRule(T.DlightScheduleRule):
+    """Offload matched dense(+bias)(+relu) regions of a PrimFunc to the kernel library."""
+
+    def __init__(self, intrinsics=None):
+        self.intrinsics = registry(intrinsics)
+
+    def apply(self, func, target=None, tunable=False):  # noqa: ARG002 (dlight's signature)
+        """A Schedule with the matched regions offloaded, or None when nothing matched."""
+        return self.offload(func)[0]
+
+    def offload(self, func, sources=None, pack=True):
+        """``(schedule or None, results)``; ``results`` lists ``(nest, Region | NoMatch)``
+        for every candidate block. ``sources``/``pack``: see ``tirbyoc.weights``."""
+        normal = normalize(func)
+        if normal.reason:
+            return None, []
+        results = match_func(normal, self.intrinsics, sources, pack)
+        regions = [r for _, r in results if r]
+        if not regions:
+            return None, results
+        sch = T.Schedule(rewrite_func(normal, regions))
+        for region in regions:
+            block = sch.get_sblock(f"tirbyoc_{region.intrinsic.name}_{region.dense.nest.name}")
+            sch.annotate(block, TRACE_ATTR,
+                         f"{' + '.join(n.name for n in region.nests)} -> {region.symbol}")
+        return sch, results
