@@ -56,6 +56,7 @@ cpu = tvm.cpu
 
 Function = relax.Function
 Schedule = s_tir.Schedule
+FusionPattern = relax.transform.FusionPattern
 DlightScheduleRule = s_tir.dlight.ScheduleRule
 RelaxConstant = ir.expr.GenericConst  # what relax.const builds (tensor constants)
 
@@ -198,3 +199,10 @@ def make_prim_func(func, params, body):
 def relax_call_with_args(call, args):
     """``call`` with new arguments (same op, attrs and result type arguments)."""
     return relax.Call(call.op, args, call.attrs, call.ty_args, call.span)
+
+
+def dpl():
+    """Relax's dataflow pattern language (``is_call_tir``, ``wildcard``...)."""
+    from tvm.relax import dpl as _dpl
+
+    return _dpl

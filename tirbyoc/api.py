@@ -8,7 +8,7 @@ from . import _tvm as T
 from . import relax_prep, weights
 from .matcher import Region
 from .normalize import INTRINSIC_ATTR, normalize
-from .schedule_rule import ScheduleRule
+from .schedule_rule import ScheduleRule, registry
 
 
 def offload_prim_func(func, intrinsics=None, sources=None, pack=True):
@@ -37,14 +37,17 @@ def _attach_kernels(mod):
 
 def _transform(mod, fuse, intrinsics, pack=True):
     """Shared by ``apply_tir_byoc`` and ``explain``: (new module, report rows)."""
-    mod = relax_prep.prepare(mod, fuse)
+    mod, scope = relax_prep.prepare(mod, fuse)
     srcs = weights.sources(mod)
     out = mod.clone()
     rows, rerouted = [], {}
     for gv, func in mod.functions_items():
         if not isinstance(func, T.PrimFunc):
             continue
-        new, results = offload_prim_func(func, intrinsics, srcs.get(gv.name_hint), pack)
+        allowed = scope.intrinsics_for(gv.name_hint, registry(intrinsics))
+        if allowed is None:
+            continue
+        new, results = offload_prim_func(func, allowed, srcs.get(gv.name_hint), pack)
         rows.extend(_already_offloaded_rows(gv.name_hint, func))
         for nest, res in results:
             rows.append(ExplainRow.of(gv.name_hint, nest, res))
@@ -181,8 +184,11 @@ def pipeline(target=None, *, intrinsics=None):
     def _pipeline(mod, _ctx):
         with target:
             mod = T.Sequential(T.relax_library_dispatch_passes(target))(mod)
-            mod = apply_tir_byoc(mod, fuse=True if not relax_prep.is_legalized(mod) else "auto",
-                                 intrinsics=intrinsics)
+            mod = apply_tir_byoc(mod, fuse=True, intrinsics=intrinsics)
+            # NOTE: what tirbyoc left to TVM is fused as usual (kernel calls are opaque to
+            # FuseOps); for a module that was legalized and partitioned by the graph
+            # level, this is where the rest gets fused.
+            mod = T.Sequential(T.relax_default_prepare_passes())(mod)
             return T.Sequential(T.relax_default_lowering_passes(target))(mod)
 
     return _pipeline

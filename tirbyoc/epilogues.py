@@ -92,5 +92,5 @@ def _relu(ctx: StepContext):
     return NoMatch(f"not a relu ({type(v).__name__})")
 
 
-BIAS = EpilogueStep("bias", _bias)
+BIAS = EpilogueStep("bias", _bias, operands=2)
 RELU = EpilogueStep("relu", _relu)

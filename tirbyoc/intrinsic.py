@@ -57,10 +57,15 @@ class StepContext:
 
 @dataclass(frozen=True)
 class EpilogueStep:
-    """One elementwise step after the dense core (a bias add, an activation...)."""
+    """One elementwise step after the dense core (a bias add, an activation...).
+
+    ``operands``: how many tensors its own ``call_tir`` takes at graph level before
+    fusion (the previous result plus, e.g., a bias).
+    """
 
     name: str
     match: Callable  # StepContext -> StepMatch | NoMatch
+    operands: int = 1
 
 
 @dataclass(frozen=True)
