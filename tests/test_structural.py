@@ -24,7 +24,8 @@ def _nest(func, name):
 
 def test_expected_form_of_dense_bias_relu():
     new, _ = offload_prim_func(F.nt_bias_relu)
-    expected = F.nt_bias_relu_expected.with_attr("global_symbol", "nt_bias_relu")
+    expected = F.nt_bias_relu_expected.with_attrs(
+        {"global_symbol": "nt_bias_relu", "tirx.is_scheduled": True})
     tvm.ir.assert_structural_equal(new, expected)
 
 

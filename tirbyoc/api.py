@@ -21,7 +21,10 @@ def offload_prim_func(func, intrinsics=None, sources=None, pack=True):
     sch, results = ScheduleRule(intrinsics).offload(func, sources, pack)
     if sch is None:
         return func, results
-    return sch.mod["main"].with_attrs(func.attrs) if func.attrs else sch.mod["main"], results
+    # NOTE: marked scheduled, as dlight marks what a rule returns: MetaSchedule and later
+    # rules leave the function alone (its kernel calls cannot be built without the
+    # kernel library, and the kernel is the schedule of what it replaced).
+    return sch.mod["main"].with_attr("tirx.is_scheduled", True), results
 
 
 def _attach_kernels(mod):
