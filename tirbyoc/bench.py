@@ -166,7 +166,7 @@ def run_case(case: _Case, reps: int, tvm_reps: int) -> dict:
             "rel_err": errors}
 
 
-def _seed_mlp(reps, tvm_reps, with_torch, target) -> dict:
+def _seed_mlp(reps, tvm_reps, with_torch, with_tvm, target) -> dict:
     import tvm
 
     import tirbyoc
@@ -178,11 +178,12 @@ def _seed_mlp(reps, tvm_reps, with_torch, target) -> dict:
     ref = examples.mlp_numpy(x, layers).astype(np.float64)
     xt = tvm.runtime.tensor(x)
     vm = tvm.relax.VirtualMachine(tirbyoc.compile(mod, target), tvm.cpu())
-    vm_default = tvm.relax.VirtualMachine(tvm.compile(mod, target=target), tvm.cpu())
     (w0, b0), (w1, b1) = layers
     fns = {"tirbyoc": lambda: vm["main"](xt).numpy(),
-           "numpy": lambda: np.maximum(x @ w0.T + b0, 0) @ w1.T + b1,
-           "tvm": lambda: vm_default["main"](xt).numpy()}
+           "numpy": lambda: np.maximum(x @ w0.T + b0, 0) @ w1.T + b1}
+    if with_tvm:
+        vm_default = tvm.relax.VirtualMachine(tvm.compile(mod, target=target), tvm.cpu())
+        fns["tvm"] = lambda: vm_default["main"](xt).numpy()
     if with_torch:
         import torch
 
@@ -237,7 +238,7 @@ def report(results: dict) -> str:
                 lines.append(f"weights {mode:6s}: tirbyoc vs {peer:5s} geometric mean "
                              f"{geo:.2f}x, lowest {min(ratios):.2f}x")
     seed = results.get("seed_mlp")
-    if seed:
+    if seed and "tvm" in seed["seconds"]:
         s = seed["seconds"]
         lines += ["", "seed MLP 64x800 -> 500 -> relu -> 10 (weights bound), median ms: "
                   + ", ".join(f"{p} {s[p] * 1e3:.3f}" for p in s)
@@ -274,6 +275,37 @@ def plot(results: dict, path: str) -> None:
     fig.savefig(path, dpi=100)
 
 
+def run(shapes=SHAPES, reps=15, tvm_reps=1, *, with_tvm=True, target="llvm", seed_mlp=True,
+        progress=False) -> dict:
+    """Measure every shape with weights bound and as inputs; the results ``report`` and
+    ``plot`` take (also written as ``bench.json`` by the command)."""
+    from . import kernels
+
+    try:
+        import torch
+
+        torch.set_num_threads(kernels.num_threads())
+        with_torch = True
+    except ImportError:
+        with_torch = False
+    results = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
+                           "python": sys.version.split()[0]},
+               "peak": measure_peak(kernels.num_threads()), "shapes": []}
+    rng = np.random.default_rng(0)
+    for m, k, n in shapes:
+        for bind in (True, False):
+            case = _Case(m, k, n, bind, rng, with_torch, with_tvm, target)
+            row = run_case(case, reps, tvm_reps)
+            row.update(shape=f"{m}x{k}->{n}", weights="bound" if bind else "inputs",
+                       flops=case.flops)
+            results["shapes"].append(row)
+            if progress:
+                print(f"  measured {row['shape']} weights {row['weights']}", file=sys.stderr)
+    if seed_mlp:
+        results["seed_mlp"] = _seed_mlp(reps, tvm_reps, with_torch, with_tvm, target)
+    return results
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tirbyoc.bench",
                                      description=__doc__.split("\n\n")[0])
@@ -286,33 +318,12 @@ def main(argv=None) -> int:
     parser.add_argument("--target", default="llvm")
     args = parser.parse_args(argv)
 
-    from . import kernels
-
-    try:
-        import torch
-
-        torch.set_num_threads(kernels.num_threads())
-        with_torch = True
-    except ImportError:
-        with_torch = False
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",") if s] \
         or SHAPES
-    results = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                           "python": sys.version.split()[0]},
-               "peak": measure_peak(kernels.num_threads()), "shapes": []}
-    rng = np.random.default_rng(0)
-    failures = []
-    for m, k, n in shapes:
-        for bind in (True, False):
-            case = _Case(m, k, n, bind, rng, with_torch, not args.no_tvm, args.target)
-            row = run_case(case, args.reps, args.tvm_reps)
-            row.update(shape=f"{m}x{k}->{n}", weights="bound" if bind else "inputs",
-                       flops=case.flops)
-            results["shapes"].append(row)
-            failures += [f"{row['shape']} {row['weights']} {p}: {e:.1e}"
-                         for p, e in row["rel_err"].items() if e > RTOL]
-            print(f"  measured {row['shape']} weights {row['weights']}", file=sys.stderr)
-    results["seed_mlp"] = _seed_mlp(args.reps, args.tvm_reps, with_torch, args.target)
+    results = run(shapes, args.reps, args.tvm_reps, with_tvm=not args.no_tvm,
+                  target=args.target, progress=True)
+    failures = [f"{row['shape']} {row['weights']} {p}: {e:.1e}" for row in results["shapes"]
+                for p, e in row["rel_err"].items() if e > RTOL]
     print(report(results))
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "bench.json"), "w") as f:

@@ -289,6 +289,18 @@ def _hazard(normal: NormalFunc, region_nests, inputs, out) -> str | None:
     return None
 
 
+def _longer_fusion_stops(chosen, stops) -> str | None:
+    """Why the longer fusions that start like ``chosen`` did not apply (for explain)."""
+    by_reason: dict = {}
+    for intr, why in stops:
+        n = len(chosen.epilogue)
+        if why and len(intr.epilogue) > n and intr.epilogue[:n] == chosen.epilogue:
+            by_reason.setdefault(why, []).append(intr.name)
+    if not by_reason:
+        return None
+    return "; ".join(f"{', '.join(names)}: {why}" for why, names in by_reason.items())
+
+
 def match_region(normal: NormalFunc, nest: Nest, intrinsics, sources=None,
                  pack=True) -> Region | NoMatch:
     """Match one candidate nest against the intrinsics (first full match wins).
@@ -309,7 +321,7 @@ def match_region(normal: NormalFunc, nest: Nest, intrinsics, sources=None,
             continue
         chain, stopped = _epilogue_chain(normal, dense, intr.epilogue)
         if len(chain) != len(intr.epilogue):
-            stops.append((intr.epilogue, stopped))
+            stops.append((intr, stopped))
             reasons.append(f"{intr.name}: {stopped or 'the result is a function output'}")
             continue
         out = chain[-1][1].store.buffer if chain else dense.c
@@ -319,9 +331,7 @@ def match_region(normal: NormalFunc, nest: Nest, intrinsics, sources=None,
         if hazard:
             reasons.append(f"{intr.name}: {hazard}")
             continue
-        # why a longer fusion that starts like this one did not apply
-        region.stopped = next((why for ep, why in stops if why and len(ep) > len(intr.epilogue)
-                               and ep[:len(intr.epilogue)] == intr.epilogue), None)
+        region.stopped = _longer_fusion_stops(intr, stops)
         weights.reroute(normal, region, sources or {}, pack)
         return region
     return NoMatch("; ".join(reasons) if reasons else "no intrinsic registered")
