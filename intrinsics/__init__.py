@@ -5,9 +5,10 @@ Adding an intrinsic: a new file here that builds ``tirbyoc.intrinsic.Intrinsic``
 listed in ``REGISTRY`` below, and its C function in ``kernels/``.
 """
 
-from . import dense
+from . import dense, dense_relu6
 
-REGISTRY = [*dense.INTRINSICS]
+# NOTE: a stable sort keeps each file's order among fusions of the same length.
+REGISTRY = sorted([*dense.INTRINSICS, *dense_relu6.INTRINSICS], key=lambda i: -len(i.epilogue))
 
 
 def by_name(name: str):

@@ -228,7 +228,8 @@ def test_tir_only_module_in_process_and_exported(tmp_path):
 
 def _layer(intrinsic_name, layout, m, k, n):
     """One layer whose epilogue is exactly that of ``intrinsic_name``; weights as inputs."""
-    bias, relu = "bias" in intrinsic_name, "relu" in intrinsic_name
+    bias = "bias" in intrinsic_name
+    activation = intrinsic_name.rsplit("_", 1)[-1] if "relu" in intrinsic_name else None
     bb = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType((m, k), "float32"))
     w = relax.Var("w", relax.TensorType((n, k) if layout == "nt" else (k, n), "float32"))
@@ -239,8 +240,8 @@ def _layer(intrinsic_name, layout, m, k, n):
             h = bb.emit(relax.op.matmul(x, wk))
             if bias:
                 h = bb.emit(relax.op.add(h, b))
-            if relu:
-                h = bb.emit(relax.op.nn.relu(h))
+            if activation:
+                h = bb.emit(getattr(relax.op.nn, activation)(h))
             out = bb.emit_output(h)
         bb.emit_func_output(out)
     return bb.get()
@@ -256,7 +257,7 @@ def test_every_intrinsic_matches_its_numpy_reference(name, layout):
     assert [r.intrinsic for r in report.offloaded] == [name]
     assert report.offloaded[0].kernel == intr.symbol("float32", "nt" if layout == "nt" else "nn")
     rng = np.random.default_rng(6)
-    x = rng.standard_normal((m, k), np.float32)
+    x = 2 * rng.standard_normal((m, k), np.float32)  # values on both sides of 0 and 6
     w_kn = rng.standard_normal((k, n), np.float32)
     b = rng.standard_normal(n, np.float32)
     w = np.ascontiguousarray(w_kn.T) if layout == "nt" else w_kn
@@ -296,4 +297,57 @@ def test_only_offloaded_layers_get_packed_weights():
     ref = np.maximum(x_np.astype(np.float64) @ w1.T + b1, 0).astype(np.float16).astype(
         np.float64) @ w2.astype(np.float64)
     got = tirbyoc.run(tvm.compile(offloaded, target="llvm"), x_np)
+    np.testing.assert_allclose(got.astype(np.float64), ref, rtol=1e-2, atol=1e-2)
+
+
+def test_region_passes_change_offloaded_layers_only():
+    """A user's region pass (weight to NT layout, folded at compile time) on a model where
+    one layer is offloaded (float32) and one is TVM's (float16)."""
+    from tirbyoc import weights
+
+    rng = np.random.default_rng(12)
+    w1, b1 = rng.standard_normal((6, 8), np.float32), rng.standard_normal(6, np.float32)
+    w2 = rng.standard_normal((4, 6)).astype(np.float16)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((3, 8), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            h = bb.emit(relax.op.matmul(x, relax.op.permute_dims(relax.const(w1), [1, 0])))
+            h = bb.emit(relax.op.nn.relu(bb.emit(relax.op.add(h, relax.const(b1)))))
+            h = bb.emit(relax.op.astype(h, "float16"))
+            h = bb.emit(relax.op.matmul(h, relax.op.permute_dims(relax.const(w2), [1, 0])))
+            out = bb.emit_output(h)
+        bb.emit_func_output(out)
+    mod = bb.get()
+    default = tirbyoc.apply_tir_byoc(mod, region_passes=(weights.untranspose,))
+    mine = tirbyoc.apply_tir_byoc(mod, region_passes=(weights.untranspose,
+                                                       weights.to_layout("nt")))
+    assert tirbyoc.offloaded_kernels(default) == ["tirbyoc_dense_relu_f32_nn"]
+    assert tirbyoc.offloaded_kernels(mine) == ["tirbyoc_dense_relu_f32_nt"]
+    assert "weight permuted to NT" in str(tirbyoc.explain(mod, region_passes=(
+        weights.untranspose, weights.to_layout("nt"))))
+
+    def constants(m):
+        found = []
+        tvm_ffi.structural_walk(m["main"], [(tvm.ir.expr.GenericConst, found.append)])
+        return [c.value.numpy() for c in found]
+
+    # the offloaded layer's weight was permuted at compile time, back to W [N, K] ...
+    singles = [c for c in constants(mine) if c.dtype == np.float32 and c.ndim == 2]
+    assert len(singles) == 1
+    np.testing.assert_array_equal(singles[0], w1)
+    # ... and TVM's own layer is exactly as it was without the pass
+    halves = [c for c in constants(mine) if c.dtype == np.float16]
+    assert len(halves) == 1
+    np.testing.assert_array_equal(halves[0], [c for c in constants(default)
+                                              if c.dtype == np.float16][0])
+    f16 = [f for gv, f in mine.functions_items() if isinstance(f, tvm.tirx.PrimFunc)
+           and not tirbyoc.offloaded_kernels(f)]
+    f16_default = [f for gv, f in default.functions_items()
+                   if isinstance(f, tvm.tirx.PrimFunc) and not tirbyoc.offloaded_kernels(f)]
+    assert [f.script() for f in f16] == [f.script() for f in f16_default]
+    xs = rng.standard_normal((3, 8), np.float32)
+    ref = np.maximum(xs.astype(np.float64) @ w1.T + b1, 0).astype(np.float16).astype(
+        np.float64) @ w2.T.astype(np.float64)
+    got = tirbyoc.run(tvm.compile(mine, target="llvm"), xs)
     np.testing.assert_allclose(got.astype(np.float64), ref, rtol=1e-2, atol=1e-2)

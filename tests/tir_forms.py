@@ -225,6 +225,27 @@ def strided_rows(A: T.Buffer((6, 5), "float32", strides=(9, 1)),
             O[vi, vj] = O[vi, vj] + A[vi, vk] * W[vk, vj]
 
 
+@T.prim_func(s_tir=True)
+def bias_relu6_min_max(A: T.Buffer((5, 6), "float32"), W: T.Buffer((4, 6), "float32"),
+                       B: T.Buffer((4,), "float32"), O: T.Buffer((5, 4), "float32")):
+    C = T.sblock_alloc_buffer((5, 4), "float32")
+    D = T.sblock_alloc_buffer((5, 4), "float32")
+    for i, j, k in T.grid(5, 4, 6):
+        with T.sblock("mm"):
+            vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+            with T.init():
+                C[vi, vj] = T.float32(0)
+            C[vi, vj] = C[vi, vj] + A[vi, vk] * W[vj, vk]
+    for i, j in T.grid(5, 4):
+        with T.sblock("bias"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            D[vi, vj] = C[vi, vj] + B[vj]
+    for i, j in T.grid(5, 4):
+        with T.sblock("relu6"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            O[vi, vj] = T.min(T.float32(6), T.max(D[vi, vj], T.float32(0)))
+
+
 # (name, function, intrinsic names in order, names of blocks that must stay TIR)
 ACCEPTED = [
     ("nt_bias_relu", nt_bias_relu, ["dense_bias_relu"], []),
@@ -237,6 +258,7 @@ ACCEPTED = [
     ("prefix_then_residual", prefix_then_residual, ["dense_bias_relu"], ["residual"]),
     ("dense_only", dense_only, ["dense"], []),
     ("strided_rows", strided_rows, ["dense"], []),
+    ("bias_relu6_min_max", bias_relu6_min_max, ["dense_bias_relu6"], []),
 ]
 
 # ---------------------------------------------------------------- refused forms
@@ -398,6 +420,22 @@ def bias_is_the_product(A: T.Buffer((1, 6), "float32"), W: T.Buffer((3, 6), "flo
             O[vi, vj] = C[vi, vj] + C[0, vj]
 
 
+@T.prim_func(s_tir=True)
+def clamp_to_five(A: T.Buffer((4, 6), "float32"), W: T.Buffer((3, 6), "float32"),
+                  O: T.Buffer((4, 3), "float32")):
+    C = T.sblock_alloc_buffer((4, 3), "float32")
+    for i, j, k in T.grid(4, 3, 6):
+        with T.sblock("mm"):
+            vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+            with T.init():
+                C[vi, vj] = T.float32(0)
+            C[vi, vj] = C[vi, vj] + A[vi, vk] * W[vj, vk]
+    for i, j in T.grid(4, 3):
+        with T.sblock("clamp5"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            O[vi, vj] = T.max(T.min(C[vi, vj], T.float32(5)), T.float32(0))
+
+
 # Forms whose every block must come back unchanged: (name, function, reason fragment)
 REFUSED = [
     ("extra_scale", extra_scale, "extra factor"),
@@ -417,4 +455,5 @@ PARTIAL = [
     ("intermediate_read_twice", intermediate_read_twice, "dense", "bias",
      "more than one consumer"),
     ("bias_is_the_product", bias_is_the_product, "dense", "double", "the region writes"),
+    ("clamp_to_five", clamp_to_five, "dense", "clamp5", "clamp to [0, 5] is not relu6"),
 ]

@@ -56,6 +56,7 @@ cpu = tvm.cpu
 
 Function = relax.Function
 Schedule = s_tir.Schedule
+TensorIntrin = s_tir.TensorIntrin
 FusionPattern = relax.transform.FusionPattern
 DlightScheduleRule = s_tir.dlight.ScheduleRule
 RelaxConstant = ir.expr.GenericConst  # what relax.const builds (tensor constants)

@@ -11,14 +11,14 @@ from .normalize import INTRINSIC_ATTR, normalize
 from .schedule_rule import ScheduleRule, registry
 
 
-def offload_prim_func(func, intrinsics=None, sources=None, pack=True):
+def offload_prim_func(func, intrinsics=None, sources=None, passes=None):
     """Offload the matched regions of one PrimFunc (``ScheduleRule`` on one function).
 
     Returns ``(new_func, results)`` where ``results`` is a list of ``(nest, Region |
     NoMatch)`` for every candidate; ``new_func is func`` when nothing matched.
-    ``sources``/``pack``: see ``tirbyoc.weights``.
+    ``sources``/``passes``: see ``tirbyoc.weights``.
     """
-    sch, results = ScheduleRule(intrinsics).offload(func, sources, pack)
+    sch, results = ScheduleRule(intrinsics).offload(func, sources, passes)
     if sch is None:
         return func, results
     # NOTE: marked scheduled, as dlight marks what a rule returns: MetaSchedule and later
@@ -30,6 +30,11 @@ def offload_prim_func(func, intrinsics=None, sources=None, pack=True):
 def _attach_kernels(mod):
     from . import kernels
 
+    missing = sorted(set(offloaded_kernels(mod)) - set(kernels.exported_symbols()))
+    if missing:
+        raise kernels.KernelLibraryError(
+            f"the kernel library does not export {', '.join(missing)}: it is older than the "
+            "intrinsics that call it; rebuild it with `pip install -e .` in the project root")
     static = kernels.static_library()
     existing = list(mod.attrs["external_mods"]) if mod.attrs and "external_mods" in mod.attrs \
         else []
@@ -38,7 +43,7 @@ def _attach_kernels(mod):
     return mod.with_attr("external_mods", existing + [static])
 
 
-def _transform(mod, fuse, intrinsics, pack=True):
+def _transform(mod, fuse, intrinsics, passes=None):
     """Shared by ``apply_tir_byoc`` and ``explain``: (new module, report rows)."""
     mod, scope = relax_prep.prepare(mod, fuse)
     srcs = weights.sources(mod)
@@ -50,7 +55,7 @@ def _transform(mod, fuse, intrinsics, pack=True):
         allowed = scope.intrinsics_for(gv.name_hint, registry(intrinsics))
         if allowed is None:
             continue
-        new, results = offload_prim_func(func, allowed, srcs.get(gv.name_hint), pack)
+        new, results = offload_prim_func(func, allowed, srcs.get(gv.name_hint), passes)
         rows.extend(_already_offloaded_rows(gv.name_hint, func))
         for nest, res in results:
             rows.append(ExplainRow.of(gv.name_hint, nest, res))
@@ -68,7 +73,7 @@ def _buffer_param_index(func, param) -> int:
     return next(i for i, p in enumerate(buffers) if p.same_as(param))
 
 
-def apply_tir_byoc(mod, *, fuse="auto", intrinsics=None, pack_weights=True):
+def apply_tir_byoc(mod, *, fuse="auto", intrinsics=None, region_passes=None):
     """Offload matched dense(+bias)(+relu) TIR blocks to the tirbyoc kernel library.
 
     ``mod`` is a Relax IRModule as written (it is legalized and fused the way TVM's
@@ -76,10 +81,11 @@ def apply_tir_byoc(mod, *, fuse="auto", intrinsics=None, pack_weights=True):
     result is a new IRModule: matched regions are ``call_extern`` blocks, everything else
     is unchanged, and the kernel library is attached as ``external_mods`` so that
     ``tvm.compile`` links it. The input is not modified; applying it twice offloads
-    nothing more. ``fuse``: see ``tirbyoc.relax_prep.prepare``. ``pack_weights``: weights
-    that are constants are packed at compile time into the kernel's preferred layout.
+    nothing more. ``fuse``: see ``tirbyoc.relax_prep.prepare``. ``region_passes``: changes
+    made to offloaded regions only (default ``tirbyoc.weights.DEFAULT_PASSES``: read a
+    separately transposed weight in place, pack constant weights at compile time).
     """
-    out, rows = _transform(mod, fuse, intrinsics, pack_weights)
+    out, rows = _transform(mod, fuse, intrinsics, region_passes)
     if not any(r.offloaded for r in rows):
         return out
     if not relax_prep.has_relax_functions(out):
@@ -115,10 +121,7 @@ def _describe(region: Region) -> str:
     d = region.dense
     text = f"M={_show(d.m)} N={_show(d.n)} K={_show(d.k)}, weight {region.layout.upper()}"
     for route in region.reroutes.values():
-        if route.pack:
-            text += f" (constant weight packed at compile time from {route.pack.upper()})"
-        elif route.untranspose:
-            text += " (reads the untransposed weight in place)"
+        text += f" ({route.note})" if route.note else ""
     if region.stopped:
         text += f"; epilogue stops: {region.stopped}"
     return text
@@ -172,13 +175,13 @@ class Report:
     __repr__ = __str__
 
 
-def explain(mod, *, fuse="auto", intrinsics=None, pack_weights=True) -> Report:
+def explain(mod, *, fuse="auto", intrinsics=None, region_passes=None) -> Report:
     """What ``apply_tir_byoc`` offloads (or offloaded) and, for every other candidate block
     (every reduction block), why not."""
-    return Report(_transform(mod, fuse, intrinsics, pack_weights)[1])
+    return Report(_transform(mod, fuse, intrinsics, region_passes)[1])
 
 
-def pipeline(target=None, *, intrinsics=None):
+def pipeline(target=None, *, intrinsics=None, region_passes=None):
     """A Relax pipeline for ``tvm.compile(..., relax_pipeline=tirbyoc.pipeline(target))``:
     TVM's default CPU pipeline with tirbyoc's offload after legalization and fusion."""
     target = T.as_target(target or "llvm")
@@ -187,7 +190,8 @@ def pipeline(target=None, *, intrinsics=None):
     def _pipeline(mod, _ctx):
         with target:
             mod = T.Sequential(T.relax_library_dispatch_passes(target))(mod)
-            mod = apply_tir_byoc(mod, fuse=True, intrinsics=intrinsics)
+            mod = apply_tir_byoc(mod, fuse=True, intrinsics=intrinsics,
+                                 region_passes=region_passes)
             # NOTE: what tirbyoc left to TVM is fused as usual (kernel calls are opaque to
             # FuseOps); for a module that was legalized and partitioned by the graph
             # level, this is where the rest gets fused.
@@ -197,17 +201,19 @@ def pipeline(target=None, *, intrinsics=None):
     return _pipeline
 
 
-def compile(mod, target="llvm", *, intrinsics=None):  # noqa: A001 (mirrors tvm.compile)
+def compile(mod, target="llvm", *, intrinsics=None, region_passes=None):  # noqa: A001
     """``tvm.compile`` with tirbyoc's offload; the result runs in process and survives
     ``export_library`` + ``tvm.runtime.load_module`` in a fresh process."""
     target = T.as_target(target)
     if relax_prep.has_relax_functions(mod):
-        return T.tvm_compile(mod, target, relax_pipeline=pipeline(target, intrinsics=intrinsics))
+        return T.tvm_compile(mod, target, relax_pipeline=pipeline(
+            target, intrinsics=intrinsics, region_passes=region_passes))
     from . import kernels
 
     # A TIR-only module: TVM's TIR build does not read external_mods, so the kernel
     # object is imported into the result explicitly (export_library then links it).
-    ex = T.tvm_compile(apply_tir_byoc(mod, intrinsics=intrinsics), target)
+    ex = T.tvm_compile(apply_tir_byoc(mod, intrinsics=intrinsics,
+                                      region_passes=region_passes), target)
     ex.mod.import_module(kernels.static_library())
     return ex
 

@@ -107,7 +107,7 @@ def _tir_covers(mod, chain, var2val, intr) -> bool:
     normal = normalize(func)
     if normal.reason:
         return False
-    regions = [r for _, r in match_func(normal, [intr], pack=False) if r]
+    regions = [r for _, r in match_func(normal, [intr], passes=()) if r]
     return len(regions) == 1 and len(regions[0].nests) == len(normal.nests)
 
 

@@ -302,11 +302,11 @@ def _longer_fusion_stops(chosen, stops) -> str | None:
 
 
 def match_region(normal: NormalFunc, nest: Nest, intrinsics, sources=None,
-                 pack=True) -> Region | NoMatch:
+                 passes=weights.DEFAULT_PASSES) -> Region | NoMatch:
     """Match one candidate nest against the intrinsics (first full match wins).
 
     ``sources``: ``{buffer param index: weights.WeightSource}`` from the Relax callers;
-    ``pack``: let constant weights be packed at compile time.
+    ``passes``: the region passes (``tirbyoc.weights``) to run on a matched region.
     """
     dtypes = {d for intr in intrinsics for d in intr.dtypes}
     dense = match_dense(nest, dtypes)
@@ -332,7 +332,7 @@ def match_region(normal: NormalFunc, nest: Nest, intrinsics, sources=None,
             reasons.append(f"{intr.name}: {hazard}")
             continue
         region.stopped = _longer_fusion_stops(intr, stops)
-        weights.reroute(normal, region, sources or {}, pack)
+        weights.reroute(normal, region, sources or {}, passes)
         return region
     return NoMatch("; ".join(reasons) if reasons else "no intrinsic registered")
 
@@ -343,14 +343,14 @@ def candidates(normal: NormalFunc):
             if n.offloaded_kernel is None and any(i.kind == "R" for i in n.iters)]
 
 
-def match_func(normal: NormalFunc, intrinsics, sources=None, pack=True):
+def match_func(normal: NormalFunc, intrinsics, sources=None, passes=weights.DEFAULT_PASSES):
     """Match every candidate of one function: a list of (nest, Region | NoMatch).
 
     Regions never overlap: a nest already claimed by an earlier region is not reused.
     """
     results, claimed = [], set()
     for nest in candidates(normal):
-        res = match_region(normal, nest, intrinsics, sources, pack)
+        res = match_region(normal, nest, intrinsics, sources, passes)
         if res and any(n.index in claimed for n in res.nests):
             res = NoMatch("overlaps a region that was already matched")
         if res:

@@ -13,6 +13,7 @@ and the kernel. ``apply_tir_byoc`` runs this same rule on every PrimFunc.
 from __future__ import annotations
 
 from . import _tvm as T
+from . import weights
 from .matcher import match_func
 from .normalize import normalize
 from .rewrite import rewrite_func
@@ -39,13 +40,15 @@ class ScheduleRule(T.DlightScheduleRule):
         """A Schedule with the matched regions offloaded, or None when nothing matched."""
         return self.offload(func)[0]
 
-    def offload(self, func, sources=None, pack=True):
+    def offload(self, func, sources=None, passes=None):
         """``(schedule or None, results)``; ``results`` lists ``(nest, Region | NoMatch)``
-        for every candidate block. ``sources``/``pack``: see ``tirbyoc.weights``."""
+        for every candidate block. ``sources``/``passes``: see ``tirbyoc.weights``
+        (default: its ``DEFAULT_PASSES``)."""
         normal = normalize(func)
         if normal.reason:
             return None, []
-        results = match_func(normal, self.intrinsics, sources, pack)
+        passes = weights.DEFAULT_PASSES if passes is None else passes
+        results = match_func(normal, self.intrinsics, sources, passes)
         regions = [r for _, r in results if r]
         if not regions:
             return None, results

@@ -8,14 +8,20 @@ A Relax caller may pass a PrimFunc a weight that is
 * a compile-time constant (model parameters bound into the module): the kernel can read
   it packed once, at compile time, into its preferred layout.
 
-``sources(mod)`` records that per PrimFunc input (``WeightSource``); ``reroute`` changes a
-matched region accordingly (a new weight param, a new layout); ``apply_reroutes`` makes
-the Relax callers pass what the new params expect and drops dead transposes.
+Both are *region passes*: changes that apply to offloaded regions only, never to the
+layers TVM compiles itself. A region pass looks at a matched region and what its callers
+pass (``WeightSource``, from ``sources(mod)``) and may return a ``Reroute``: a new weight
+param and layout for the kernel, and how the caller computes the new argument from the
+old one (a Relax expression). ``apply_reroutes`` rewires the callers; an argument
+computed from constants only is folded at compile time (``FoldConstant`` on that
+expression alone). ``untranspose`` and ``pack_constants`` are the default passes;
+``to_layout`` is an example of a user's own.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 from . import _tvm as T
 from .normalize import NormalFunc, normalize
@@ -34,11 +40,16 @@ class WeightSource:
 
 @dataclass(frozen=True)
 class Reroute:
-    """How a region's weight param changes: the new param and what callers must pass."""
+    """How a region's weight param changes: the new param and what callers must pass.
+
+    ``argument(arg, var2val) -> Relax expr`` computes the new argument from the old one.
+    ``note`` is what ``explain`` says about it.
+    """
 
     param: object  # the new buffer param
-    untranspose: bool  # pass the transpose's source instead of the argument
-    pack: str | None  # pass the constant packed from this layout ("nt"/"nn"), or None
+    layout: str  # the kernel layout that reads it
+    argument: Callable
+    note: str = ""
 
 
 def _is_transpose_2d(func) -> bool:
@@ -107,32 +118,102 @@ def _flip(layout: str) -> str:
     return {"nt": "nn", "nn": "nt"}[layout]
 
 
-def reroute(normal: NormalFunc, region, srcs: dict, pack: bool) -> None:
-    """Let ``region``'s kernel read its weight at the source (see the module docstring).
+def untranspose(normal: NormalFunc, region, source: WeightSource):
+    """Read the source of a separate transpose in place (layout flip); the transpose goes."""
+    if source.transposed_from is None or region.layout not in ("nt", "nn") or region.reroutes:
+        return None
+    w = region.weight
+    new_w = T.decl_buffer([w.shape[1], w.shape[0]], w.dtype, w.name)
+    return Reroute(new_w, _flip(region.layout),
+                   lambda arg, var2val, mod: transposed_source(mod, var2val, arg),
+                   "reads the untransposed weight in place")
 
-    Only when the weight is a buffer param that nothing else in the function reads, and
-    only in ways the region's intrinsic has kernels for.
+
+def pack_constants(normal: NormalFunc, region, source: WeightSource):
+    """Pack a constant weight once, at compile time, into the kernel's preferred layout."""
+    if source.constant is None or region.layout not in ("nt", "nn") or \
+            "packed" not in region.intrinsic.layouts:
+        return None
+    from . import kernels
+
+    layout = region.layout
+    n, k = int(region.dense.n), int(region.dense.k)
+    new_w = T.decl_buffer([kernels.packed_weight_size(n, k)], region.weight.dtype,
+                          region.weight.name)
+
+    def argument(arg, var2val, mod):
+        return R.const(kernels.pack_weight(T.constant_value(_folded(arg)), layout))
+
+    return Reroute(new_w, "packed", argument,
+                   f"constant weight packed at compile time from {layout.upper()}")
+
+
+def to_layout(layout: str):
+    """A region pass that makes the kernel read its weight in ``layout`` ("nt"/"nn"); the
+    caller passes ``permute_dims(weight)``, folded at compile time for constants."""
+
+    def region_pass(normal: NormalFunc, region, source: WeightSource):
+        if region.layout == layout or region.layout not in ("nt", "nn"):
+            return None
+        w = region.weight
+        new_w = T.decl_buffer([w.shape[1], w.shape[0]], w.dtype, w.name)
+        return Reroute(new_w, layout,
+                       lambda arg, var2val, mod: R.op.permute_dims(arg, [1, 0]),
+                       f"weight permuted to {layout.upper()} for the kernel")
+
+    return region_pass
+
+
+DEFAULT_PASSES = (untranspose, pack_constants)
+
+
+def reroute(normal: NormalFunc, region, srcs: dict, passes) -> None:
+    """Run the region passes on ``region`` in order; each sees the result of the last.
+
+    Only when the weight is a buffer param that nothing else in the function reads.
     """
     w = region.dense.w
     idx = next((i for i, p in enumerate(normal.params) if p.same_as(w)), None)
-    src = srcs.get(idx) if idx is not None else None
-    if src is None or w.strides:
+    if idx is None or w.strides or len([n for n in normal.nests if w in n.reads]) != 1:
         return
-    readers = [n for n in normal.nests if w in n.reads]
-    if len(readers) != 1:
-        return
-    layout = _flip(region.layout) if src.transposed_from is not None else region.layout
-    if pack and src.constant is not None and "packed" in region.intrinsic.layouts:
-        from . import kernels
+    source = srcs.get(idx, WeightSource())
+    routes = []
+    for region_pass in passes:
+        route = region_pass(normal, region, source)
+        if route is None:
+            continue
+        routes.append(route)
+        region.weight, region.layout = route.param, route.layout
+        if route.note.startswith("reads the untransposed"):
+            source = WeightSource(None, source.constant)
+    if routes:
+        region.reroutes = {w: _compose(routes)}
 
-        n, k = (int(region.dense.n), int(region.dense.k))
-        new_w = T.decl_buffer([kernels.packed_weight_size(n, k)], w.dtype, w.name)
-        region.weight, region.layout = new_w, "packed"
-        region.reroutes = {w: Reroute(new_w, src.transposed_from is not None, layout)}
-    elif src.transposed_from is not None:
-        new_w = T.decl_buffer([w.shape[1], w.shape[0]], w.dtype, w.name)
-        region.weight, region.layout = new_w, layout
-        region.reroutes = {w: Reroute(new_w, True, None)}
+
+def _compose(routes) -> Reroute:
+    def argument(arg, var2val, mod):
+        for route in routes:
+            arg = route.argument(arg, var2val, mod)
+        return arg
+
+    last = routes[-1]
+    return Reroute(last.param, last.layout, argument, "; ".join(r.note for r in routes))
+
+
+def _folded(expr):
+    """``expr`` evaluated at compile time when it depends on constants only, else as is."""
+    if isinstance(expr, T.RelaxConstant) or R.analysis.free_vars(expr):
+        return expr
+    bb = R.BlockBuilder()
+    with bb.function("main", []):
+        bb.emit_func_output(bb.emit(expr))
+    mod = R.transform.LegalizeOps()(bb.get())
+    mod = R.transform.FoldConstant()(mod)
+    body = mod["main"].body
+    value = body.body if hasattr(body, "body") else body
+    if isinstance(value, R.Var):
+        value = R.analysis.get_var2val(mod["main"]).get(value, value)
+    return value if isinstance(value, T.RelaxConstant) else expr
 
 
 def apply_reroutes(mod, rerouted: dict):
@@ -143,19 +224,17 @@ def apply_reroutes(mod, rerouted: dict):
     """
     if not rerouted:
         return mod
-    from . import kernels
-
     base = T.IRModule({gv: f for gv, f in mod.functions_items()
                        if gv.name_hint not in rerouted}, attrs=mod.attrs)
-    packed_cache: list = []  # (constant, layout, packed constant)
+    folded_cache: list = []  # (argument, route, new argument): shared weights fold once
 
-    def packed(const, layout):
-        for c, lay, p in packed_cache:
-            if c.same_as(const) and lay == layout:
-                return p
-        p = R.const(kernels.pack_weight(T.constant_value(const), layout))
-        packed_cache.append((const, layout, p))
-        return p
+    def new_argument(arg, route, var2val):
+        for old, r, new in folded_cache:
+            if old.same_as(arg) and r is route:
+                return new
+        new = _folded(route.argument(arg, var2val, mod))
+        folded_cache.append((arg, route, new))
+        return new
 
     @R.expr_functor.mutator
     class _Rewire(R.PyExprMutator):
@@ -176,10 +255,7 @@ def apply_reroutes(mod, rerouted: dict):
                 self.new_gvs[name] = self.builder_.add_func(new_func, name)
             args = call_args(call)
             for i, route in routes.items():
-                if route.untranspose:
-                    args[i] = transposed_source(mod, self.var2val, args[i])
-                if route.pack:
-                    args[i] = packed(args[i], route.pack)
+                args[i] = new_argument(args[i], route, self.var2val)
             return T.relax_call_with_args(call, [self.new_gvs[name], R.Tuple(args)]
                                           + list(call.args[2:]))
 
