@@ -127,38 +127,33 @@ def relax_patterns(mod=None, *, predicate=None, intrinsics=None) -> list:
     ``mod``: the legalized module the patterns will run on, so that each check asks the TIR
     matcher; ``predicate(RegionCall) -> bool``: restrict offloading further.
     """
+    # NOTE: bindings by Var: FuseOpsByPattern rebuilds the function between patterns, but
+    # the Vars of bindings it leaves alone (a weight's transpose, say) stay the same.
+    known = {}
+    if mod is not None:
+        for _, func in mod.functions_items():
+            if isinstance(func, T.Function):
+                known.update(R.analysis.get_var2val(func))
     patterns = []
     for intr in registry(intrinsics):
         pattern, annotations = _chain_pattern(intr)
 
         def check(ctx, intr=intr):
             chain = _chain(ctx, intr)
-            var2val = dict(ctx.matched_bindings)
-            caller = _caller(mod, chain[0]) if mod is not None else None
-            if caller is not None:
-                var2val = {**R.analysis.get_var2val(caller), **var2val}
+            var2val = {**known, **dict(ctx.matched_bindings)}
             weight = call_args(chain[0])[1]
-            source = transposed_source(mod, var2val, weight) if caller is not None else None
+            source = transposed_source(mod, var2val, weight) if mod is not None else None
             info = RegionCall(intr.name, tuple(chain),
                               source if source is not None else weight, var2val)
             if predicate is not None and not predicate(info):
                 return False
-            if caller is None:
+            if mod is None:
                 return _types_fit(chain, intr)
             return _tir_covers(mod, chain, var2val, intr)
 
         patterns.append(T.FusionPattern(COMPOSITE_PREFIX + intr.name, pattern, annotations,
                                         check))
     return patterns
-
-
-def _caller(mod, call):
-    """The Relax function of ``mod`` whose body holds ``call``, or None."""
-    for _, func in mod.functions_items():
-        if isinstance(func, T.Function):
-            if any(v.same_as(call) for v in R.analysis.get_var2val(func).values()):
-                return func
-    return None
 
 
 def partition(mod, predicate=None, intrinsics=None):
