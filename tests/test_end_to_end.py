@@ -265,11 +265,12 @@ def test_every_intrinsic_matches_its_numpy_reference(name, layout):
     assert_close(got, intr.reference(x, w_kn, b if "bias" in name else None))
 
 
-def test_only_offloaded_layers_get_packed_weights():
-    """A float32 layer (offloaded, weight packed) feeding a float16 layer (TVM's own)."""
-    rng = np.random.default_rng(8)
+def _f32_then_f16(seed, second_transposed):
+    """x[3, 8] -> float32 dense + bias + relu (offloadable) -> float16 dense (TVM's own),
+    weights bound. Returns (module, input, float64 reference, w1, w2)."""
+    rng = np.random.default_rng(seed)
     w1, b1 = rng.standard_normal((6, 8), np.float32), rng.standard_normal(6, np.float32)
-    w2 = rng.standard_normal((6, 4)).astype(np.float16)
+    w2 = rng.standard_normal((4, 6) if second_transposed else (6, 4)).astype(np.float16)
     bb = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType((3, 8), "float32"))
     with bb.function("main", [x]):
@@ -277,9 +278,20 @@ def test_only_offloaded_layers_get_packed_weights():
             h = bb.emit(relax.op.matmul(x, relax.op.permute_dims(relax.const(w1), [1, 0])))
             h = bb.emit(relax.op.nn.relu(bb.emit(relax.op.add(h, relax.const(b1)))))
             h = bb.emit(relax.op.astype(h, "float16"))
-            out = bb.emit_output(bb.emit(relax.op.matmul(h, relax.const(w2))))
+            w2v = relax.const(w2)
+            w2v = relax.op.permute_dims(w2v, [1, 0]) if second_transposed else w2v
+            out = bb.emit_output(bb.emit(relax.op.matmul(h, w2v)))
         bb.emit_func_output(out)
-    mod = bb.get()
+    xs = rng.standard_normal((3, 8), np.float32)
+    w2_kn = (w2.T if second_transposed else w2).astype(np.float64)
+    ref = np.maximum(xs.astype(np.float64) @ w1.T + b1, 0).astype(np.float16).astype(
+        np.float64) @ w2_kn
+    return bb.get(), xs, ref, w1, w2
+
+
+def test_only_offloaded_layers_get_packed_weights():
+    """A float32 layer (offloaded, weight packed) feeding a float16 layer (TVM's own)."""
+    mod, x_np, ref, w1, w2 = _f32_then_f16(8, second_transposed=False)
     offloaded = tirbyoc.apply_tir_byoc(mod)
     assert tirbyoc.offloaded_kernels(offloaded) == ["tirbyoc_dense_relu_f32_packed"]
     consts = []
@@ -293,9 +305,6 @@ def test_only_offloaded_layers_get_packed_weights():
     singles = sorted((v for v in values if v.dtype == np.float32), key=lambda v: v.size)
     assert [v.shape for v in singles] == [(6,), (kernels.packed_weight_size(6, 8),)]
     np.testing.assert_array_equal(singles[1], kernels.pack_weight(w1, "nt"))
-    x_np = rng.standard_normal((3, 8), np.float32)
-    ref = np.maximum(x_np.astype(np.float64) @ w1.T + b1, 0).astype(np.float16).astype(
-        np.float64) @ w2.astype(np.float64)
     got = tirbyoc.run(tvm.compile(offloaded, target="llvm"), x_np)
     np.testing.assert_allclose(got.astype(np.float64), ref, rtol=1e-2, atol=1e-2)
 
@@ -305,20 +314,7 @@ def test_region_passes_change_offloaded_layers_only():
     one layer is offloaded (float32) and one is TVM's (float16)."""
     from tirbyoc import weights
 
-    rng = np.random.default_rng(12)
-    w1, b1 = rng.standard_normal((6, 8), np.float32), rng.standard_normal(6, np.float32)
-    w2 = rng.standard_normal((4, 6)).astype(np.float16)
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType((3, 8), "float32"))
-    with bb.function("main", [x]):
-        with bb.dataflow():
-            h = bb.emit(relax.op.matmul(x, relax.op.permute_dims(relax.const(w1), [1, 0])))
-            h = bb.emit(relax.op.nn.relu(bb.emit(relax.op.add(h, relax.const(b1)))))
-            h = bb.emit(relax.op.astype(h, "float16"))
-            h = bb.emit(relax.op.matmul(h, relax.op.permute_dims(relax.const(w2), [1, 0])))
-            out = bb.emit_output(h)
-        bb.emit_func_output(out)
-    mod = bb.get()
+    mod, xs, ref, w1, _ = _f32_then_f16(12, second_transposed=True)
     default = tirbyoc.apply_tir_byoc(mod, region_passes=(weights.untranspose,))
     mine = tirbyoc.apply_tir_byoc(mod, region_passes=(weights.untranspose,
                                                        weights.to_layout("nt")))
@@ -346,8 +342,5 @@ def test_region_passes_change_offloaded_layers_only():
     f16_default = [f for gv, f in default.functions_items()
                    if isinstance(f, tvm.tirx.PrimFunc) and not tirbyoc.offloaded_kernels(f)]
     assert [f.script() for f in f16] == [f.script() for f in f16_default]
-    xs = rng.standard_normal((3, 8), np.float32)
-    ref = np.maximum(xs.astype(np.float64) @ w1.T + b1, 0).astype(np.float16).astype(
-        np.float64) @ w2.T.astype(np.float64)
     got = tirbyoc.run(tvm.compile(mine, target="llvm"), xs)
     np.testing.assert_allclose(got.astype(np.float64), ref, rtol=1e-2, atol=1e-2)
