@@ -75,7 +75,7 @@ static void blocked(const tb_isa *isa, tb_wlayout layout, int epi, int64_t m,
 {
     float *scratch = tb_scratch();
     float *wbuf, *abuf;
-    int64_t kblocks, mpanels, jc, kb, mp;
+    int64_t kblocks, mpanels, ncb, jc, kb, mp;
 
     if (scratch == NULL) {
         /* No scratch memory: the unpacked path is slower but needs none. */
@@ -88,9 +88,11 @@ static void blocked(const tb_isa *isa, tb_wlayout layout, int epi, int64_t m,
      * depend on k and m only, so the rounding does not depend on threads. */
     kblocks = cdiv(k, isa->kc);
     mpanels = cdiv(m, isa->mr);
+    /* Column blocks of about equal width, in whole register tiles. */
+    ncb = cdiv(cdiv(n, cdiv(n, isa->nc)), isa->nr) * isa->nr;
 
-    for (jc = 0; jc < n; jc += isa->nc) {
-        const int64_t nc = min_i64(isa->nc, n - jc);
+    for (jc = 0; jc < n; jc += ncb) {
+        const int64_t nc = min_i64(ncb, n - jc);
         for (kb = 0; kb < kblocks; ++kb) {
             const int64_t pc = k * kb / kblocks;
             const int64_t kc = k * (kb + 1) / kblocks - pc;
@@ -112,11 +114,15 @@ static void blocked(const tb_isa *isa, tb_wlayout layout, int epi, int64_t m,
                 const int64_t i0 = m * mp / mpanels;
                 const int mr = (int)(m * (mp + 1) / mpanels - i0);
                 int64_t jr;
+                int pf;
                 isa->pack_a(mr, kc, a + i0 * lda + pc, lda, abuf);
+                /* Pre-packed W is read from memory on the first row group
+                 * only; later ones find it in L2. */
+                pf = layout == TB_W_PACKED && mp == 0 ? TB_PREFETCH_W : 0;
                 for (jr = 0; jr < nc; jr += isa->nr)
                     isa->ukernel(kc, abuf, wblk + (jr / TB_NR) * wps, wps,
                                  c + i0 * ldc + jc + jr, ldc, mr,
-                                 (int)min_i64(isa->nr, nc - jr), flags,
+                                 (int)min_i64(isa->nr, nc - jr), flags | pf,
                                  bias != NULL ? bias + jc + jr : NULL, epi);
             }
         }

@@ -5,8 +5,8 @@
  * Only this file is compiled for AVX-512 (through the target pragma below);
  * dispatch.c calls into it only when the CPU and OS support it.
  *
- * Micro-kernel: X_MR rows x 32 columns (two 16-float W panels), i.e.
- * 2 * X_MR zmm accumulators; per k step two W vectors are loaded and each
+ * Micro-kernel: X_MR = 14 rows x 32 columns (two 16-float W panels), i.e.
+ * 28 of the 32 zmm registers hold accumulators; per k step two W vectors are loaded and each
  * row's A value is broadcast once and used by two FMAs. Column edges use
  * AVX-512 masks on C and bias (W panels are zero padded), row edges have
  * their own instantiations, so every output goes through the same
@@ -18,8 +18,9 @@
 
 #include "dense_f32_internal.h"
 
-#define X_MR 12
+#define X_MR 14
 #define X_NR 32
+
 /* W prefetch distance in k steps (one k step = one line per panel). */
 #define X_PF 16
 
@@ -67,13 +68,17 @@ ALWAYS_INLINE void tile(const int MR, const int NV, int64_t kc,
         if (NV == 2)
             _mm_prefetch((const char *)(c + i * ldc + 16), _MM_HINT_T0);
     }
+#pragma GCC unroll 4
     for (p = 0; p < kc; ++p) {
         const __m512 b0 = _mm512_loadu_ps(w0 + p * 16);
         const __m512 b1 = NV == 2 ? _mm512_loadu_ps(w1 + p * 16)
                                   : _mm512_setzero_ps();
-        _mm_prefetch((const char *)(w0 + (p + X_PF) * 16), _MM_HINT_T0);
-        if (NV == 2)
-            _mm_prefetch((const char *)(w1 + (p + X_PF) * 16), _MM_HINT_T0);
+        if (flags & TB_PREFETCH_W) {
+            _mm_prefetch((const char *)(w0 + (p + X_PF) * 16), _MM_HINT_T0);
+            if (NV == 2)
+                _mm_prefetch((const char *)(w1 + (p + X_PF) * 16),
+                             _MM_HINT_T0);
+        }
 #pragma GCC unroll 16
         for (i = 0; i < MR; ++i) {
             const __m512 x = _mm512_set1_ps(ap[p * MR + i]);
@@ -127,12 +132,15 @@ typedef void (*tile_fn)(int64_t, const float *, const float *, int64_t,
 #define TILE_FNS(MR) TILE_FN(MR, 1) TILE_FN(MR, 2)
 TILE_FNS(1) TILE_FNS(2) TILE_FNS(3) TILE_FNS(4) TILE_FNS(5) TILE_FNS(6)
 TILE_FNS(7) TILE_FNS(8) TILE_FNS(9) TILE_FNS(10) TILE_FNS(11) TILE_FNS(12)
+TILE_FNS(13) TILE_FNS(14)
 
 static const tile_fn tiles[2][X_MR + 1] = {
     {NULL, tile_1_1, tile_2_1, tile_3_1, tile_4_1, tile_5_1, tile_6_1,
-     tile_7_1, tile_8_1, tile_9_1, tile_10_1, tile_11_1, tile_12_1},
+     tile_7_1, tile_8_1, tile_9_1, tile_10_1, tile_11_1, tile_12_1, tile_13_1,
+     tile_14_1},
     {NULL, tile_1_2, tile_2_2, tile_3_2, tile_4_2, tile_5_2, tile_6_2,
-     tile_7_2, tile_8_2, tile_9_2, tile_10_2, tile_11_2, tile_12_2},
+     tile_7_2, tile_8_2, tile_9_2, tile_10_2, tile_11_2, tile_12_2, tile_13_2,
+     tile_14_2},
 };
 
 static void ukernel(int64_t kc, const float *ap, const float *wp, int64_t wps,
@@ -436,6 +444,8 @@ static void small(tb_wlayout layout, int64_t m, int64_t n, int64_t k,
     }
 }
 
+/* KC = 512: the 14 x 512 A panel (28 KiB) stays in the 48 KiB L1d;
+ * NC = 384: the 512 x 384 W block (768 KiB) stays in L2. */
 const tb_isa tb_isa_avx512 = {
-    "avx512", X_MR, X_NR, 384, 640, ukernel, pack_a, pack_w, small,
+    "avx512", X_MR, X_NR, 512, 384, ukernel, pack_a, pack_w, small,
 };

@@ -33,6 +33,8 @@ typedef enum { TB_W_NT, TB_W_NN, TB_W_PACKED } tb_wlayout;
 /* Micro-kernel flags. */
 #define TB_ACCUMULATE 1 /* C holds a partial sum over earlier K blocks */
 #define TB_LAST 2       /* last K block: add bias, apply the epilogue */
+#define TB_PREFETCH_W 4 /* W is not in cache yet (first pass over a
+                           pre-packed block): prefetch it ahead */
 
 /* Upper bounds over all instruction sets (they size the scratch buffers). */
 #define TB_MR_MAX 16
@@ -45,8 +47,9 @@ typedef enum { TB_W_NT, TB_W_NN, TB_W_PACKED } tb_wlayout;
  *   wp: first W panel at the K offset of this block, 16 floats per k step;
  *       the second panel (nr > 16) starts wps floats later. Panels are
  *       zero padded to 16 columns, so only C and bias need edge handling.
- *   flags: TB_ACCUMULATE (start from C instead of 0), TB_LAST (then add
- *       bias[0:nr] if bias != NULL and apply epi before storing).
+ *   flags: TB_ACCUMULATE (add to the partial sums in C), TB_LAST (then add
+ *       bias[0:nr] if bias != NULL and apply epi before storing),
+ *       TB_PREFETCH_W (a hint).
  * 1 <= mr <= isa->mr, 1 <= nr <= isa->nr.
  */
 typedef void (*tb_ukernel_fn)(int64_t kc, const float *ap, const float *wp,
