@@ -57,6 +57,7 @@ ALWAYS_INLINE void tile(const int MR, const int FULL, int64_t kc,
     int64_t p;
     int i;
 
+#pragma GCC unroll 16
     for (i = 0; i < MR; ++i) {
         acc0[i] = _mm256_setzero_ps();
         acc1[i] = _mm256_setzero_ps();
@@ -66,7 +67,7 @@ ALWAYS_INLINE void tile(const int MR, const int FULL, int64_t kc,
         const __m256 b0 = _mm256_loadu_ps(wp + p * 16);
         const __m256 b1 = _mm256_loadu_ps(wp + p * 16 + 8);
         _mm_prefetch((const char *)(wp + (p + Y_PF) * 16), _MM_HINT_T0);
-#pragma GCC unroll 8
+#pragma GCC unroll 16
         for (i = 0; i < MR; ++i) {
             const __m256 x = _mm256_broadcast_ss(ap + p * MR + i);
             acc0[i] = _mm256_fmadd_ps(x, b0, acc0[i]);
@@ -81,6 +82,7 @@ ALWAYS_INLINE void tile(const int MR, const int FULL, int64_t kc,
             bias1 = FULL ? _mm256_loadu_ps(bias + 8)
                          : _mm256_maskload_ps(bias + 8, k1);
         }
+#pragma GCC unroll 16
         for (i = 0; i < MR; ++i) {
             float *restrict row = c + i * ldc;
             __m256 v0 = acc0[i], v1 = acc1[i];

@@ -60,6 +60,7 @@ ALWAYS_INLINE void tile(const int MR, const int NV, int64_t kc,
     int64_t p;
     int i;
 
+#pragma GCC unroll 16
     for (i = 0; i < MR; ++i) {
         acc0[i] = _mm512_setzero_ps();
         acc1[i] = _mm512_setzero_ps();
@@ -95,6 +96,7 @@ ALWAYS_INLINE void tile(const int MR, const int NV, int64_t kc,
             if (NV == 2)
                 bias1 = _mm512_maskz_loadu_ps(m1, bias + 16);
         }
+#pragma GCC unroll 16
         for (i = 0; i < MR; ++i) {
             float *restrict row = c + i * ldc;
             __m512 v0 = acc0[i], v1 = acc1[i];
