@@ -432,6 +432,17 @@ static void small(tb_wlayout layout, int64_t m, int64_t n, int64_t k,
     }
 }
 
+/* KC = 256: the 6 x 256 A panel (6 KiB) stays in a 32 KiB L1d;
+ * NC = 256: the 256 x 256 W block (256 KiB) fits the 512 KiB L2 of Zen 3
+ * (and mostly the 256 KiB L2 of client Intel cores, backed by L3). */
+#define ISA_KC 256
+#define ISA_NC 256
+/* The scratch buffer (threads.c) is sized for the largest blocks. */
+typedef char check_blocks[ISA_KC <= TB_KC_MAX && ISA_NC <= TB_NC_MAX &&
+                                  Y_MR <= TB_MR_MAX
+                              ? 1
+                              : -1];
+
 const tb_isa tb_isa_avx2 = {
-    "avx2", Y_MR, Y_NR, 256, 512, ukernel, pack_a, pack_w, small,
+    "avx2", Y_MR, Y_NR, ISA_KC, ISA_NC, ukernel, pack_a, pack_w, small,
 };

@@ -447,7 +447,15 @@ static void small(tb_wlayout layout, int64_t m, int64_t n, int64_t k,
 }
 
 /* KC = 512: the 14 x 512 A panel (28 KiB) stays in the 48 KiB L1d;
- * NC = 384: the 512 x 384 W block (768 KiB) stays in L2. */
+ * NC = 512: the 512 x 512 W block (1 MiB) stays in the 2 MiB L2. */
+#define ISA_KC 512
+#define ISA_NC 512
+/* The scratch buffer (threads.c) is sized for the largest blocks. */
+typedef char check_blocks[ISA_KC <= TB_KC_MAX && ISA_NC <= TB_NC_MAX &&
+                                  X_MR <= TB_MR_MAX
+                              ? 1
+                              : -1];
+
 const tb_isa tb_isa_avx512 = {
-    "avx512", X_MR, X_NR, 512, 384, ukernel, pack_a, pack_w, small,
+    "avx512", X_MR, X_NR, ISA_KC, ISA_NC, ukernel, pack_a, pack_w, small,
 };

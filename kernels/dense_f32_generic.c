@@ -165,6 +165,16 @@ static void small(tb_wlayout layout, int64_t m, int64_t n, int64_t k,
     }
 }
 
+/* Conservative blocks for unknown caches: a 4 x 256 A panel (4 KiB) and a
+ * 256 x 256 W block (256 KiB). */
+#define ISA_KC 256
+#define ISA_NC 256
+/* The scratch buffer (threads.c) is sized for the largest blocks. */
+typedef char check_blocks[ISA_KC <= TB_KC_MAX && ISA_NC <= TB_NC_MAX &&
+                                  G_MR <= TB_MR_MAX
+                              ? 1
+                              : -1];
+
 const tb_isa tb_isa_generic = {
-    "generic", G_MR, TB_NR, 256, 512, ukernel, pack_a, pack_w, small,
+    "generic", G_MR, TB_NR, ISA_KC, ISA_NC, ukernel, pack_a, pack_w, small,
 };

@@ -39,7 +39,7 @@ typedef enum { TB_W_NT, TB_W_NN, TB_W_PACKED } tb_wlayout;
 /* Upper bounds over all instruction sets (they size the scratch buffers). */
 #define TB_MR_MAX 16
 #define TB_KC_MAX 512
-#define TB_NC_MAX 1024
+#define TB_NC_MAX 512
 
 /*
  * Micro-kernel: C[0:mr, 0:nr] (+)= Ap @ Wp for one register tile.
