@@ -16,6 +16,10 @@
 
 #include "tirbyoc_kernels.h"
 
+/* Library-internal symbols: shared between the kernel objects but not
+ * exported from a shared library (e.g. a TVM module) that links them. */
+#define TB_INTERNAL __attribute__((visibility("hidden")))
+
 /* Width of a W panel (packed layout and runtime-packed blocks alike). */
 #define TB_NR TIRBYOC_PACK_NR
 
@@ -92,26 +96,26 @@ typedef struct tb_isa {
     tb_small_fn small;
 } tb_isa;
 
-extern const tb_isa tb_isa_generic;
-extern const tb_isa tb_isa_avx2;
-extern const tb_isa tb_isa_avx512;
+TB_INTERNAL extern const tb_isa tb_isa_generic;
+TB_INTERNAL extern const tb_isa tb_isa_avx2;
+TB_INTERNAL extern const tb_isa tb_isa_avx512;
 
 /* dispatch.c: the active instruction set (chosen once, then cached). */
-const tb_isa *tb_active_isa(void);
+TB_INTERNAL const tb_isa *tb_active_isa(void);
 
 /* threads.c */
 typedef void (*tb_task_fn)(void *arg, int tid, int nthreads);
 /* Configured thread count (TIRBYOC_NUM_THREADS or the CPUs available). */
-int tb_num_threads(void);
+TB_INTERNAL int tb_num_threads(void);
 /*
  * Runs fn(arg, t, nt) for t = 0 .. nt-1, t = 0 on the calling thread, with
  * 1 <= nt <= want: nt is 1 when the pool is busy (another caller is using
  * it) or cannot start threads. Returns when all calls have returned.
  */
-void tb_parallel(tb_task_fn fn, void *arg, int want);
+TB_INTERNAL void tb_parallel(tb_task_fn fn, void *arg, int want);
 /* Per-thread scratch of TB_SCRATCH_FLOATS floats, 64-byte aligned,
  * allocated on a thread's first use; NULL if that allocation failed. */
-float *tb_scratch(void);
+TB_INTERNAL float *tb_scratch(void);
 #define TB_SCRATCH_FLOATS \
     ((size_t)TB_KC_MAX * TB_NC_MAX + (size_t)TB_MR_MAX * TB_KC_MAX)
 
