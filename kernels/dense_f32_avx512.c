@@ -5,9 +5,9 @@
  * Only this file is compiled for AVX-512 (through the target pragma below);
  * dispatch.c calls into it only when the CPU and OS support it.
  *
- * Micro-kernel: X_MR = 14 rows x 32 columns (two 16-float W panels), i.e.
- * 28 of the 32 zmm registers hold accumulators; per k step two W vectors are loaded and each
- * row's A value is broadcast once and used by two FMAs. Column edges use
+ * Micro-kernel: X_MR = 14 rows x 32 columns (two 16-float W panels), so
+ * 28 of the 32 zmm registers hold accumulators; per k step two W vectors
+ * are loaded and each row's A value is broadcast once and feeds two FMAs. Column edges use
  * AVX-512 masks on C and bias (W panels are zero padded), row edges have
  * their own instantiations, so every output goes through the same
  * sequence of operations whatever tile it falls in.
@@ -54,7 +54,7 @@ ALWAYS_INLINE void tile(const int MR, const int NV, int64_t kc,
 {
     __m512 acc0[X_MR], acc1[X_MR];
     const float *restrict w0 = wp;
-    const float *restrict w1 = wp + wps;
+    const float *restrict w1 = NV == 2 ? wp + wps : wp;
     const __mmask16 m0 = NV == 2 ? (__mmask16)0xFFFF : mask_n(nr);
     const __mmask16 m1 = NV == 2 ? mask_n(nr - 16) : (__mmask16)0;
     int64_t p;
