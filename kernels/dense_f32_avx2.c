@@ -196,29 +196,43 @@ static void pack_w(tb_wlayout layout, int64_t kc, int64_t nc,
                    int64_t dps)
 {
     int64_t q, p, j;
-    for (q = 0; q * 16 < nc; ++q) {
-        float *restrict panel = dst + q * dps;
-        const int64_t nb = min_i64(16, nc - q * 16);
-        if (layout == TB_W_NT) {
+    if (layout == TB_W_NT) {
+        for (q = 0; q * 16 < nc; ++q) {
+            float *restrict panel = dst + q * dps;
+            const int64_t nb = min_i64(16, nc - q * 16);
             const float *src = w + q * 16 * ldw;
             for (p = 0; p < kc; p += 8) {
                 const int64_t cols = min_i64(8, kc - p);
                 __m256 lo[8], hi[8];
                 load_transposed(lo, src + p, ldw, min_i64(8, nb), cols);
-                load_transposed(hi, src + 8 * ldw + p, ldw, nb - 8, cols);
+                if (nb > 8)
+                    load_transposed(hi, src + 8 * ldw + p, ldw, nb - 8, cols);
+                else
+                    for (j = 0; j < 8; ++j)
+                        hi[j] = _mm256_setzero_ps();
                 for (j = 0; j < cols; ++j) {
                     _mm256_storeu_ps(panel + (p + j) * 16, lo[j]);
                     _mm256_storeu_ps(panel + (p + j) * 16 + 8, hi[j]);
                 }
             }
-        } else {
-            const __m256i k0 = mask_n(nb), k1 = mask_n(nb - 8);
-            const float *src = w + q * 16;
-            for (p = 0; p < kc; ++p) {
-                _mm256_storeu_ps(panel + p * 16,
-                                 _mm256_maskload_ps(src + p * ldw, k0));
-                _mm256_storeu_ps(panel + p * 16 + 8,
-                                 _mm256_maskload_ps(src + p * ldw + 8, k1));
+        }
+    } else {
+        /* Row by row, so that W is read sequentially. */
+        for (p = 0; p < kc; ++p) {
+            const float *src = w + p * ldw;
+            for (q = 0; q * 16 < nc; ++q) {
+                float *restrict out = dst + q * dps + p * 16;
+                const int64_t nb = nc - q * 16;
+                if (nb >= 16) {
+                    _mm256_storeu_ps(out, _mm256_loadu_ps(src + q * 16));
+                    _mm256_storeu_ps(out + 8, _mm256_loadu_ps(src + q * 16 + 8));
+                } else {
+                    _mm256_storeu_ps(out, _mm256_maskload_ps(src + q * 16,
+                                                             mask_n(nb)));
+                    _mm256_storeu_ps(out + 8,
+                                     _mm256_maskload_ps(src + q * 16 + 8,
+                                                        mask_n(nb - 8)));
+                }
             }
         }
     }

@@ -215,10 +215,10 @@ static void pack_w(tb_wlayout layout, int64_t kc, int64_t nc,
                    int64_t dps)
 {
     int64_t q, p;
-    for (q = 0; q * 16 < nc; ++q) {
-        float *restrict panel = dst + q * dps;
-        const int64_t nb = min_i64(16, nc - q * 16);
-        if (layout == TB_W_NT) {
+    if (layout == TB_W_NT) {
+        for (q = 0; q * 16 < nc; ++q) {
+            float *restrict panel = dst + q * dps;
+            const int64_t nb = min_i64(16, nc - q * 16);
             const float *src = w + q * 16 * ldw;
             for (p = 0; p < kc; p += 16) {
                 const int64_t cols = min_i64(16, kc - p);
@@ -228,12 +228,15 @@ static void pack_w(tb_wlayout layout, int64_t kc, int64_t nc,
                 for (j = 0; j < cols; ++j)
                     _mm512_storeu_ps(panel + (p + j) * 16, r[j]);
             }
-        } else {
-            const __mmask16 mk = mask_n(nb);
-            const float *src = w + q * 16;
-            for (p = 0; p < kc; ++p)
-                _mm512_storeu_ps(panel + p * 16,
-                                 _mm512_maskz_loadu_ps(mk, src + p * ldw));
+        }
+    } else {
+        /* Row by row, so that W is read sequentially. */
+        for (p = 0; p < kc; ++p) {
+            const float *src = w + p * ldw;
+            for (q = 0; q * 16 < nc; ++q)
+                _mm512_storeu_ps(
+                    dst + q * dps + p * 16,
+                    _mm512_maskz_loadu_ps(mask_n(nc - q * 16), src + q * 16));
         }
     }
 }

@@ -72,10 +72,10 @@ static void pack_w(tb_wlayout layout, int64_t kc, int64_t nc,
                    int64_t dps)
 {
     int64_t q, p, r;
-    for (q = 0; q * TB_NR < nc; ++q) {
-        float *restrict panel = dst + q * dps;
-        const int64_t nb = min_i64(TB_NR, nc - q * TB_NR);
-        if (layout == TB_W_NT) {
+    if (layout == TB_W_NT) {
+        for (q = 0; q * TB_NR < nc; ++q) {
+            float *restrict panel = dst + q * dps;
+            const int64_t nb = min_i64(TB_NR, nc - q * TB_NR);
             for (r = 0; r < nb; ++r) {
                 const float *restrict src = w + (q * TB_NR + r) * ldw;
                 for (p = 0; p < kc; ++p)
@@ -84,13 +84,18 @@ static void pack_w(tb_wlayout layout, int64_t kc, int64_t nc,
             for (; r < TB_NR; ++r)
                 for (p = 0; p < kc; ++p)
                     panel[p * TB_NR + r] = 0.0f;
-        } else {
-            for (p = 0; p < kc; ++p) {
-                const float *restrict src = w + p * ldw + q * TB_NR;
+        }
+    } else {
+        /* Row by row, so that W is read sequentially. */
+        for (p = 0; p < kc; ++p) {
+            const float *restrict src = w + p * ldw;
+            for (q = 0; q * TB_NR < nc; ++q) {
+                float *restrict out = dst + q * dps + p * TB_NR;
+                const int64_t nb = min_i64(TB_NR, nc - q * TB_NR);
                 for (r = 0; r < nb; ++r)
-                    panel[p * TB_NR + r] = src[r];
+                    out[r] = src[q * TB_NR + r];
                 for (; r < TB_NR; ++r)
-                    panel[p * TB_NR + r] = 0.0f;
+                    out[r] = 0.0f;
             }
         }
     }
