@@ -7,9 +7,9 @@
  * checks, the choice between the two algorithms, cache blocking and the
  * split of the work over threads.
  *
- *   Few rows (M <= TB_SMALL_M): matrix-vector like work, limited by reading
- *   W once from memory; the ISA's `small` routine streams W without
- *   packing anything.
+ *   Few rows (M <= TB_SMALL_M, or TB_SMALL_M_NT for "nt"): matrix-vector
+ *   like work, limited by reading W from memory; the ISA's `small` routine
+ *   streams W without packing anything.
  *
  *   Otherwise, blocked: for each block of NC columns and KC steps of K, W is
  *   packed into 16-column panels (or read in place when pre-packed, which
@@ -28,8 +28,10 @@
 
 #include "dense_f32_internal.h"
 
-/* Rows up to which the matrix-vector path is used. */
+/* Rows up to which the matrix-vector path is used; for "nt" it also saves
+ * transposing W, which pays off up to a few more rows (measured). */
 #define TB_SMALL_M 4
+#define TB_SMALL_M_NT 8
 /* Below this many flops a call stays on the calling thread. */
 #define TB_PAR_FLOPS (4.0 * 1024 * 1024)
 /* Columns per thread unit of the small-M path (whole panels). */
@@ -37,6 +39,11 @@
 
 static int64_t min_i64(int64_t x, int64_t y) { return x < y ? x : y; }
 static int64_t cdiv(int64_t x, int64_t y) { return (x + y - 1) / y; }
+
+static int use_small(tb_wlayout layout, int64_t m)
+{
+    return m <= (layout == TB_W_NT ? TB_SMALL_M_NT : TB_SMALL_M);
+}
 
 typedef struct {
     const tb_isa *isa;
@@ -138,7 +145,7 @@ static void run_part(const job_t *job, int64_t i0, int64_t i1, int64_t j0,
     float *c = job->c + i0 * job->ldc + j0;
     if (i1 <= i0 || j1 <= j0)
         return;
-    if (job->m <= TB_SMALL_M)
+    if (use_small(job->layout, job->m))
         job->isa->small(job->layout, i1 - i0, j1 - j0, job->k, a, job->lda,
                         w, job->ldw, bias, c, job->ldc, job->epi);
     else
@@ -192,7 +199,7 @@ static int32_t dense_run(tb_wlayout layout, tb_epilogue epi, int64_t m,
     job.bias = bias;
     job.c = c;
     job.ldc = ldc;
-    if (m <= TB_SMALL_M) {
+    if (use_small(layout, m)) {
         job.split_n = 1;
         job.unit = TB_SMALL_UNIT;
     } else if (n >= 8 * (int64_t)job.isa->nr) {

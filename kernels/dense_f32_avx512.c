@@ -414,7 +414,7 @@ static void rows_nn(int64_t mm, int64_t n, int64_t k, const float *restrict a,
     }
 }
 
-static void small(tb_wlayout layout, int64_t m, int64_t n, int64_t k,
+static void small_cols(tb_wlayout layout, int64_t m, int64_t n, int64_t k,
                   const float *restrict a, int64_t lda,
                   const float *restrict w, int64_t ldw,
                   const float *restrict bias, float *restrict c, int64_t ldc,
@@ -446,6 +446,27 @@ static void small(tb_wlayout layout, int64_t m, int64_t n, int64_t k,
                                bias != NULL ? bias + j : NULL, ci + j, ldc,
                                n - j, epi);
         }
+    }
+}
+
+/* More than 4 rows: W is read once per group of 4 rows, so go through it
+ * in column blocks of about 256 KiB that stay in L2 meanwhile. */
+static void small(tb_wlayout layout, int64_t m, int64_t n, int64_t k,
+                  const float *restrict a, int64_t lda,
+                  const float *restrict w, int64_t ldw,
+                  const float *restrict bias, float *restrict c, int64_t ldc,
+                  int epi)
+{
+    int64_t blk = m <= 4 ? n : (65536 / (k > 0 ? k : 1)) / 64 * 64;
+    int64_t j0;
+    if (blk < 64)
+        blk = 64;
+    for (j0 = 0; j0 < n; j0 += blk) {
+        const float *wj = layout == TB_W_NT   ? w + j0 * ldw
+                          : layout == TB_W_NN ? w + j0
+                                              : w + (j0 / 16) * ldw;
+        small_cols(layout, m, min_i64(blk, n - j0), k, a, lda, wj, ldw,
+                   bias != NULL ? bias + j0 : NULL, c + j0, ldc, epi);
     }
 }
 
