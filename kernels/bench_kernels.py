@@ -50,7 +50,7 @@ def main():
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--isa", default=None)
     parser.add_argument("--rounds", type=int, default=15)
-    parser.add_argument("--settle", type=float, default=0.15,
+    parser.add_argument("--settle", type=float, default=0.3,
                         help="seconds of idle time before each measurement, so that the "
                              "other library's idle worker threads (OpenBLAS keeps them "
                              "spinning for a while after a call) have gone to sleep")
@@ -91,8 +91,11 @@ def main():
 
         runs = {"packed": run_packed, "nt": run_nt, "numpy": run_numpy}
         times = {name: [] for name in runs}
-        for _ in range(args.rounds):
-            for name, fn in runs.items():
+        names = list(runs)
+        for r in range(args.rounds):
+            # Rotate the order so that no contender always runs right after another.
+            for name in names[r % 3:] + names[:r % 3]:
+                fn = runs[name]
                 time.sleep(args.settle)
                 times[name].append(timed(fn))
         flops = 2.0 * m * n * k

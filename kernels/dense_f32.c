@@ -7,9 +7,9 @@
  * checks, the choice between the two algorithms, cache blocking and the
  * split of the work over threads.
  *
- *   Few rows (M <= TB_SMALL_M): matrix-vector like work, limited by reading
- *   W once from memory; the ISA's `small` routine streams W without
- *   packing anything.
+ *   Few rows (M <= TB_SMALL_M, or TB_SMALL_M_NT for "nt"): matrix-vector
+ *   like work, limited by reading W from memory; the ISA's `small` routine
+ *   streams W without packing anything.
  *
  *   Otherwise, blocked: for each block of NC columns and KC steps of K, W is
  *   packed into 16-column panels (or read in place when pre-packed, which
@@ -28,8 +28,10 @@
 
 #include "dense_f32_internal.h"
 
-/* Rows up to which the matrix-vector path is used. */
+/* Rows up to which the matrix-vector path is used; for "nt" it also saves
+ * transposing W, which pays off up to a few more rows (measured). */
 #define TB_SMALL_M 4
+#define TB_SMALL_M_NT 8
 /* Below this many flops a call stays on the calling thread. */
 #define TB_PAR_FLOPS (4.0 * 1024 * 1024)
 /* Columns per thread unit of the small-M path (whole panels). */
@@ -37,6 +39,11 @@
 
 static int64_t min_i64(int64_t x, int64_t y) { return x < y ? x : y; }
 static int64_t cdiv(int64_t x, int64_t y) { return (x + y - 1) / y; }
+
+static int use_small(tb_wlayout layout, int64_t m)
+{
+    return m <= (layout == TB_W_NT ? TB_SMALL_M_NT : TB_SMALL_M);
+}
 
 typedef struct {
     const tb_isa *isa;
@@ -75,7 +82,7 @@ static void blocked(const tb_isa *isa, tb_wlayout layout, int epi, int64_t m,
 {
     float *scratch = tb_scratch();
     float *wbuf, *abuf;
-    int64_t kblocks, mpanels, jc, kb, mp;
+    int64_t kblocks, mpanels, ncb, jc, kb, mp;
 
     if (scratch == NULL) {
         /* No scratch memory: the unpacked path is slower but needs none. */
@@ -88,9 +95,11 @@ static void blocked(const tb_isa *isa, tb_wlayout layout, int epi, int64_t m,
      * depend on k and m only, so the rounding does not depend on threads. */
     kblocks = cdiv(k, isa->kc);
     mpanels = cdiv(m, isa->mr);
+    /* Column blocks of about equal width, in whole register tiles. */
+    ncb = cdiv(cdiv(n, cdiv(n, isa->nc)), isa->nr) * isa->nr;
 
-    for (jc = 0; jc < n; jc += isa->nc) {
-        const int64_t nc = min_i64(isa->nc, n - jc);
+    for (jc = 0; jc < n; jc += ncb) {
+        const int64_t nc = min_i64(ncb, n - jc);
         for (kb = 0; kb < kblocks; ++kb) {
             const int64_t pc = k * kb / kblocks;
             const int64_t kc = k * (kb + 1) / kblocks - pc;
@@ -112,11 +121,15 @@ static void blocked(const tb_isa *isa, tb_wlayout layout, int epi, int64_t m,
                 const int64_t i0 = m * mp / mpanels;
                 const int mr = (int)(m * (mp + 1) / mpanels - i0);
                 int64_t jr;
+                int pf;
                 isa->pack_a(mr, kc, a + i0 * lda + pc, lda, abuf);
+                /* Pre-packed W is read from memory on the first row group
+                 * only; later ones find it in L2. */
+                pf = layout == TB_W_PACKED && mp == 0 ? TB_PREFETCH_W : 0;
                 for (jr = 0; jr < nc; jr += isa->nr)
                     isa->ukernel(kc, abuf, wblk + (jr / TB_NR) * wps, wps,
                                  c + i0 * ldc + jc + jr, ldc, mr,
-                                 (int)min_i64(isa->nr, nc - jr), flags,
+                                 (int)min_i64(isa->nr, nc - jr), flags | pf,
                                  bias != NULL ? bias + jc + jr : NULL, epi);
             }
         }
@@ -132,7 +145,7 @@ static void run_part(const job_t *job, int64_t i0, int64_t i1, int64_t j0,
     float *c = job->c + i0 * job->ldc + j0;
     if (i1 <= i0 || j1 <= j0)
         return;
-    if (job->m <= TB_SMALL_M)
+    if (use_small(job->layout, job->m))
         job->isa->small(job->layout, i1 - i0, j1 - j0, job->k, a, job->lda,
                         w, job->ldw, bias, c, job->ldc, job->epi);
     else
@@ -186,7 +199,7 @@ static int32_t dense_run(tb_wlayout layout, tb_epilogue epi, int64_t m,
     job.bias = bias;
     job.c = c;
     job.ldc = ldc;
-    if (m <= TB_SMALL_M) {
+    if (use_small(layout, m)) {
         job.split_n = 1;
         job.unit = TB_SMALL_UNIT;
     } else if (n >= 8 * (int64_t)job.isa->nr) {

@@ -57,6 +57,7 @@ ALWAYS_INLINE void tile(const int MR, const int FULL, int64_t kc,
     int64_t p;
     int i;
 
+#pragma GCC unroll 16
     for (i = 0; i < MR; ++i) {
         acc0[i] = _mm256_setzero_ps();
         acc1[i] = _mm256_setzero_ps();
@@ -66,7 +67,7 @@ ALWAYS_INLINE void tile(const int MR, const int FULL, int64_t kc,
         const __m256 b0 = _mm256_loadu_ps(wp + p * 16);
         const __m256 b1 = _mm256_loadu_ps(wp + p * 16 + 8);
         _mm_prefetch((const char *)(wp + (p + Y_PF) * 16), _MM_HINT_T0);
-#pragma GCC unroll 8
+#pragma GCC unroll 16
         for (i = 0; i < MR; ++i) {
             const __m256 x = _mm256_broadcast_ss(ap + p * MR + i);
             acc0[i] = _mm256_fmadd_ps(x, b0, acc0[i]);
@@ -81,6 +82,7 @@ ALWAYS_INLINE void tile(const int MR, const int FULL, int64_t kc,
             bias1 = FULL ? _mm256_loadu_ps(bias + 8)
                          : _mm256_maskload_ps(bias + 8, k1);
         }
+#pragma GCC unroll 16
         for (i = 0; i < MR; ++i) {
             float *restrict row = c + i * ldc;
             __m256 v0 = acc0[i], v1 = acc1[i];
@@ -194,29 +196,43 @@ static void pack_w(tb_wlayout layout, int64_t kc, int64_t nc,
                    int64_t dps)
 {
     int64_t q, p, j;
-    for (q = 0; q * 16 < nc; ++q) {
-        float *restrict panel = dst + q * dps;
-        const int64_t nb = min_i64(16, nc - q * 16);
-        if (layout == TB_W_NT) {
+    if (layout == TB_W_NT) {
+        for (q = 0; q * 16 < nc; ++q) {
+            float *restrict panel = dst + q * dps;
+            const int64_t nb = min_i64(16, nc - q * 16);
             const float *src = w + q * 16 * ldw;
             for (p = 0; p < kc; p += 8) {
                 const int64_t cols = min_i64(8, kc - p);
                 __m256 lo[8], hi[8];
                 load_transposed(lo, src + p, ldw, min_i64(8, nb), cols);
-                load_transposed(hi, src + 8 * ldw + p, ldw, nb - 8, cols);
+                if (nb > 8)
+                    load_transposed(hi, src + 8 * ldw + p, ldw, nb - 8, cols);
+                else
+                    for (j = 0; j < 8; ++j)
+                        hi[j] = _mm256_setzero_ps();
                 for (j = 0; j < cols; ++j) {
                     _mm256_storeu_ps(panel + (p + j) * 16, lo[j]);
                     _mm256_storeu_ps(panel + (p + j) * 16 + 8, hi[j]);
                 }
             }
-        } else {
-            const __m256i k0 = mask_n(nb), k1 = mask_n(nb - 8);
-            const float *src = w + q * 16;
-            for (p = 0; p < kc; ++p) {
-                _mm256_storeu_ps(panel + p * 16,
-                                 _mm256_maskload_ps(src + p * ldw, k0));
-                _mm256_storeu_ps(panel + p * 16 + 8,
-                                 _mm256_maskload_ps(src + p * ldw + 8, k1));
+        }
+    } else {
+        /* Row by row, so that W is read sequentially. */
+        for (p = 0; p < kc; ++p) {
+            const float *src = w + p * ldw;
+            for (q = 0; q * 16 < nc; ++q) {
+                float *restrict out = dst + q * dps + p * 16;
+                const int64_t nb = nc - q * 16;
+                if (nb >= 16) {
+                    _mm256_storeu_ps(out, _mm256_loadu_ps(src + q * 16));
+                    _mm256_storeu_ps(out + 8, _mm256_loadu_ps(src + q * 16 + 8));
+                } else {
+                    _mm256_storeu_ps(out, _mm256_maskload_ps(src + q * 16,
+                                                             mask_n(nb)));
+                    _mm256_storeu_ps(out + 8,
+                                     _mm256_maskload_ps(src + q * 16 + 8,
+                                                        mask_n(nb - 8)));
+                }
             }
         }
     }
@@ -395,7 +411,7 @@ static void rows_nn(int64_t mm, int64_t n, int64_t k, const float *restrict a,
     }
 }
 
-static void small(tb_wlayout layout, int64_t m, int64_t n, int64_t k,
+static void small_cols(tb_wlayout layout, int64_t m, int64_t n, int64_t k,
                   const float *restrict a, int64_t lda,
                   const float *restrict w, int64_t ldw,
                   const float *restrict bias, float *restrict c, int64_t ldc,
@@ -430,6 +446,38 @@ static void small(tb_wlayout layout, int64_t m, int64_t n, int64_t k,
     }
 }
 
+/* More than 4 rows: W is read once per group of 4 rows, so go through it
+ * in column blocks of about 256 KiB that stay in L2 meanwhile. */
+static void small(tb_wlayout layout, int64_t m, int64_t n, int64_t k,
+                  const float *restrict a, int64_t lda,
+                  const float *restrict w, int64_t ldw,
+                  const float *restrict bias, float *restrict c, int64_t ldc,
+                  int epi)
+{
+    int64_t blk = m <= 4 ? n : (65536 / (k > 0 ? k : 1)) / 64 * 64;
+    int64_t j0;
+    if (blk < 64)
+        blk = 64;
+    for (j0 = 0; j0 < n; j0 += blk) {
+        const float *wj = layout == TB_W_NT   ? w + j0 * ldw
+                          : layout == TB_W_NN ? w + j0
+                                              : w + (j0 / 16) * ldw;
+        small_cols(layout, m, min_i64(blk, n - j0), k, a, lda, wj, ldw,
+                   bias != NULL ? bias + j0 : NULL, c + j0, ldc, epi);
+    }
+}
+
+/* KC = 256: the 6 x 256 A panel (6 KiB) stays in a 32 KiB L1d;
+ * NC = 256: the 256 x 256 W block (256 KiB) fits the 512 KiB L2 of Zen 3
+ * (and mostly the 256 KiB L2 of client Intel cores, backed by L3). */
+#define ISA_KC 256
+#define ISA_NC 256
+/* The scratch buffer (threads.c) is sized for the largest blocks. */
+typedef char check_blocks[ISA_KC <= TB_KC_MAX && ISA_NC <= TB_NC_MAX &&
+                                  Y_MR <= TB_MR_MAX
+                              ? 1
+                              : -1];
+
 const tb_isa tb_isa_avx2 = {
-    "avx2", Y_MR, Y_NR, 256, 512, ukernel, pack_a, pack_w, small,
+    "avx2", Y_MR, Y_NR, ISA_KC, ISA_NC, ukernel, pack_a, pack_w, small,
 };

@@ -5,9 +5,9 @@
  * Only this file is compiled for AVX-512 (through the target pragma below);
  * dispatch.c calls into it only when the CPU and OS support it.
  *
- * Micro-kernel: X_MR rows x 32 columns (two 16-float W panels), i.e.
- * 2 * X_MR zmm accumulators; per k step two W vectors are loaded and each
- * row's A value is broadcast once and used by two FMAs. Column edges use
+ * Micro-kernel: X_MR = 14 rows x 32 columns (two 16-float W panels), so
+ * 28 of the 32 zmm registers hold accumulators; per k step two W vectors
+ * are loaded and each row's A value is broadcast once and feeds two FMAs. Column edges use
  * AVX-512 masks on C and bias (W panels are zero padded), row edges have
  * their own instantiations, so every output goes through the same
  * sequence of operations whatever tile it falls in.
@@ -18,8 +18,9 @@
 
 #include "dense_f32_internal.h"
 
-#define X_MR 12
+#define X_MR 14
 #define X_NR 32
+
 /* W prefetch distance in k steps (one k step = one line per panel). */
 #define X_PF 16
 
@@ -53,12 +54,13 @@ ALWAYS_INLINE void tile(const int MR, const int NV, int64_t kc,
 {
     __m512 acc0[X_MR], acc1[X_MR];
     const float *restrict w0 = wp;
-    const float *restrict w1 = wp + wps;
+    const float *restrict w1 = NV == 2 ? wp + wps : wp;
     const __mmask16 m0 = NV == 2 ? (__mmask16)0xFFFF : mask_n(nr);
     const __mmask16 m1 = NV == 2 ? mask_n(nr - 16) : (__mmask16)0;
     int64_t p;
     int i;
 
+#pragma GCC unroll 16
     for (i = 0; i < MR; ++i) {
         acc0[i] = _mm512_setzero_ps();
         acc1[i] = _mm512_setzero_ps();
@@ -67,13 +69,17 @@ ALWAYS_INLINE void tile(const int MR, const int NV, int64_t kc,
         if (NV == 2)
             _mm_prefetch((const char *)(c + i * ldc + 16), _MM_HINT_T0);
     }
+#pragma GCC unroll 4
     for (p = 0; p < kc; ++p) {
         const __m512 b0 = _mm512_loadu_ps(w0 + p * 16);
         const __m512 b1 = NV == 2 ? _mm512_loadu_ps(w1 + p * 16)
                                   : _mm512_setzero_ps();
-        _mm_prefetch((const char *)(w0 + (p + X_PF) * 16), _MM_HINT_T0);
-        if (NV == 2)
-            _mm_prefetch((const char *)(w1 + (p + X_PF) * 16), _MM_HINT_T0);
+        if (flags & TB_PREFETCH_W) {
+            _mm_prefetch((const char *)(w0 + (p + X_PF) * 16), _MM_HINT_T0);
+            if (NV == 2)
+                _mm_prefetch((const char *)(w1 + (p + X_PF) * 16),
+                             _MM_HINT_T0);
+        }
 #pragma GCC unroll 16
         for (i = 0; i < MR; ++i) {
             const __m512 x = _mm512_set1_ps(ap[p * MR + i]);
@@ -90,6 +96,7 @@ ALWAYS_INLINE void tile(const int MR, const int NV, int64_t kc,
             if (NV == 2)
                 bias1 = _mm512_maskz_loadu_ps(m1, bias + 16);
         }
+#pragma GCC unroll 16
         for (i = 0; i < MR; ++i) {
             float *restrict row = c + i * ldc;
             __m512 v0 = acc0[i], v1 = acc1[i];
@@ -127,12 +134,15 @@ typedef void (*tile_fn)(int64_t, const float *, const float *, int64_t,
 #define TILE_FNS(MR) TILE_FN(MR, 1) TILE_FN(MR, 2)
 TILE_FNS(1) TILE_FNS(2) TILE_FNS(3) TILE_FNS(4) TILE_FNS(5) TILE_FNS(6)
 TILE_FNS(7) TILE_FNS(8) TILE_FNS(9) TILE_FNS(10) TILE_FNS(11) TILE_FNS(12)
+TILE_FNS(13) TILE_FNS(14)
 
 static const tile_fn tiles[2][X_MR + 1] = {
     {NULL, tile_1_1, tile_2_1, tile_3_1, tile_4_1, tile_5_1, tile_6_1,
-     tile_7_1, tile_8_1, tile_9_1, tile_10_1, tile_11_1, tile_12_1},
+     tile_7_1, tile_8_1, tile_9_1, tile_10_1, tile_11_1, tile_12_1, tile_13_1,
+     tile_14_1},
     {NULL, tile_1_2, tile_2_2, tile_3_2, tile_4_2, tile_5_2, tile_6_2,
-     tile_7_2, tile_8_2, tile_9_2, tile_10_2, tile_11_2, tile_12_2},
+     tile_7_2, tile_8_2, tile_9_2, tile_10_2, tile_11_2, tile_12_2, tile_13_2,
+     tile_14_2},
 };
 
 static void ukernel(int64_t kc, const float *ap, const float *wp, int64_t wps,
@@ -205,10 +215,10 @@ static void pack_w(tb_wlayout layout, int64_t kc, int64_t nc,
                    int64_t dps)
 {
     int64_t q, p;
-    for (q = 0; q * 16 < nc; ++q) {
-        float *restrict panel = dst + q * dps;
-        const int64_t nb = min_i64(16, nc - q * 16);
-        if (layout == TB_W_NT) {
+    if (layout == TB_W_NT) {
+        for (q = 0; q * 16 < nc; ++q) {
+            float *restrict panel = dst + q * dps;
+            const int64_t nb = min_i64(16, nc - q * 16);
             const float *src = w + q * 16 * ldw;
             for (p = 0; p < kc; p += 16) {
                 const int64_t cols = min_i64(16, kc - p);
@@ -218,12 +228,15 @@ static void pack_w(tb_wlayout layout, int64_t kc, int64_t nc,
                 for (j = 0; j < cols; ++j)
                     _mm512_storeu_ps(panel + (p + j) * 16, r[j]);
             }
-        } else {
-            const __mmask16 mk = mask_n(nb);
-            const float *src = w + q * 16;
-            for (p = 0; p < kc; ++p)
-                _mm512_storeu_ps(panel + p * 16,
-                                 _mm512_maskz_loadu_ps(mk, src + p * ldw));
+        }
+    } else {
+        /* Row by row, so that W is read sequentially. */
+        for (p = 0; p < kc; ++p) {
+            const float *src = w + p * ldw;
+            for (q = 0; q * 16 < nc; ++q)
+                _mm512_storeu_ps(
+                    dst + q * dps + p * 16,
+                    _mm512_maskz_loadu_ps(mask_n(nc - q * 16), src + q * 16));
         }
     }
 }
@@ -401,7 +414,7 @@ static void rows_nn(int64_t mm, int64_t n, int64_t k, const float *restrict a,
     }
 }
 
-static void small(tb_wlayout layout, int64_t m, int64_t n, int64_t k,
+static void small_cols(tb_wlayout layout, int64_t m, int64_t n, int64_t k,
                   const float *restrict a, int64_t lda,
                   const float *restrict w, int64_t ldw,
                   const float *restrict bias, float *restrict c, int64_t ldc,
@@ -436,6 +449,37 @@ static void small(tb_wlayout layout, int64_t m, int64_t n, int64_t k,
     }
 }
 
+/* More than 4 rows: W is read once per group of 4 rows, so go through it
+ * in column blocks of about 256 KiB that stay in L2 meanwhile. */
+static void small(tb_wlayout layout, int64_t m, int64_t n, int64_t k,
+                  const float *restrict a, int64_t lda,
+                  const float *restrict w, int64_t ldw,
+                  const float *restrict bias, float *restrict c, int64_t ldc,
+                  int epi)
+{
+    int64_t blk = m <= 4 ? n : (65536 / (k > 0 ? k : 1)) / 64 * 64;
+    int64_t j0;
+    if (blk < 64)
+        blk = 64;
+    for (j0 = 0; j0 < n; j0 += blk) {
+        const float *wj = layout == TB_W_NT   ? w + j0 * ldw
+                          : layout == TB_W_NN ? w + j0
+                                              : w + (j0 / 16) * ldw;
+        small_cols(layout, m, min_i64(blk, n - j0), k, a, lda, wj, ldw,
+                   bias != NULL ? bias + j0 : NULL, c + j0, ldc, epi);
+    }
+}
+
+/* KC = 512: the 14 x 512 A panel (28 KiB) stays in the 48 KiB L1d;
+ * NC = 512: the 512 x 512 W block (1 MiB) stays in the 2 MiB L2. */
+#define ISA_KC 512
+#define ISA_NC 512
+/* The scratch buffer (threads.c) is sized for the largest blocks. */
+typedef char check_blocks[ISA_KC <= TB_KC_MAX && ISA_NC <= TB_NC_MAX &&
+                                  X_MR <= TB_MR_MAX
+                              ? 1
+                              : -1];
+
 const tb_isa tb_isa_avx512 = {
-    "avx512", X_MR, X_NR, 384, 640, ukernel, pack_a, pack_w, small,
+    "avx512", X_MR, X_NR, ISA_KC, ISA_NC, ukernel, pack_a, pack_w, small,
 };

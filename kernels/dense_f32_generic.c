@@ -2,9 +2,11 @@
  * dense_f32_generic.c - portable C building blocks of the float32 dense
  * kernels (see dense_f32_internal.h), used on CPUs without AVX2/FMA.
  *
- * Plain C that the compiler auto-vectorizes for the baseline ISA (SSE2 on
- * x86-64). The loops are shaped so that vectorizing them never reorders a
- * floating-point sum: every output keeps one running sum over k in order.
+ * C with GNU vector extensions (4-float vectors, SSE2 on baseline x86-64)
+ * in the hot loops and plain loops elsewhere, which the compiler may
+ * auto-vectorize. Vectors only run independent outputs side by side: every
+ * output keeps one running sum over k in order (separate multiply and add,
+ * no FMA).
  */
 #include "dense_f32_internal.h"
 
@@ -12,48 +14,85 @@
 
 static int64_t min_i64(int64_t x, int64_t y) { return x < y ? x : y; }
 
+/* GNU C vector extension: 4 floats, which the compiler maps onto the
+ * baseline SIMD registers (SSE on x86-64) or plain scalars elsewhere. */
+typedef float v4f __attribute__((vector_size(16)));
+
+static v4f load4(const float *p)
+{
+    v4f v;
+    __builtin_memcpy(&v, p, sizeof(v));
+    return v;
+}
+
+/*
+ * Eight columns of the tile (the 16-column tile takes two passes, so the
+ * 4 x 8 accumulators fit in 16 SIMD registers next to the W vectors).
+ * out[i][0:8] = sum over p of ap[p * mr + i] * wp[p * 16 + 0:8], with one
+ * multiply and one add per term, in order of p.
+ */
+static void half_tile(int64_t kc, const float *restrict ap, int mr,
+                      const float *restrict wp, float out[G_MR][8])
+{
+    v4f acc[G_MR][2];
+    int64_t p;
+    int i;
+    for (i = 0; i < G_MR; ++i)
+        acc[i][0] = acc[i][1] = (v4f){0.0f, 0.0f, 0.0f, 0.0f};
+    if (mr == G_MR) {
+        for (p = 0; p < kc; ++p) {
+            const v4f w0 = load4(wp + p * TB_NR), w1 = load4(wp + p * TB_NR + 4);
+            for (i = 0; i < G_MR; ++i) {
+                const float x = ap[p * G_MR + i];
+                acc[i][0] += x * w0;
+                acc[i][1] += x * w1;
+            }
+        }
+    } else {
+        for (p = 0; p < kc; ++p) {
+            const v4f w0 = load4(wp + p * TB_NR), w1 = load4(wp + p * TB_NR + 4);
+            for (i = 0; i < mr; ++i) {
+                const float x = ap[p * mr + i];
+                acc[i][0] += x * w0;
+                acc[i][1] += x * w1;
+            }
+        }
+    }
+    for (i = 0; i < mr; ++i) {
+        __builtin_memcpy(out[i], &acc[i][0], sizeof(v4f));
+        __builtin_memcpy(out[i] + 4, &acc[i][1], sizeof(v4f));
+    }
+}
+
 static void ukernel(int64_t kc, const float *restrict ap,
                     const float *restrict wp, int64_t wps, float *restrict c,
                     int64_t ldc, int mr, int nr, int flags,
                     const float *restrict bias, int epi)
 {
     float acc[G_MR][TB_NR];
-    int64_t p;
-    int i, j;
+    float half[G_MR][8];
+    int h, i, j;
 
     (void)wps; /* one panel: nr <= 16 */
-    for (i = 0; i < mr; ++i)
-        for (j = 0; j < TB_NR; ++j)
-            acc[i][j] = (flags & TB_ACCUMULATE) && j < nr ? c[i * ldc + j]
-                                                          : 0.0f;
-    if (mr == G_MR) {
-        /* Fixed trip counts keep the tile in registers where possible. */
-        for (p = 0; p < kc; ++p) {
-            const float *restrict w = wp + p * TB_NR;
-            const float *restrict x = ap + p * G_MR;
-            for (i = 0; i < G_MR; ++i)
-                for (j = 0; j < TB_NR; ++j)
-                    acc[i][j] += x[i] * w[j];
-        }
-    } else {
-        for (p = 0; p < kc; ++p) {
-            const float *restrict w = wp + p * TB_NR;
-            for (i = 0; i < mr; ++i) {
-                const float x = ap[p * mr + i];
-                for (j = 0; j < TB_NR; ++j)
-                    acc[i][j] += x * w[j];
-            }
-        }
+    for (h = 0; h * 8 < nr; ++h) {
+        half_tile(kc, ap, mr, wp + h * 8, half);
+        for (i = 0; i < mr; ++i)
+            for (j = 0; j < 8; ++j)
+                acc[i][h * 8 + j] = half[i][j];
     }
+    /* Same order as the SIMD paths: partial sum + C, then bias, then epi. */
     for (i = 0; i < mr; ++i) {
         float *restrict row = c + i * ldc;
-        if (flags & TB_LAST) {
-            for (j = 0; j < nr; ++j)
-                row[j] = tb_epi_scalar(
-                    bias != NULL ? acc[i][j] + bias[j] : acc[i][j], epi);
-        } else {
-            for (j = 0; j < nr; ++j)
-                row[j] = acc[i][j];
+        for (j = 0; j < nr; ++j) {
+            float v = acc[i][j];
+            if (flags & TB_ACCUMULATE)
+                v += row[j];
+            if (flags & TB_LAST) {
+                if (bias != NULL)
+                    v += bias[j];
+                v = tb_epi_scalar(v, epi);
+            }
+            row[j] = v;
         }
     }
 }
@@ -72,10 +111,10 @@ static void pack_w(tb_wlayout layout, int64_t kc, int64_t nc,
                    int64_t dps)
 {
     int64_t q, p, r;
-    for (q = 0; q * TB_NR < nc; ++q) {
-        float *restrict panel = dst + q * dps;
-        const int64_t nb = min_i64(TB_NR, nc - q * TB_NR);
-        if (layout == TB_W_NT) {
+    if (layout == TB_W_NT) {
+        for (q = 0; q * TB_NR < nc; ++q) {
+            float *restrict panel = dst + q * dps;
+            const int64_t nb = min_i64(TB_NR, nc - q * TB_NR);
             for (r = 0; r < nb; ++r) {
                 const float *restrict src = w + (q * TB_NR + r) * ldw;
                 for (p = 0; p < kc; ++p)
@@ -84,13 +123,18 @@ static void pack_w(tb_wlayout layout, int64_t kc, int64_t nc,
             for (; r < TB_NR; ++r)
                 for (p = 0; p < kc; ++p)
                     panel[p * TB_NR + r] = 0.0f;
-        } else {
-            for (p = 0; p < kc; ++p) {
-                const float *restrict src = w + p * ldw + q * TB_NR;
+        }
+    } else {
+        /* Row by row, so that W is read sequentially. */
+        for (p = 0; p < kc; ++p) {
+            const float *restrict src = w + p * ldw;
+            for (q = 0; q * TB_NR < nc; ++q) {
+                float *restrict out = dst + q * dps + p * TB_NR;
+                const int64_t nb = min_i64(TB_NR, nc - q * TB_NR);
                 for (r = 0; r < nb; ++r)
-                    panel[p * TB_NR + r] = src[r];
+                    out[r] = src[q * TB_NR + r];
                 for (; r < TB_NR; ++r)
-                    panel[p * TB_NR + r] = 0.0f;
+                    out[r] = 0.0f;
             }
         }
     }
@@ -150,12 +194,18 @@ static void small(tb_wlayout layout, int64_t m, int64_t n, int64_t k,
                 int64_t q;
                 for (q = 0; q * TB_NR < nb; ++q) {
                     const float *restrict panel = w + (j0 / TB_NR + q) * ldw;
-                    float *restrict s = acc + q * TB_NR;
-                    for (j = 0; j < TB_NR; ++j)
-                        s[j] = 0.0f;
-                    for (p = 0; p < k; ++p)
-                        for (j = 0; j < TB_NR; ++j)
-                            s[j] += x[p] * panel[p * TB_NR + j];
+                    v4f s0 = {0.0f, 0.0f, 0.0f, 0.0f}, s1 = s0, s2 = s0, s3 = s0;
+                    for (p = 0; p < k; ++p) {
+                        const float *restrict wr = panel + p * TB_NR;
+                        s0 += x[p] * load4(wr);
+                        s1 += x[p] * load4(wr + 4);
+                        s2 += x[p] * load4(wr + 8);
+                        s3 += x[p] * load4(wr + 12);
+                    }
+                    __builtin_memcpy(acc + q * TB_NR, &s0, sizeof(v4f));
+                    __builtin_memcpy(acc + q * TB_NR + 4, &s1, sizeof(v4f));
+                    __builtin_memcpy(acc + q * TB_NR + 8, &s2, sizeof(v4f));
+                    __builtin_memcpy(acc + q * TB_NR + 12, &s3, sizeof(v4f));
                 }
             }
             for (j = 0; j < nb; ++j)
@@ -165,6 +215,16 @@ static void small(tb_wlayout layout, int64_t m, int64_t n, int64_t k,
     }
 }
 
+/* Conservative blocks for unknown caches: a 4 x 256 A panel (4 KiB) and a
+ * 256 x 256 W block (256 KiB). */
+#define ISA_KC 256
+#define ISA_NC 256
+/* The scratch buffer (threads.c) is sized for the largest blocks. */
+typedef char check_blocks[ISA_KC <= TB_KC_MAX && ISA_NC <= TB_NC_MAX &&
+                                  G_MR <= TB_MR_MAX
+                              ? 1
+                              : -1];
+
 const tb_isa tb_isa_generic = {
-    "generic", G_MR, TB_NR, 256, 512, ukernel, pack_a, pack_w, small,
+    "generic", G_MR, TB_NR, ISA_KC, ISA_NC, ukernel, pack_a, pack_w, small,
 };

@@ -16,6 +16,10 @@
 
 #include "tirbyoc_kernels.h"
 
+/* Library-internal symbols: shared between the kernel objects but not
+ * exported from a shared library (e.g. a TVM module) that links them. */
+#define TB_INTERNAL __attribute__((visibility("hidden")))
+
 /* Width of a W panel (packed layout and runtime-packed blocks alike). */
 #define TB_NR TIRBYOC_PACK_NR
 
@@ -33,11 +37,13 @@ typedef enum { TB_W_NT, TB_W_NN, TB_W_PACKED } tb_wlayout;
 /* Micro-kernel flags. */
 #define TB_ACCUMULATE 1 /* C holds a partial sum over earlier K blocks */
 #define TB_LAST 2       /* last K block: add bias, apply the epilogue */
+#define TB_PREFETCH_W 4 /* W is not in cache yet (first pass over a
+                           pre-packed block): prefetch it ahead */
 
 /* Upper bounds over all instruction sets (they size the scratch buffers). */
 #define TB_MR_MAX 16
 #define TB_KC_MAX 512
-#define TB_NC_MAX 1024
+#define TB_NC_MAX 512
 
 /*
  * Micro-kernel: C[0:mr, 0:nr] (+)= Ap @ Wp for one register tile.
@@ -45,8 +51,9 @@ typedef enum { TB_W_NT, TB_W_NN, TB_W_PACKED } tb_wlayout;
  *   wp: first W panel at the K offset of this block, 16 floats per k step;
  *       the second panel (nr > 16) starts wps floats later. Panels are
  *       zero padded to 16 columns, so only C and bias need edge handling.
- *   flags: TB_ACCUMULATE (start from C instead of 0), TB_LAST (then add
- *       bias[0:nr] if bias != NULL and apply epi before storing).
+ *   flags: TB_ACCUMULATE (add to the partial sums in C), TB_LAST (then add
+ *       bias[0:nr] if bias != NULL and apply epi before storing),
+ *       TB_PREFETCH_W (a hint).
  * 1 <= mr <= isa->mr, 1 <= nr <= isa->nr.
  */
 typedef void (*tb_ukernel_fn)(int64_t kc, const float *ap, const float *wp,
@@ -89,26 +96,26 @@ typedef struct tb_isa {
     tb_small_fn small;
 } tb_isa;
 
-extern const tb_isa tb_isa_generic;
-extern const tb_isa tb_isa_avx2;
-extern const tb_isa tb_isa_avx512;
+TB_INTERNAL extern const tb_isa tb_isa_generic;
+TB_INTERNAL extern const tb_isa tb_isa_avx2;
+TB_INTERNAL extern const tb_isa tb_isa_avx512;
 
 /* dispatch.c: the active instruction set (chosen once, then cached). */
-const tb_isa *tb_active_isa(void);
+TB_INTERNAL const tb_isa *tb_active_isa(void);
 
 /* threads.c */
 typedef void (*tb_task_fn)(void *arg, int tid, int nthreads);
 /* Configured thread count (TIRBYOC_NUM_THREADS or the CPUs available). */
-int tb_num_threads(void);
+TB_INTERNAL int tb_num_threads(void);
 /*
  * Runs fn(arg, t, nt) for t = 0 .. nt-1, t = 0 on the calling thread, with
  * 1 <= nt <= want: nt is 1 when the pool is busy (another caller is using
  * it) or cannot start threads. Returns when all calls have returned.
  */
-void tb_parallel(tb_task_fn fn, void *arg, int want);
+TB_INTERNAL void tb_parallel(tb_task_fn fn, void *arg, int want);
 /* Per-thread scratch of TB_SCRATCH_FLOATS floats, 64-byte aligned,
  * allocated on a thread's first use; NULL if that allocation failed. */
-float *tb_scratch(void);
+TB_INTERNAL float *tb_scratch(void);
 #define TB_SCRATCH_FLOATS \
     ((size_t)TB_KC_MAX * TB_NC_MAX + (size_t)TB_MR_MAX * TB_KC_MAX)
 

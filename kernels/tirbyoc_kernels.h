@@ -14,7 +14,7 @@
  *
  * Argument convention (every kernel):
  *   - sizes first (int64_t), then for each operand its pointer followed by its
- *     row stride, output last;
+ *     row stride (a pre-packed weight has none), output last;
  *   - matrices are row-major with unit stride inside a row; row strides
  *     (lda, ldw, ldc) count ELEMENTS, not bytes, and must be >= the row length;
  *   - optional operands (bias) may be NULL; a matrix pointer may be NULL only

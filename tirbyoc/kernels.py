@@ -5,7 +5,11 @@
   object ``libtirbyoc_kernels.o`` that TVM links into generated code
   (attach ``static_library()`` to an IRModule's ``external_mods``);
 * :func:`exported_symbols` - the C function names the library exports;
-* :func:`dense` - a numpy convenience wrapper around the dense kernels.
+* :func:`dense` - a numpy convenience wrapper around the dense kernels
+  (W as ``[N, K]``, ``[K, N]`` or pre-packed by :func:`pack_weight`);
+* :func:`isa` / :func:`set_isa` / :func:`available_isas` and
+  :func:`num_threads` / :func:`set_num_threads` - the library's
+  process-wide instruction-set and thread-count settings.
 
 TVM is imported lazily (only by :func:`static_library`), so the kernels can
 be used and tested without paying for a TVM import.
