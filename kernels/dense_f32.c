@@ -57,6 +57,7 @@ typedef struct {
     const float *bias;
     float *c;
     int64_t ldc;
+    int accumulate; /* C += A @ op(W): no bias, no epilogue */
     int split_n;  /* threads take column ranges (else row ranges) */
     int64_t unit; /* granularity of that split */
 } job_t;
@@ -74,19 +75,40 @@ static const float *w_at_column(const job_t *job, int64_t j0)
     }
 }
 
-/* The blocked algorithm for C[0:m, 0:n]; w, bias and c already offset. */
-static void blocked(const tb_isa *isa, tb_wlayout layout, int epi, int64_t m,
-                    int64_t n, int64_t k, const float *a, int64_t lda,
-                    const float *w, int64_t ldw, const float *bias, float *c,
-                    int64_t ldc)
+/* C += A @ op(W) without scratch memory (a fallback; not packed, slow). */
+static void accumulate_plain(tb_wlayout layout, int64_t m, int64_t n,
+                             int64_t k, const float *a, int64_t lda,
+                             const float *w, int64_t ldw, float *c,
+                             int64_t ldc)
+{
+    int64_t i, j, p;
+    for (i = 0; i < m; ++i)
+        for (j = 0; j < n; ++j) {
+            float s = 0.0f;
+            for (p = 0; p < k; ++p)
+                s += a[i * lda + p] * (layout == TB_W_NT ? w[j * ldw + p]
+                                                         : w[p * ldw + j]);
+            c[i * ldc + j] += s;
+        }
+}
+
+/* The blocked algorithm for C[0:m, 0:n]; w, bias and c already offset.
+ * acc: C holds values to add to (every K block accumulates). */
+static void blocked(const tb_isa *isa, tb_wlayout layout, int epi, int acc,
+                    int64_t m, int64_t n, int64_t k, const float *a,
+                    int64_t lda, const float *w, int64_t ldw,
+                    const float *bias, float *c, int64_t ldc)
 {
     float *scratch = tb_scratch();
     float *wbuf, *abuf;
     int64_t kblocks, mpanels, ncb, jc, kb, mp;
 
     if (scratch == NULL) {
-        /* No scratch memory: the unpacked path is slower but needs none. */
-        isa->small(layout, m, n, k, a, lda, w, ldw, bias, c, ldc, epi);
+        /* No scratch memory: the unpacked paths are slower but need none. */
+        if (acc)
+            accumulate_plain(layout, m, n, k, a, lda, w, ldw, c, ldc);
+        else
+            isa->small(layout, m, n, k, a, lda, w, ldw, bias, c, ldc, epi);
         return;
     }
     wbuf = scratch;
@@ -103,7 +125,7 @@ static void blocked(const tb_isa *isa, tb_wlayout layout, int epi, int64_t m,
         for (kb = 0; kb < kblocks; ++kb) {
             const int64_t pc = k * kb / kblocks;
             const int64_t kc = k * (kb + 1) / kblocks - pc;
-            const int flags = (kb > 0 ? TB_ACCUMULATE : 0) |
+            const int flags = (kb > 0 || acc ? TB_ACCUMULATE : 0) |
                               (kb == kblocks - 1 ? TB_LAST : 0);
             const float *wblk;
             int64_t wps;
@@ -145,12 +167,12 @@ static void run_part(const job_t *job, int64_t i0, int64_t i1, int64_t j0,
     float *c = job->c + i0 * job->ldc + j0;
     if (i1 <= i0 || j1 <= j0)
         return;
-    if (use_small(job->layout, job->m))
+    if (!job->accumulate && use_small(job->layout, job->m))
         job->isa->small(job->layout, i1 - i0, j1 - j0, job->k, a, job->lda,
                         w, job->ldw, bias, c, job->ldc, job->epi);
     else
-        blocked(job->isa, job->layout, job->epi, i1 - i0, j1 - j0, job->k, a,
-                job->lda, w, job->ldw, bias, c, job->ldc);
+        blocked(job->isa, job->layout, job->epi, job->accumulate, i1 - i0,
+                j1 - j0, job->k, a, job->lda, w, job->ldw, bias, c, job->ldc);
 }
 
 static void task(void *arg, int tid, int nt)
@@ -166,10 +188,10 @@ static void task(void *arg, int tid, int nt)
         run_part(job, lo, hi, 0, job->n);
 }
 
-static int32_t dense_run(tb_wlayout layout, tb_epilogue epi, int64_t m,
-                         int64_t n, int64_t k, const float *a, int64_t lda,
-                         const float *w, int64_t ldw, const float *bias,
-                         float *c, int64_t ldc)
+static int32_t dense_run(tb_wlayout layout, tb_epilogue epi, int accumulate,
+                         int64_t m, int64_t n, int64_t k, const float *a,
+                         int64_t lda, const float *w, int64_t ldw,
+                         const float *bias, float *c, int64_t ldc)
 {
     job_t job;
     int64_t i, j, units;
@@ -177,6 +199,8 @@ static int32_t dense_run(tb_wlayout layout, tb_epilogue epi, int64_t m,
 
     if (m == 0 || n == 0)
         return TIRBYOC_OK;
+    if (k == 0 && accumulate)
+        return TIRBYOC_OK; /* nothing to add */
     if (k == 0) {
         /* Empty reduction: the result is the bias (or 0), activated. */
         for (i = 0; i < m; ++i)
@@ -189,6 +213,7 @@ static int32_t dense_run(tb_wlayout layout, tb_epilogue epi, int64_t m,
     job.isa = tb_active_isa();
     job.layout = layout;
     job.epi = (int)epi;
+    job.accumulate = accumulate;
     job.m = m;
     job.n = n;
     job.k = k;
@@ -199,7 +224,7 @@ static int32_t dense_run(tb_wlayout layout, tb_epilogue epi, int64_t m,
     job.bias = bias;
     job.c = c;
     job.ldc = ldc;
-    if (use_small(layout, m)) {
+    if (!accumulate && use_small(layout, m)) {
         job.split_n = 1;
         job.unit = TB_SMALL_UNIT;
     } else if (n >= 8 * (int64_t)job.isa->nr) {
@@ -249,59 +274,58 @@ static int32_t dense_f32(tb_wlayout layout, tb_epilogue epi, int64_t m,
 {
     if (!args_valid(layout, m, n, k, a, lda, w, ldw, c, ldc))
         return TIRBYOC_EINVAL;
-    return dense_run(layout, epi, m, n, k, a, lda, w, ldw, bias, c, ldc);
+    return dense_run(layout, epi, 0, m, n, k, a, lda, w, ldw, bias, c, ldc);
 }
 
-int32_t tirbyoc_dense_f32_nt(int64_t m, int64_t n, int64_t k, const float *a,
-                             int64_t lda, const float *w, int64_t ldw,
-                             const float *bias, float *c, int64_t ldc)
+/* One exported dense entry point per (epilogue, weight layout). */
+#define TB_DENSE_UNPACKED(NAME, LAYOUT, EPI)                                  \
+    int32_t NAME(int64_t m, int64_t n, int64_t k, const float *a,            \
+                 int64_t lda, const float *w, int64_t ldw, const float *bias, \
+                 float *c, int64_t ldc)                                       \
+    {                                                                         \
+        return dense_f32(LAYOUT, EPI, m, n, k, a, lda, w, ldw, bias, c, ldc); \
+    }
+#define TB_DENSE_PACKED(NAME, EPI)                                            \
+    int32_t NAME(int64_t m, int64_t n, int64_t k, const float *a,            \
+                 int64_t lda, const float *packed, const float *bias,         \
+                 float *c, int64_t ldc)                                       \
+    {                                                                         \
+        return dense_f32(TB_W_PACKED, EPI, m, n, k, a, lda, packed, 0, bias,  \
+                         c, ldc);                                             \
+    }
+
+TB_DENSE_UNPACKED(tirbyoc_dense_f32_nt, TB_W_NT, TB_EPI_NONE)
+TB_DENSE_UNPACKED(tirbyoc_dense_f32_nn, TB_W_NN, TB_EPI_NONE)
+TB_DENSE_PACKED(tirbyoc_dense_f32_packed, TB_EPI_NONE)
+TB_DENSE_UNPACKED(tirbyoc_dense_relu_f32_nt, TB_W_NT, TB_EPI_RELU)
+TB_DENSE_UNPACKED(tirbyoc_dense_relu_f32_nn, TB_W_NN, TB_EPI_RELU)
+TB_DENSE_PACKED(tirbyoc_dense_relu_f32_packed, TB_EPI_RELU)
+TB_DENSE_UNPACKED(tirbyoc_dense_relu6_f32_nt, TB_W_NT, TB_EPI_RELU6)
+TB_DENSE_UNPACKED(tirbyoc_dense_relu6_f32_nn, TB_W_NN, TB_EPI_RELU6)
+TB_DENSE_PACKED(tirbyoc_dense_relu6_f32_packed, TB_EPI_RELU6)
+
+static int32_t dense_acc(tb_wlayout layout, int64_t m, int64_t n, int64_t k,
+                         const float *a, int64_t lda, const float *w,
+                         int64_t ldw, float *c, int64_t ldc)
 {
-    return dense_f32(TB_W_NT, TB_EPI_NONE, m, n, k, a, lda, w, ldw, bias, c,
+    if (!args_valid(layout, m, n, k, a, lda, w, ldw, c, ldc))
+        return TIRBYOC_EINVAL;
+    return dense_run(layout, TB_EPI_NONE, 1, m, n, k, a, lda, w, ldw, NULL, c,
                      ldc);
 }
 
-int32_t tirbyoc_dense_relu_f32_nt(int64_t m, int64_t n, int64_t k,
-                                  const float *a, int64_t lda, const float *w,
-                                  int64_t ldw, const float *bias, float *c,
-                                  int64_t ldc)
+int32_t tirbyoc_dense_acc_f32_nt(int64_t m, int64_t n, int64_t k,
+                                 const float *a, int64_t lda, const float *w,
+                                 int64_t ldw, float *c, int64_t ldc)
 {
-    return dense_f32(TB_W_NT, TB_EPI_RELU, m, n, k, a, lda, w, ldw, bias, c,
-                     ldc);
+    return dense_acc(TB_W_NT, m, n, k, a, lda, w, ldw, c, ldc);
 }
 
-int32_t tirbyoc_dense_f32_nn(int64_t m, int64_t n, int64_t k, const float *a,
-                             int64_t lda, const float *w, int64_t ldw,
-                             const float *bias, float *c, int64_t ldc)
+int32_t tirbyoc_dense_acc_f32_nn(int64_t m, int64_t n, int64_t k,
+                                 const float *a, int64_t lda, const float *w,
+                                 int64_t ldw, float *c, int64_t ldc)
 {
-    return dense_f32(TB_W_NN, TB_EPI_NONE, m, n, k, a, lda, w, ldw, bias, c,
-                     ldc);
-}
-
-int32_t tirbyoc_dense_relu_f32_nn(int64_t m, int64_t n, int64_t k,
-                                  const float *a, int64_t lda, const float *w,
-                                  int64_t ldw, const float *bias, float *c,
-                                  int64_t ldc)
-{
-    return dense_f32(TB_W_NN, TB_EPI_RELU, m, n, k, a, lda, w, ldw, bias, c,
-                     ldc);
-}
-
-int32_t tirbyoc_dense_f32_packed(int64_t m, int64_t n, int64_t k,
-                                 const float *a, int64_t lda,
-                                 const float *packed, const float *bias,
-                                 float *c, int64_t ldc)
-{
-    return dense_f32(TB_W_PACKED, TB_EPI_NONE, m, n, k, a, lda, packed, 0,
-                     bias, c, ldc);
-}
-
-int32_t tirbyoc_dense_relu_f32_packed(int64_t m, int64_t n, int64_t k,
-                                      const float *a, int64_t lda,
-                                      const float *packed, const float *bias,
-                                      float *c, int64_t ldc)
-{
-    return dense_f32(TB_W_PACKED, TB_EPI_RELU, m, n, k, a, lda, packed, 0,
-                     bias, c, ldc);
+    return dense_acc(TB_W_NN, m, n, k, a, lda, w, ldw, c, ldc);
 }
 
 /* ---- pre-packed weights (layout documented in tirbyoc_kernels.h) ---- */

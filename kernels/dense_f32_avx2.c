@@ -40,6 +40,10 @@ ALWAYS_INLINE __m256 epi256(__m256 v, int epi)
         /* vmaxps returns its second source for NaN and +-0, like
          * tb_epi_scalar. */
         return _mm256_max_ps(_mm256_setzero_ps(), v);
+    case TB_EPI_RELU6:
+        /* Both steps return their second source for NaN: NaN passes. */
+        return _mm256_min_ps(_mm256_set1_ps(6.0f),
+                             _mm256_max_ps(_mm256_setzero_ps(), v));
     default:
         return v;
     }

@@ -40,6 +40,10 @@ ALWAYS_INLINE __m512 epi512(__m512 v, int epi)
         /* vmaxps returns its second source for NaN (and for +-0): NaN and
          * -0.0 pass through exactly as in tb_epi_scalar. */
         return _mm512_max_ps(_mm512_setzero_ps(), v);
+    case TB_EPI_RELU6:
+        /* Both steps return their second source for NaN: NaN passes. */
+        return _mm512_min_ps(_mm512_set1_ps(6.0f),
+                             _mm512_max_ps(_mm512_setzero_ps(), v));
     default:
         return v;
     }

@@ -29,7 +29,7 @@
  * helper (tb_epi_scalar below and the vector helpers in dense_f32_avx2.c /
  * dense_f32_avx512.c), and the exported wrappers in dense_f32.c.
  */
-typedef enum { TB_EPI_NONE, TB_EPI_RELU } tb_epilogue;
+typedef enum { TB_EPI_NONE, TB_EPI_RELU, TB_EPI_RELU6 } tb_epilogue;
 
 /* How the driver reads W. */
 typedef enum { TB_W_NT, TB_W_NN, TB_W_PACKED } tb_wlayout;
@@ -126,6 +126,8 @@ static inline float tb_epi_scalar(float v, int epi)
     case TB_EPI_RELU:
         /* "negative -> 0" rather than "positive -> keep": NaN passes. */
         return v < 0.0f ? 0.0f : v;
+    case TB_EPI_RELU6:
+        return v < 0.0f ? 0.0f : (v > 6.0f ? 6.0f : v);
     default:
         return v;
     }

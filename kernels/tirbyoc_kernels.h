@@ -98,6 +98,21 @@ int32_t tirbyoc_dense_f32_packed(int64_t m, int64_t n, int64_t k, const float *a
 int32_t tirbyoc_dense_relu_f32_packed(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, const float *packed, const float *bias, float *c, int64_t ldc);
 
 /*
+ * relu6 variants: C = min(max(A @ op(W) (+ bias), 0), 6), NaN propagated;
+ * arguments as for the relu variants above.
+ */
+int32_t tirbyoc_dense_relu6_f32_nt(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, const float *w, int64_t ldw, const float *bias, float *c, int64_t ldc);
+int32_t tirbyoc_dense_relu6_f32_nn(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, const float *w, int64_t ldw, const float *bias, float *c, int64_t ldc);
+int32_t tirbyoc_dense_relu6_f32_packed(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, const float *packed, const float *bias, float *c, int64_t ldc);
+
+/*
+ * Accumulating dense (for TensorIntrin tiles): C += A @ op(W), no bias, no
+ * activation; arguments and checks as for nt / nn. K == 0 leaves C as is.
+ */
+int32_t tirbyoc_dense_acc_f32_nt(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, const float *w, int64_t ldw, float *c, int64_t ldc);
+int32_t tirbyoc_dense_acc_f32_nn(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, const float *w, int64_t ldw, float *c, int64_t ldc);
+
+/*
  * Settings (process-wide; every kernel reads them when it starts).
  *
  * Instruction set: "avx512" (AVX512F), "avx2" (AVX2 + FMA) or "generic"

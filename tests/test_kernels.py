@@ -29,20 +29,24 @@ ROOT = Path(__file__).resolve().parents[1]
 HEADER = ROOT / "kernels" / "tirbyoc_kernels.h"
 
 FUNCS = [
-    # (symbol, layout, relu)
+    # (symbol, layout, relu: False, True or "relu6")
     ("tirbyoc_dense_f32_nt", "nt", False),
     ("tirbyoc_dense_relu_f32_nt", "nt", True),
+    ("tirbyoc_dense_relu6_f32_nt", "nt", "relu6"),
     ("tirbyoc_dense_f32_nn", "nn", False),
     ("tirbyoc_dense_relu_f32_nn", "nn", True),
+    ("tirbyoc_dense_relu6_f32_nn", "nn", "relu6"),
 ]
 FUNC_IDS = [f[0] for f in FUNCS]
-PACKED_FUNCS = [("tirbyoc_dense_f32_packed", False), ("tirbyoc_dense_relu_f32_packed", True)]
+PACKED_FUNCS = [("tirbyoc_dense_f32_packed", False), ("tirbyoc_dense_relu_f32_packed", True),
+                ("tirbyoc_dense_relu6_f32_packed", "relu6")]
 # Every dense entry point: (layout of the weight as given, symbol, relu);
 # "packed-nt" / "packed-nn": W given as [N, K] / [K, N], packed first.
 ALL_FUNCS = [(layout, symbol, relu) for symbol, layout, relu in FUNCS] + [
     (f"packed-{base}", symbol, relu) for base in ("nt", "nn") for symbol, relu in PACKED_FUNCS
 ]
-ALL_IDS = [f"{layout}-{'relu' if relu else 'plain'}" for layout, _, relu in ALL_FUNCS]
+ALL_IDS = [f"{layout}-{relu if isinstance(relu, str) else 'relu' if relu else 'plain'}"
+           for layout, _, relu in ALL_FUNCS]
 SIZES = (1, 7, 33, 500)
 ISAS = kernels.available_isas()
 
@@ -93,11 +97,14 @@ def base_layout(layout):
 
 
 def reference(a, w, bias, layout, relu):
+    """float64 result; ``relu``: False, True, or "relu6"."""
     w64 = w.astype(np.float64)
     ref = a.astype(np.float64) @ (w64.T if base_layout(layout) == "nt" else w64)
     if bias is not None:
         ref = ref + bias.astype(np.float64)
-    if relu:
+    if relu == "relu6":
+        ref = np.clip(ref, 0.0, 6.0)
+    elif relu:
         ref = np.maximum(ref, 0.0)
     return ref
 
@@ -209,8 +216,8 @@ def test_packed_equals_unpacked(ffi_lib, isa, base, m, n, k):
     rng = np.random.default_rng(10)
     a, w, bias = make_operands(rng, m, n, k, base, pad=2)
     for relu in (False, True):
-        unpacked = kernels.dense(a, w, bias, relu=relu, layout=base)
-        packed = kernels.dense(a, kernels.pack_weight(w, base), bias, relu=relu, layout="packed")
+        unpacked = kernels.dense(a, w, bias, activation="relu" if relu else None, layout=base)
+        packed = kernels.dense(a, kernels.pack_weight(w, base), bias, activation="relu" if relu else None, layout="packed")
         if m > max(SMALL_M[base], SMALL_M["packed"]):
             np.testing.assert_array_equal(packed, unpacked)
         else:
@@ -272,7 +279,7 @@ def test_concurrent_calls_from_python_threads(isa, threads, layout):
     for m, n, k in shapes:
         a, w, bias = make_operands(rng, m, n, k, "nt")
         wl = kernels.pack_weight(w, "nt") if layout == "packed" else (w if layout == "nt" else np.ascontiguousarray(w.T))
-        expected = kernels.dense(a, wl, bias, relu=True, layout=layout, n=n)
+        expected = kernels.dense(a, wl, bias, activation="relu", layout=layout, n=n)
         cases.append((a, wl, bias, n, expected))
     errors = []
 
@@ -282,7 +289,7 @@ def test_concurrent_calls_from_python_threads(isa, threads, layout):
         try:
             for _ in range(15):
                 out[:] = np.nan
-                kernels.dense(a, wl, bias, relu=True, layout=layout, out=out, n=n)
+                kernels.dense(a, wl, bias, activation="relu", layout=layout, out=out, n=n)
                 np.testing.assert_array_equal(out, expected)
         except Exception as exc:  # reported in the main thread
             errors.append((index, exc))
@@ -464,8 +471,8 @@ def test_relu_matches_plain_kernel(ffi_lib, isa, layout, m, n, k):
     a, w, bias = make_operands(rng, m, n, k, layout)
     w_arg = kernels.pack_weight(w, "nt") if layout.startswith("packed") else w
     lay = "packed" if layout.startswith("packed") else layout
-    c_plain = kernels.dense(a, w_arg, bias, relu=False, layout=lay, n=n)
-    c_relu = kernels.dense(a, w_arg, bias, relu=True, layout=lay, n=n)
+    c_plain = kernels.dense(a, w_arg, bias, activation=None, layout=lay, n=n)
+    c_relu = kernels.dense(a, w_arg, bias, activation="relu", layout=lay, n=n)
     ref = reference(a, w, bias, layout, relu=False)
     assert (ref < 0).any() and (ref > 0).any()
     assert (c_relu >= 0).all()
@@ -486,7 +493,7 @@ def test_relu_propagates_nan(ffi_lib, isa, layout, m):
     a[1, 3] = np.nan
     w_arg = kernels.pack_weight(w, "nt") if layout.startswith("packed") else w
     lay = "packed" if layout.startswith("packed") else layout
-    c = kernels.dense(a, w_arg, bias, relu=True, layout=lay, n=n)
+    c = kernels.dense(a, w_arg, bias, activation="relu", layout=lay, n=n)
     assert np.isnan(c[1]).all()
     assert not np.isnan(np.delete(c, 1, axis=0)).any()
 
@@ -502,18 +509,18 @@ def test_dense_wrapper(layout, relu):
     a, w, bias = make_operands(rng, 9, 20, 31, base, pad=3)
     w_arg = kernels.pack_weight(w, base) if layout == "packed" else w
     assert w_arg.ctypes.data % 64 == 0 or layout != "packed"
-    out = kernels.dense(a, w_arg, bias, relu=relu, layout=layout)
+    out = kernels.dense(a, w_arg, bias, activation="relu" if relu else None, layout=layout)
     assert out.shape == (9, 20) and out.dtype == np.float32
     assert_close(out, reference(a, w, bias, base, relu))
     # In-place into a strided view; no bias.
     buf = np.zeros((9, 25), dtype=np.float32)
-    res = kernels.dense(a, w_arg, None, relu=relu, layout=layout, out=buf[:, 2:22])
+    res = kernels.dense(a, w_arg, None, activation="relu" if relu else None, layout=layout, out=buf[:, 2:22])
     assert np.shares_memory(res, buf)
     assert_close(buf[:, 2:22], reference(a, w, None, base, relu))
     assert (buf[:, :2] == 0).all() and (buf[:, 22:] == 0).all()
     if layout == "packed":
         # N from the explicit argument when neither out nor bias gives it.
-        assert_close(kernels.dense(a, w_arg, n=20, relu=relu, layout=layout), reference(a, w, None, base, relu))
+        assert_close(kernels.dense(a, w_arg, n=20, activation="relu" if relu else None, layout=layout), reference(a, w, None, base, relu))
 
 
 def test_dense_wrapper_rejects_bad_inputs():
@@ -546,7 +553,8 @@ def test_dense_wrapper_rejects_bad_inputs():
 
 EXPECTED_SYMBOLS = sorted(FUNC_IDS + [
     "tirbyoc_packed_weight_size_f32", "tirbyoc_pack_weight_f32_nt", "tirbyoc_pack_weight_f32_nn",
-    "tirbyoc_dense_f32_packed", "tirbyoc_dense_relu_f32_packed",
+    "tirbyoc_dense_f32_packed", "tirbyoc_dense_relu_f32_packed", "tirbyoc_dense_relu6_f32_packed",
+    "tirbyoc_dense_acc_f32_nt", "tirbyoc_dense_acc_f32_nn",
     "tirbyoc_set_isa", "tirbyoc_isa", "tirbyoc_set_num_threads", "tirbyoc_num_threads",
 ])
 
@@ -635,3 +643,30 @@ def test_static_library_links_into_tvm_module(tmp_path, symbol, layout, relu):
     c = tvm.runtime.tensor(np.zeros((m, n), dtype=np.float32))
     loaded["main"](tvm.runtime.tensor(a_full), tvm.runtime.tensor(w), tvm.runtime.tensor(bias), c)
     assert_close(c.numpy(), reference(a_full[:, :k], w, bias, layout, relu))
+
+
+@pytest.mark.parametrize("m,n,k", [(1, 1, 1), (3, 17, 5), (7, 33, 500), (64, 100, 300),
+                                   (130, 40, 1100)])
+@pytest.mark.parametrize("layout", ["nt", "nn"])
+def test_accumulating_kernel_adds_to_c(ffi_lib, isa, m, n, k, layout):
+    """tirbyoc_dense_acc_f32_*: C += A @ op(W), for C with a row stride and any rows."""
+    ffi, lib = ffi_lib
+    rng = np.random.default_rng(m * 1000 + n + k)
+    a, w, _ = make_operands(rng, m, n, k, layout, pad=3)
+    full = np.full((m, n + 5), np.nan, dtype=np.float32)
+    full[:, :n] = rng.standard_normal((m, n), dtype=np.float32)
+    c = full[:, :n]
+    start = c.astype(np.float64)
+    fn = getattr(lib, f"tirbyoc_dense_acc_f32_{layout}")
+    status = fn(m, n, k, _ptr(ffi, a), a.strides[0] // 4, _ptr(ffi, w), w.strides[0] // 4,
+                _ptr(ffi, c), c.strides[0] // 4)
+    assert status == kernels.TIRBYOC_OK
+    assert_close(c, start + reference(a, w, None, layout, relu=False), k)
+    assert np.isnan(full[:, n:]).all()  # nothing written past the rows
+    # K == 0 adds nothing; bad strides are refused before anything is written
+    before = c.copy()
+    assert fn(m, n, 0, _ptr(ffi, a), k, _ptr(ffi, w), w.strides[0] // 4, _ptr(ffi, c),
+              c.strides[0] // 4) == kernels.TIRBYOC_OK
+    assert fn(m, n, k, _ptr(ffi, a), k - 1, _ptr(ffi, w), w.strides[0] // 4, _ptr(ffi, c),
+              c.strides[0] // 4) == kernels.TIRBYOC_EINVAL
+    np.testing.assert_array_equal(c, before)

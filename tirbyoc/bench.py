@@ -124,8 +124,8 @@ class _Case:
         out = np.empty((m, n), np.float32)
         wk = kernels.pack_weight(w, "nt") if bind else w
         layout = "packed" if bind else "nt"
-        self.fns["kernel"] = lambda: kernels.dense(x, wk, b, relu=True, layout=layout, out=out)
-        self.outputs["kernel"] = lambda: kernels.dense(x, wk, b, relu=True, layout=layout)
+        self.fns["kernel"] = lambda: kernels.dense(x, wk, b, activation="relu", layout=layout, out=out)
+        self.outputs["kernel"] = lambda: kernels.dense(x, wk, b, activation="relu", layout=layout)
 
         self.fns["numpy"] = lambda: np.maximum(x @ w.T + b, 0)
         self.outputs["numpy"] = self.fns["numpy"]

@@ -203,9 +203,13 @@ def pack_weight(w, layout="nt"):
     return packed
 
 
-def dense(a, w, bias=None, relu=False, layout="nt", out=None, n=None):
+ACTIVATIONS = (None, "relu", "relu6")
+
+
+def dense(a, w, bias=None, activation=None, layout="nt", out=None, n=None):
     """``a @ w.T`` ("nt", w is [N, K]) or ``a @ w`` ("nn", w is [K, N]),
-    plus ``bias`` ([N] or None), then relu if asked, via the C kernels.
+    plus ``bias`` ([N] or None), then ``activation`` (None, "relu" or "relu6"), via
+    the C kernels.
 
     With ``layout="packed"``, ``w`` is the result of :func:`pack_weight`; N is
     then taken from ``n``, or else from ``out`` or ``bias``.
@@ -216,6 +220,8 @@ def dense(a, w, bias=None, relu=False, layout="nt", out=None, n=None):
     """
     if layout not in ("nt", "nn", "packed"):
         raise ValueError(f"layout must be 'nt', 'nn' or 'packed', got {layout!r}")
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
     lda = _row_stride(a, "a")
     m, k = a.shape
     if layout == "packed":
@@ -252,7 +258,7 @@ def dense(a, w, bias=None, relu=False, layout="nt", out=None, n=None):
     ldc = _row_stride(out, "out")
 
     ffi, lib = load()
-    func = getattr(lib, f"tirbyoc_dense{'_relu' if relu else ''}_f32_{layout}")
+    func = getattr(lib, f"tirbyoc_dense{'_' + activation if activation else ''}_f32_{layout}")
 
     def ptr(arr):
         if arr is None or arr.size == 0:
