@@ -10,7 +10,8 @@ from .api import (Report, apply_tir_byoc, compile, explain, offload_prim_func, o
                   pipeline, run)
 from .graph import RegionCall, constant_weights, partition, relax_patterns
 from .schedule_rule import ScheduleRule
+from .tensorize import dense_intrin, tensorize_dense
 
 __all__ = ["apply_tir_byoc", "explain", "pipeline", "compile", "run", "offload_prim_func",
            "offloaded_kernels", "Report", "ScheduleRule", "relax_patterns", "constant_weights",
-           "RegionCall", "partition"]
+           "RegionCall", "partition", "dense_intrin", "tensorize_dense"]

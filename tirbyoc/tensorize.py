@@ -113,6 +113,15 @@ def tensorize_dense(sch, block) -> str:
             raise ValueError(f"block {name} has a symbolic extent {extent}; tensorize needs "
                              "static sizes (apply_tir_byoc handles symbolic ones)")
         sizes.append(int(extent.value))
+    if 1 in sizes:
+        # NOTE: TVM simplifies a unit loop out of the block binding, and the tile no
+        # longer matches the intrinsic's description.
+        raise ValueError(f"block {name} has a dimension of size 1; tensorize needs every "
+                         "dimension > 1 (apply_tir_byoc offloads it)")
+    prod = nest.store.value.b if isinstance(nest.store.value.b, T.Mul) else nest.store.value.a
+    if not prod.a.source.same_as(dense.a):
+        raise ValueError(f"block {name} multiplies W * A; the intrinsic's description is "
+                         "written A * W, and tensorize compares them as written")
     intrin = dense_intrin(*sizes, layout=dense.layout)
     loops = sch.get_loops(block_rv)
     sch.decompose_reduction(block_rv, loops[0])
