@@ -6,7 +6,8 @@ from tirbyoc import bench
 
 
 def test_benchmark_runs_small_shapes(tmp_path, capsys):
-    code = bench.main(["--shapes", "3x40x24,17x33x5", "--reps", "2", "--out", str(tmp_path)])
+    code = bench.main(["--shapes", "3x40x24,17x33x5", "--reps", "2", "--settle", "0",
+                       "--out", str(tmp_path)])
     assert code == 0
     results = json.loads((tmp_path / "bench.json").read_text())
     assert [(r["shape"], r["weights"]) for r in results["shapes"]] == [

@@ -41,7 +41,15 @@ def _rel_err(got, ref) -> float:
     return float(np.max(np.abs(got.astype(np.float64) - ref)) / max(np.max(np.abs(ref)), 1e-30))
 
 
-def _time(fn) -> float:
+SETTLE_SECONDS = 0.2
+
+
+def _time(fn, settle: float = 0.0) -> float:
+    # NOTE: BLAS and OpenMP pools (numpy's, PyTorch's, ours) keep spinning for a while
+    # after a call and slow down whoever runs next on the same two cores; letting them
+    # go idle before each measurement keeps the contenders from measuring each other.
+    if settle:
+        time.sleep(settle)
     start = time.perf_counter()
     fn()
     return time.perf_counter() - start
@@ -150,7 +158,7 @@ class _Case:
         return 2.0 * self.m * self.n * self.k
 
 
-def run_case(case: _Case, reps: int, tvm_reps: int) -> dict:
+def run_case(case: _Case, reps: int, tvm_reps: int, settle: float = SETTLE_SECONDS) -> dict:
     """Median seconds per peer (interleaved repetitions) and each peer's numerics."""
     errors = {name: _rel_err(get(), case.ref) for name, get in case.outputs.items()}
     times = {name: [] for name in case.fns}
@@ -161,12 +169,12 @@ def run_case(case: _Case, reps: int, tvm_reps: int) -> dict:
         for name, fn in case.fns.items():
             if name == "tvm" and rep >= tvm_reps:
                 continue
-            times[name].append(_time(fn))
+            times[name].append(_time(fn, settle))
     return {"seconds": {name: statistics.median(t) for name, t in times.items()},
             "rel_err": errors}
 
 
-def _seed_mlp(reps, tvm_reps, with_torch, with_tvm, target) -> dict:
+def _seed_mlp(reps, tvm_reps, with_torch, with_tvm, target, settle) -> dict:
     import tvm
 
     import tirbyoc
@@ -201,7 +209,7 @@ def _seed_mlp(reps, tvm_reps, with_torch, with_tvm, target) -> dict:
         for name, fn in fns.items():
             if name == "tvm" and rep >= max(tvm_reps, 3):
                 continue
-            times[name].append(_time(fn))
+            times[name].append(_time(fn, settle))
     return {"seconds": {n: statistics.median(t) for n, t in times.items()}, "rel_err": errors}
 
 
@@ -275,8 +283,8 @@ def plot(results: dict, path: str) -> None:
     fig.savefig(path, dpi=100)
 
 
-def run(shapes=SHAPES, reps=15, tvm_reps=1, *, with_tvm=True, target="llvm", seed_mlp=True,
-        progress=False) -> dict:
+def run(shapes=SHAPES, reps=11, tvm_reps=1, *, with_tvm=True, target="llvm", seed_mlp=True,
+        settle=SETTLE_SECONDS, progress=False) -> dict:
     """Measure every shape with weights bound and as inputs; the results ``report`` and
     ``plot`` take (also written as ``bench.json`` by the command)."""
     from . import kernels
@@ -295,21 +303,23 @@ def run(shapes=SHAPES, reps=15, tvm_reps=1, *, with_tvm=True, target="llvm", see
     for m, k, n in shapes:
         for bind in (True, False):
             case = _Case(m, k, n, bind, rng, with_torch, with_tvm, target)
-            row = run_case(case, reps, tvm_reps)
+            row = run_case(case, reps, tvm_reps, settle)
             row.update(shape=f"{m}x{k}->{n}", weights="bound" if bind else "inputs",
                        flops=case.flops)
             results["shapes"].append(row)
             if progress:
                 print(f"  measured {row['shape']} weights {row['weights']}", file=sys.stderr)
     if seed_mlp:
-        results["seed_mlp"] = _seed_mlp(reps, tvm_reps, with_torch, with_tvm, target)
+        results["seed_mlp"] = _seed_mlp(reps, tvm_reps, with_torch, with_tvm, target, settle)
     return results
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tirbyoc.bench",
                                      description=__doc__.split("\n\n")[0])
-    parser.add_argument("--reps", type=int, default=15, help="interleaved repetitions")
+    parser.add_argument("--reps", type=int, default=11, help="interleaved repetitions")
+    parser.add_argument("--settle", type=float, default=SETTLE_SECONDS,
+                        help="seconds of idle before each measurement (thread pools settle)")
     parser.add_argument("--tvm-reps", type=int, default=1,
                         help="repetitions of TVM's default build (it is slow)")
     parser.add_argument("--no-tvm", action="store_true", help="skip TVM's default build")
@@ -321,7 +331,7 @@ def main(argv=None) -> int:
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",") if s] \
         or SHAPES
     results = run(shapes, args.reps, args.tvm_reps, with_tvm=not args.no_tvm,
-                  target=args.target, progress=True)
+                  target=args.target, settle=args.settle, progress=True)
     failures = [f"{row['shape']} {row['weights']} {p}: {e:.1e}" for row in results["shapes"]
                 for p, e in row["rel_err"].items() if e > RTOL]
     print(report(results))
