@@ -41,18 +41,45 @@ def _rel_err(got, ref) -> float:
     return float(np.max(np.abs(got.astype(np.float64) - ref)) / max(np.max(np.abs(ref)), 1e-30))
 
 
-SETTLE_SECONDS = 0.2
+SETTLE_SECONDS = 0.3
+BATCH_SECONDS = 0.02
 
 
-def _time(fn, settle: float = 0.0) -> float:
+def _time(fn, number: int = 1, settle: float = 0.0) -> float:
+    """Seconds per call of ``fn``, over ``number`` calls in a row."""
     # NOTE: BLAS and OpenMP pools (numpy's, PyTorch's, ours) keep spinning for a while
     # after a call and slow down whoever runs next on the same two cores; letting them
     # go idle before each measurement keeps the contenders from measuring each other.
+    # A batch of calls then keeps the wake-up of an idle core out of short calls.
     if settle:
         time.sleep(settle)
     start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
+    for _ in range(number):
+        fn()
+    return (time.perf_counter() - start) / number
+
+
+def interleaved(fns: dict, reps: int, settle: float = SETTLE_SECONDS, few: tuple = (),
+                few_reps: int = 1) -> dict:
+    """Median seconds per call of each function: ``reps`` rounds, each timing every
+    function once, starting one further along each round so that no function always
+    follows the same one (``few``: slow ones, timed in the first ``few_reps`` rounds
+    only, one call at a time)."""
+    number = {}
+    for name, fn in fns.items():
+        if name in few:
+            number[name] = 1
+            continue
+        once = _time(fn)  # also the warm-up
+        number[name] = max(1, min(1000, int(BATCH_SECONDS / max(once, 1e-7))))
+    times = {name: [] for name in fns}
+    names = list(fns)
+    for rep in range(reps):
+        for name in names[rep % len(names):] + names[:rep % len(names)]:
+            if name in few and rep >= few_reps:
+                continue
+            times[name].append(_time(fns[name], number[name], settle))
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def _probe_library():
@@ -161,16 +188,7 @@ class _Case:
 def run_case(case: _Case, reps: int, tvm_reps: int, settle: float = SETTLE_SECONDS) -> dict:
     """Median seconds per peer (interleaved repetitions) and each peer's numerics."""
     errors = {name: _rel_err(get(), case.ref) for name, get in case.outputs.items()}
-    times = {name: [] for name in case.fns}
-    for name, fn in case.fns.items():
-        if name != "tvm":
-            fn()  # warm up
-    for rep in range(reps):
-        for name, fn in case.fns.items():
-            if name == "tvm" and rep >= tvm_reps:
-                continue
-            times[name].append(_time(fn, settle))
-    return {"seconds": {name: statistics.median(t) for name, t in times.items()},
+    return {"seconds": interleaved(case.fns, reps, settle, ("tvm",), tvm_reps),
             "rel_err": errors}
 
 
@@ -204,13 +222,8 @@ def _seed_mlp(reps, tvm_reps, with_torch, with_tvm, target, settle) -> dict:
 
         fns["torch"] = run_torch
     errors = {name: _rel_err(fn(), ref) for name, fn in fns.items()}
-    times = {name: [] for name in fns}
-    for rep in range(reps):
-        for name, fn in fns.items():
-            if name == "tvm" and rep >= max(tvm_reps, 3):
-                continue
-            times[name].append(_time(fn, settle))
-    return {"seconds": {n: statistics.median(t) for n, t in times.items()}, "rel_err": errors}
+    return {"seconds": interleaved(fns, reps, settle, ("tvm",), max(tvm_reps, 3)),
+            "rel_err": errors}
 
 
 def _fmt_ratio(a, b):
