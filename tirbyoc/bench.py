@@ -42,6 +42,7 @@ def _rel_err(got, ref) -> float:
 
 
 SETTLE_SECONDS = 0.3
+WARM_SECONDS = 0.06
 BATCH_SECONDS = 0.02
 
 
@@ -50,9 +51,13 @@ def _time(fn, number: int = 1, settle: float = 0.0) -> float:
     # NOTE: BLAS and OpenMP pools (numpy's, PyTorch's, ours) keep spinning for a while
     # after a call and slow down whoever runs next on the same two cores; letting them
     # go idle before each measurement keeps the contenders from measuring each other.
-    # A batch of calls then keeps the wake-up of an idle core out of short calls.
+    # Idle cores come back slowly (measured here: batches right after a 0.3 s sleep ran
+    # at a third of the speed), so the function runs untimed for a moment first.
     if settle:
         time.sleep(settle)
+        warm_until = time.perf_counter() + WARM_SECONDS
+        while number > 1 and time.perf_counter() < warm_until:
+            fn()
     start = time.perf_counter()
     for _ in range(number):
         fn()
