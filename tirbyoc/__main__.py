@@ -8,26 +8,11 @@ TVM's default build. It exits non-zero when the numerics are off.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 
 import numpy as np
 
 RTOL = 1e-4
-
-
-def _median_times(fns: dict, repeat: int) -> dict:
-    """Median seconds per call of each function, measured interleaved (noisy machines)."""
-    times = {name: [] for name in fns}
-    for fn in fns.values():
-        fn()  # warm up
-    for _ in range(repeat):
-        for name, fn in fns.items():
-            start = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def demo(args) -> int:
@@ -61,10 +46,13 @@ def demo(args) -> int:
         h = np.maximum(x @ w[0][0] + w[0][1], 0)
         return h @ w[1][0] + w[1][1]
 
-    times = _median_times({"tirbyoc": lambda: vm_ours["main"](xt),
-                           "TVM default": lambda: vm_default["main"](xt),
-                           "numpy": numpy_mlp}, args.repeat)
-    print(f"\nspeed (median of {args.repeat}, interleaved):")
+    from .bench import interleaved
+
+    times = interleaved({"tirbyoc": lambda: vm_ours["main"](xt),
+                         "TVM default": lambda: vm_default["main"](xt),
+                         "numpy": numpy_mlp}, args.repeat, few=("TVM default",), few_reps=3)
+    print(f"\nspeed (median of {args.repeat} interleaved rounds; "
+          "python -m tirbyoc.bench for the full benchmark):")
     for name, t in times.items():
         print(f"  {name:12s} {t * 1e3:9.3f} ms   tirbyoc is {t / times['tirbyoc']:7.2f}x "
               f"faster" if name != "tirbyoc" else f"  {name:12s} {t * 1e3:9.3f} ms")
