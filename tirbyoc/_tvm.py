@@ -22,7 +22,6 @@ IntImm = tirx.IntImm
 FloatImm = tirx.FloatImm
 StringImm = ir.StringImm
 Add = tirx.Add
-Sub = tirx.Sub
 Mul = tirx.Mul
 Max = tirx.Max
 Min = tirx.Min
@@ -37,7 +36,6 @@ BufferLoad = ir.TensorLoad  # the node type; build loads with tirx.BufferLoad
 BufferStore = tirx.BufferStore
 For = tirx.For
 SeqStmt = tirx.SeqStmt
-Evaluate = tirx.Evaluate
 SBlock = s_tir.SBlock
 SBlockRealize = s_tir.SBlockRealize
 DATA_PAR = tirx.IterVar.DataPar
@@ -50,7 +48,6 @@ Pass = tvm.transform.Pass
 Sequential = tvm.transform.Sequential
 module_pass = tvm.transform.module_pass
 load_static_library = tvm.runtime.load_static_library
-load_module = tvm.runtime.load_module
 tensor = tvm.runtime.tensor
 cpu = tvm.cpu
 
@@ -168,10 +165,6 @@ def call_tir_op():
 
 def dead_code_elimination():
     return relax.transform.DeadCodeElimination()
-
-
-def relax_var_binding_value(binding):
-    return binding.value
 
 
 relax_ns = relax

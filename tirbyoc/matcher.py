@@ -227,10 +227,6 @@ def _consumer_context(nest: Nest, prev_buf, dense: Dense, value) -> StepContext 
     return StepContext(value, is_input, tuple(out_vars[:-1]), out_vars[-1], dense.dtype)
 
 
-def _count_readers(nests, buf) -> int:
-    return sum(1 for n in nests if buf in n.reads and buf not in n.writes)
-
-
 def _epilogue_chain(normal: NormalFunc, dense: Dense, steps_wanted):
     """The longest run of consumer nests matching the epilogue steps in order."""
     alloc = set(normal.root.alloc_buffers)

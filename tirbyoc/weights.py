@@ -50,6 +50,7 @@ class Reroute:
     layout: str  # the kernel layout that reads it
     argument: Callable
     note: str = ""
+    untransposes: bool = False  # the caller passes the transpose's source from now on
 
 
 def _is_transpose_2d(func) -> bool:
@@ -126,7 +127,7 @@ def untranspose(normal: NormalFunc, region, source: WeightSource):
     new_w = T.decl_buffer([w.shape[1], w.shape[0]], w.dtype, w.name)
     return Reroute(new_w, _flip(region.layout),
                    lambda arg, var2val, mod: transposed_source(mod, var2val, arg),
-                   "reads the untransposed weight in place")
+                   "reads the untransposed weight in place", untransposes=True)
 
 
 def pack_constants(normal: NormalFunc, region, source: WeightSource):
@@ -184,7 +185,7 @@ def reroute(normal: NormalFunc, region, srcs: dict, passes) -> None:
             continue
         routes.append(route)
         region.weight, region.layout = route.param, route.layout
-        if route.note.startswith("reads the untransposed"):
+        if route.untransposes:
             source = WeightSource(None, source.constant)
     if routes:
         region.reroutes = {w: _compose(routes)}
