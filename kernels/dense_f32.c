@@ -75,6 +75,26 @@ static const float *w_at_column(const job_t *job, int64_t j0)
     }
 }
 
+/* The few-rows path: above 4 rows W is read once per group of 4 rows, so go
+ * through it in column blocks of about 256 KiB that stay in L2 meanwhile. */
+static void small_blocked(const tb_isa *isa, tb_wlayout layout, int64_t m,
+                          int64_t n, int64_t k, const float *a, int64_t lda,
+                          const float *w, int64_t ldw, const float *bias,
+                          float *c, int64_t ldc, int epi)
+{
+    int64_t blk = m <= 4 ? n : (65536 / (k > 0 ? k : 1)) / 64 * 64;
+    int64_t j0;
+    if (blk < 64)
+        blk = 64;
+    for (j0 = 0; j0 < n; j0 += blk) {
+        const float *wj = layout == TB_W_NT   ? w + j0 * ldw
+                          : layout == TB_W_NN ? w + j0
+                                              : w + (j0 / TB_NR) * ldw;
+        isa->small(layout, m, min_i64(blk, n - j0), k, a, lda, wj, ldw,
+                   bias != NULL ? bias + j0 : NULL, c + j0, ldc, epi);
+    }
+}
+
 /* C += A @ op(W) without scratch memory (a fallback; not packed, slow). */
 static void accumulate_plain(tb_wlayout layout, int64_t m, int64_t n,
                              int64_t k, const float *a, int64_t lda,
@@ -108,7 +128,8 @@ static void blocked(const tb_isa *isa, tb_wlayout layout, int epi, int acc,
         if (acc)
             accumulate_plain(layout, m, n, k, a, lda, w, ldw, c, ldc);
         else
-            isa->small(layout, m, n, k, a, lda, w, ldw, bias, c, ldc, epi);
+            small_blocked(isa, layout, m, n, k, a, lda, w, ldw, bias, c, ldc,
+                          epi);
         return;
     }
     wbuf = scratch;
@@ -168,8 +189,8 @@ static void run_part(const job_t *job, int64_t i0, int64_t i1, int64_t j0,
     if (i1 <= i0 || j1 <= j0)
         return;
     if (!job->accumulate && use_small(job->layout, job->m))
-        job->isa->small(job->layout, i1 - i0, j1 - j0, job->k, a, job->lda,
-                        w, job->ldw, bias, c, job->ldc, job->epi);
+        small_blocked(job->isa, job->layout, i1 - i0, j1 - j0, job->k, a,
+                      job->lda, w, job->ldw, bias, c, job->ldc, job->epi);
     else
         blocked(job->isa, job->layout, job->epi, job->accumulate, i1 - i0,
                 j1 - j0, job->k, a, job->lda, w, job->ldw, bias, c, job->ldc);

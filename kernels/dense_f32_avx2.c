@@ -450,27 +450,6 @@ static void small_cols(tb_wlayout layout, int64_t m, int64_t n, int64_t k,
     }
 }
 
-/* More than 4 rows: W is read once per group of 4 rows, so go through it
- * in column blocks of about 256 KiB that stay in L2 meanwhile. */
-static void small(tb_wlayout layout, int64_t m, int64_t n, int64_t k,
-                  const float *restrict a, int64_t lda,
-                  const float *restrict w, int64_t ldw,
-                  const float *restrict bias, float *restrict c, int64_t ldc,
-                  int epi)
-{
-    int64_t blk = m <= 4 ? n : (65536 / (k > 0 ? k : 1)) / 64 * 64;
-    int64_t j0;
-    if (blk < 64)
-        blk = 64;
-    for (j0 = 0; j0 < n; j0 += blk) {
-        const float *wj = layout == TB_W_NT   ? w + j0 * ldw
-                          : layout == TB_W_NN ? w + j0
-                                              : w + (j0 / 16) * ldw;
-        small_cols(layout, m, min_i64(blk, n - j0), k, a, lda, wj, ldw,
-                   bias != NULL ? bias + j0 : NULL, c + j0, ldc, epi);
-    }
-}
-
 /* KC = 256: the 6 x 256 A panel (6 KiB) stays in a 32 KiB L1d;
  * NC = 256: the 256 x 256 W block (256 KiB) fits the 512 KiB L2 of Zen 3
  * (and mostly the 256 KiB L2 of client Intel cores, backed by L3). */
@@ -483,5 +462,5 @@ typedef char check_blocks[ISA_KC <= TB_KC_MAX && ISA_NC <= TB_NC_MAX &&
                               : -1];
 
 const tb_isa tb_isa_avx2 = {
-    "avx2", Y_MR, Y_NR, ISA_KC, ISA_NC, ukernel, pack_a, pack_w, small,
+    "avx2", Y_MR, Y_NR, ISA_KC, ISA_NC, ukernel, pack_a, pack_w, small_cols,
 };

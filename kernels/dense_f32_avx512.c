@@ -453,27 +453,6 @@ static void small_cols(tb_wlayout layout, int64_t m, int64_t n, int64_t k,
     }
 }
 
-/* More than 4 rows: W is read once per group of 4 rows, so go through it
- * in column blocks of about 256 KiB that stay in L2 meanwhile. */
-static void small(tb_wlayout layout, int64_t m, int64_t n, int64_t k,
-                  const float *restrict a, int64_t lda,
-                  const float *restrict w, int64_t ldw,
-                  const float *restrict bias, float *restrict c, int64_t ldc,
-                  int epi)
-{
-    int64_t blk = m <= 4 ? n : (65536 / (k > 0 ? k : 1)) / 64 * 64;
-    int64_t j0;
-    if (blk < 64)
-        blk = 64;
-    for (j0 = 0; j0 < n; j0 += blk) {
-        const float *wj = layout == TB_W_NT   ? w + j0 * ldw
-                          : layout == TB_W_NN ? w + j0
-                                              : w + (j0 / 16) * ldw;
-        small_cols(layout, m, min_i64(blk, n - j0), k, a, lda, wj, ldw,
-                   bias != NULL ? bias + j0 : NULL, c + j0, ldc, epi);
-    }
-}
-
 /* KC = 512: the 14 x 512 A panel (28 KiB) stays in the 48 KiB L1d;
  * NC = 512: the 512 x 512 W block (1 MiB) stays in the 2 MiB L2. */
 #define ISA_KC 512
@@ -485,5 +464,5 @@ typedef char check_blocks[ISA_KC <= TB_KC_MAX && ISA_NC <= TB_NC_MAX &&
                               : -1];
 
 const tb_isa tb_isa_avx512 = {
-    "avx512", X_MR, X_NR, ISA_KC, ISA_NC, ukernel, pack_a, pack_w, small,
+    "avx512", X_MR, X_NR, ISA_KC, ISA_NC, ukernel, pack_a, pack_w, small_cols,
 };

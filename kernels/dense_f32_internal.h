@@ -76,7 +76,8 @@ typedef void (*tb_pack_w_fn)(tb_wlayout layout, int64_t kc, int64_t nc,
 /*
  * Few rows (matrix-vector like, no packing): the whole K range for
  * C[0:m, 0:n]; any m >= 1 (handled a few rows at a time), bias offset to
- * the first column or NULL. For TB_W_PACKED, w is the first panel and
+ * the first column or NULL. The driver (dense_f32.c) calls it on column
+ * blocks that keep W in L2. For TB_W_PACKED, w is the first panel and
  * ldw the distance between panels (16 * K).
  */
 typedef void (*tb_small_fn)(tb_wlayout layout, int64_t m, int64_t n,
