@@ -11,6 +11,10 @@
  *   like work, limited by reading W from memory; the ISA's `small` routine
  *   streams W without packing anything.
  *
+ *   "nt" with up to TB_DIRECT_M rows, where the ISA has it: nt_direct, which
+ *   packs A transposed instead of W (W's rows are read in place); for a few
+ *   dozen rows, transposing W costs about as much as the product.
+ *
  *   Otherwise, blocked: for each block of NC columns and KC steps of K, W is
  *   packed into 16-column panels (or read in place when pre-packed, which
  *   uses the same panel format) and kept in L2; for each group of mr rows,
@@ -32,6 +36,9 @@
  * transposing W, which pays off up to a few more rows (measured). */
 #define TB_SMALL_M 4
 #define TB_SMALL_M_NT 8
+/* Rows up to which "nt" goes through the ISA's nt_direct (if it has one):
+ * faster than packing W up to here, measured on AVX-512. */
+#define TB_DIRECT_M 128
 /* Below this many flops a call stays on the calling thread. */
 #define TB_PAR_FLOPS (4.0 * 1024 * 1024)
 /* Columns per thread unit of the small-M path (whole panels). */
@@ -179,6 +186,14 @@ static void blocked(const tb_isa *isa, tb_wlayout layout, int epi, int acc,
     }
 }
 
+static int use_direct(const tb_isa *isa, tb_wlayout layout, int accumulate,
+                      int64_t m, int64_t k)
+{
+    return !accumulate && layout == TB_W_NT && isa->nt_direct != NULL &&
+           !use_small(layout, m) && m <= TB_DIRECT_M &&
+           (size_t)k * (size_t)isa->direct_rows <= TB_SCRATCH_FLOATS;
+}
+
 static void run_part(const job_t *job, int64_t i0, int64_t i1, int64_t j0,
                      int64_t j1)
 {
@@ -188,6 +203,14 @@ static void run_part(const job_t *job, int64_t i0, int64_t i1, int64_t j0,
     float *c = job->c + i0 * job->ldc + j0;
     if (i1 <= i0 || j1 <= j0)
         return;
+    if (use_direct(job->isa, job->layout, job->accumulate, job->m, job->k)) {
+        float *ap = tb_scratch();
+        if (ap != NULL) {
+            job->isa->nt_direct(i1 - i0, j1 - j0, job->k, a, job->lda, w,
+                                job->ldw, bias, c, job->ldc, job->epi, ap);
+            return;
+        }
+    }
     if (!job->accumulate && use_small(job->layout, job->m))
         small_blocked(job->isa, job->layout, i1 - i0, j1 - j0, job->k, a,
                       job->lda, w, job->ldw, bias, c, job->ldc, job->epi);
@@ -245,7 +268,10 @@ static int32_t dense_run(tb_wlayout layout, tb_epilogue epi, int accumulate,
     job.bias = bias;
     job.c = c;
     job.ldc = ldc;
-    if (!accumulate && use_small(layout, m)) {
+    if (use_direct(job.isa, layout, accumulate, m, k)) {
+        job.split_n = 1;
+        job.unit = job.isa->direct_nr;
+    } else if (!accumulate && use_small(layout, m)) {
         job.split_n = 1;
         job.unit = TB_SMALL_UNIT;
     } else if (n >= 8 * (int64_t)job.isa->nr) {

@@ -11,6 +11,9 @@
  * AVX-512 masks on C and bias (W panels are zero padded), row edges have
  * their own instantiations, so every output goes through the same
  * sequence of operations whatever tile it falls in.
+ *
+ * Also here: the few-rows routines and nt_direct ("nt" with up to a few
+ * dozen rows, without packing W).
  */
 #pragma GCC target("avx512f,avx2,fma")
 
@@ -457,6 +460,121 @@ static void small_cols(tb_wlayout layout, int64_t m, int64_t n, int64_t k,
  * NC = 512: the 512 x 512 W block (1 MiB) stays in the 2 MiB L2. */
 #define ISA_KC 512
 #define ISA_NC 512
+
+/* ---- nt with the rows of C along the vectors: W read in place ---- */
+
+/*
+ * For "nt" with a few dozen rows, packing W (a transpose) costs about as
+ * much as the product. Here A is packed transposed instead (X_DV * 16 rows
+ * at a time, ap[p * 16V + i] = A[i][p]) and W is read where it is: a tile
+ * of X_DV vectors of 16 rows x X_DJ columns takes, per k step, X_DV loads
+ * of A and one broadcast from each of X_DJ rows of W for 24 FMAs.
+ *
+ * Each output is summed over the same K blocks as the blocked path
+ * (ISA_KC, split as in dense_f32.c), one FMA chain per block, the blocks
+ * then added in order, then the bias: bit-identical to the packed-W path.
+ */
+#define X_DV 4
+#define X_DJ 6
+
+ALWAYS_INLINE void dtile(const int V, int64_t k, int64_t kblocks,
+                         const float *restrict ap, const float *restrict w,
+                         int64_t ldw, int jn, int mv,
+                         const float *restrict bias, float *restrict c,
+                         int64_t ldc, int epi)
+{
+    __m512 acc[X_DV][X_DJ];
+    const float *restrict wr[X_DJ];
+    /* Sums of the finished K blocks; at the end, the finished outputs. */
+    float tot[X_DJ][16 * X_DV] __attribute__((aligned(64)));
+    int64_t kb, p;
+    int v, j, i;
+    for (j = 0; j < X_DJ; ++j)
+        /* Past the last column, repeat it (computed, never stored). */
+        wr[j] = w + (j < jn ? j : jn - 1) * ldw;
+    for (kb = 0; kb < kblocks; ++kb) {
+        const int64_t p1 = k * (kb + 1) / kblocks;
+        for (j = 0; j < X_DJ; ++j)
+            for (v = 0; v < V; ++v)
+                acc[v][j] = _mm512_setzero_ps();
+        for (p = k * kb / kblocks; p < p1; ++p) {
+            __m512 x[X_DV];
+            for (v = 0; v < V; ++v)
+                x[v] = _mm512_load_ps(ap + p * 16 * V + 16 * v);
+            for (j = 0; j < X_DJ; ++j) {
+                const __m512 y = _mm512_set1_ps(wr[j][p]);
+                for (v = 0; v < V; ++v)
+                    acc[v][j] = _mm512_fmadd_ps(x[v], y, acc[v][j]);
+            }
+        }
+        for (j = 0; j < X_DJ; ++j)
+            for (v = 0; v < V; ++v) {
+                __m512 r = acc[v][j];
+                if (kb > 0)
+                    r = _mm512_add_ps(r, _mm512_load_ps(&tot[j][16 * v]));
+                _mm512_store_ps(&tot[j][16 * v], r);
+            }
+    }
+    for (j = 0; j < X_DJ; ++j) {
+        const __m512 b = bias != NULL && j < jn ? _mm512_set1_ps(bias[j])
+                                                : _mm512_setzero_ps();
+        for (v = 0; v < V; ++v) {
+            __m512 r = _mm512_load_ps(&tot[j][16 * v]);
+            if (bias != NULL)
+                r = _mm512_add_ps(r, b);
+            _mm512_store_ps(&tot[j][16 * v], epi512(r, epi));
+        }
+    }
+    for (i = 0; i < mv; ++i)
+        for (j = 0; j < jn; ++j)
+            c[i * ldc + j] = tot[j][i];
+}
+
+#define DTILE_FN(V)                                                           \
+    static void dtile_##V(int64_t k, int64_t kblocks, const float *ap,        \
+                          const float *w, int64_t ldw, int jn, int mv,        \
+                          const float *bias, float *c, int64_t ldc, int epi)  \
+    {                                                                         \
+        dtile(V, k, kblocks, ap, w, ldw, jn, mv, bias, c, ldc, epi);          \
+    }
+DTILE_FN(1) DTILE_FN(2) DTILE_FN(3) DTILE_FN(4)
+
+typedef void (*dtile_fn)(int64_t, int64_t, const float *, const float *,
+                         int64_t, int, int, const float *, float *, int64_t,
+                         int);
+static const dtile_fn dtiles[X_DV + 1] = {NULL, dtile_1, dtile_2, dtile_3,
+                                          dtile_4};
+
+static void nt_direct(int64_t m, int64_t n, int64_t k, const float *a,
+                      int64_t lda, const float *w, int64_t ldw,
+                      const float *bias, float *c, int64_t ldc, int epi,
+                      float *ap)
+{
+    const int64_t kblocks = (k + ISA_KC - 1) / ISA_KC;
+    int64_t i0, j, p0;
+    for (i0 = 0; i0 < m; i0 += 16 * X_DV) {
+        const int mv = (int)min_i64(16 * X_DV, m - i0);
+        const int V = (mv + 15) / 16;
+        int v;
+        for (v = 0; v < V; ++v)
+            for (p0 = 0; p0 < k; p0 += 16) {
+                const int64_t cols = min_i64(16, k - p0);
+                __m512 r[16];
+                int64_t q;
+                /* Rows past mv come out as zeros. */
+                load_transposed(r, a + (i0 + 16 * v) * lda + p0, lda,
+                                min_i64(16, mv - 16 * v), cols);
+                for (q = 0; q < cols; ++q)
+                    _mm512_store_ps(ap + (p0 + q) * 16 * V + 16 * v, r[q]);
+            }
+        for (j = 0; j < n; j += X_DJ)
+            dtiles[V](k, kblocks, ap, w + j * ldw, ldw,
+                      (int)min_i64(X_DJ, n - j), mv,
+                      bias != NULL ? bias + j : NULL, c + i0 * ldc + j, ldc,
+                      epi);
+    }
+}
+
 /* The scratch buffer (threads.c) is sized for the largest blocks. */
 typedef char check_blocks[ISA_KC <= TB_KC_MAX && ISA_NC <= TB_NC_MAX &&
                                   X_MR <= TB_MR_MAX
@@ -465,4 +583,5 @@ typedef char check_blocks[ISA_KC <= TB_KC_MAX && ISA_NC <= TB_NC_MAX &&
 
 const tb_isa tb_isa_avx512 = {
     "avx512", X_MR, X_NR, ISA_KC, ISA_NC, ukernel, pack_a, pack_w, small_cols,
+    nt_direct, X_DJ, 16 * X_DV,
 };

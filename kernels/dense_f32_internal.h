@@ -85,6 +85,19 @@ typedef void (*tb_small_fn)(tb_wlayout layout, int64_t m, int64_t n,
                             const float *w, int64_t ldw, const float *bias,
                             float *c, int64_t ldc, int epi);
 
+/*
+ * Optional "nt" path that never packs W (NULL where an ISA has none): C's
+ * rows run along the vectors, A is packed transposed into ap, W's rows are
+ * read in place. C[0:m, 0:n] over all of K, bias offset to the first
+ * column or NULL; ap holds direct_rows * k floats (64-byte aligned).
+ * Results must equal the blocked path's bit for bit (same K blocks, same
+ * order of additions), so that the choice never shows in the output.
+ */
+typedef void (*tb_direct_fn)(int64_t m, int64_t n, int64_t k, const float *a,
+                             int64_t lda, const float *w, int64_t ldw,
+                             const float *bias, float *c, int64_t ldc,
+                             int epi, float *ap);
+
 typedef struct tb_isa {
     const char *name;
     int mr;      /* rows of a register tile (<= TB_MR_MAX) */
@@ -95,6 +108,9 @@ typedef struct tb_isa {
     tb_pack_a_fn pack_a;
     tb_pack_w_fn pack_w;
     tb_small_fn small;
+    tb_direct_fn nt_direct; /* or NULL */
+    int direct_nr;          /* columns per tile of nt_direct */
+    int direct_rows;        /* rows of A packed at a time by nt_direct */
 } tb_isa;
 
 TB_INTERNAL extern const tb_isa tb_isa_generic;

@@ -224,6 +224,26 @@ def test_packed_equals_unpacked(ffi_lib, isa, base, m, n, k):
             assert_close(packed, reference(a, w, bias, base, relu), k)
 
 
+# "nt" with 9 .. 128 rows takes nt_direct where the ISA has one (AVX-512): A
+# packed transposed in chunks of 64 rows, 6-column tiles, W rows read in place,
+# K in the blocked path's blocks of 512, and the blocked path beyond 64 * K
+# floats of scratch (K > 4224). Shapes at each of those edges.
+DIRECT_SHAPES = [(9, 1, 1), (16, 6, 16), (17, 7, 513), (48, 12, 1024), (63, 13, 100),
+                 (64, 500, 800), (65, 11, 1030), (100, 5, 33), (128, 19, 4224), (128, 3, 4225)]
+
+
+@pytest.mark.parametrize("relu", [False, True, "relu6"])
+def test_nt_direct_path_matches_packed_bit_for_bit(ffi_lib, isa, relu):
+    """Accurate with row strides wider than rows, and bit-identical to the packed-W
+    kernel (the blocked path) on the same operands."""
+    suffix = {False: "", True: "relu_", "relu6": "relu6_"}[relu]
+    for case, (m, n, k) in enumerate(DIRECT_SHAPES):
+        args = dict(relu=relu, m=m, n=n, k=k, with_bias=case % 2 == 0, pad=3, seed=20 + case)
+        nt = run_case(ffi_lib, f"tirbyoc_dense_{suffix}f32_nt", "nt", **args)
+        packed = run_case(ffi_lib, f"tirbyoc_dense_{suffix}f32_packed", "packed-nt", **args)
+        np.testing.assert_array_equal(nt, packed, err_msg=f"{m}x{k}->{n}")
+
+
 @pytest.mark.parametrize("base", ["nt", "nn"])
 def test_packed_layout_is_fixed(ffi_lib, base):
     """The documented layout, byte for byte, from every instruction set."""
