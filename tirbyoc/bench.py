@@ -52,11 +52,13 @@ def _time(fn, number: int = 1, settle: float = 0.0) -> float:
     # after a call and slow down whoever runs next on the same two cores; letting them
     # go idle before each measurement keeps the contenders from measuring each other.
     # Idle cores come back slowly (measured here: batches right after a 0.3 s sleep ran
-    # at a third of the speed), so the function runs untimed for a moment first.
+    # at a third of the speed), so the function runs untimed for a moment first: every
+    # contender alike, the slow ones (TVM's default build) at least once.
     if settle:
         time.sleep(settle)
         warm_until = time.perf_counter() + WARM_SECONDS
-        while number > 1 and time.perf_counter() < warm_until:
+        fn()
+        while time.perf_counter() < warm_until:
             fn()
     start = time.perf_counter()
     for _ in range(number):
