@@ -37,7 +37,7 @@
 #define TB_SMALL_M 4
 #define TB_SMALL_M_NT 8
 /* Rows up to which "nt" goes through the ISA's nt_direct (if it has one):
- * faster than packing W up to here, measured on AVX-512. */
+ * faster than packing W up to here, measured on AVX-512 and AVX2. */
 #define TB_DIRECT_M 128
 /* Below this many flops a call stays on the calling thread. */
 #define TB_PAR_FLOPS (4.0 * 1024 * 1024)

@@ -455,6 +455,117 @@ static void small_cols(tb_wlayout layout, int64_t m, int64_t n, int64_t k,
  * (and mostly the 256 KiB L2 of client Intel cores, backed by L3). */
 #define ISA_KC 256
 #define ISA_NC 256
+/* ---- nt with the rows of C along the vectors: W read in place ---- */
+
+/*
+ * The AVX2 counterpart of nt_direct in dense_f32_avx512.c: A is packed
+ * transposed in chunks of Y_DROWS rows (ap[p * 8V + i], V = ceil(rows /
+ * 8)), W is read where it is. A tile is 2 ymm of 8 rows x Y_DJ columns (12
+ * accumulators): per k step 2 loads of A and one broadcast per column. The
+ * row pairs of a chunk take the same Y_DJ rows of W in turn, so those stay
+ * in L1. Same K blocks (ISA_KC) and order of additions as the blocked
+ * path: bit-identical results.
+ */
+#define Y_DJ 6
+#define Y_DROWS 64
+
+ALWAYS_INLINE void dtile(const int V, int64_t k, int64_t kblocks,
+                         const float *restrict ap, int64_t aps,
+                         const float *restrict w, int64_t ldw, int jn, int mv,
+                         const float *restrict bias, float *restrict c,
+                         int64_t ldc, int epi)
+{
+    __m256 acc[2][Y_DJ];
+    const float *restrict wr[Y_DJ];
+    /* Sums of the finished K blocks; at the end, the finished outputs. */
+    float tot[Y_DJ][16] __attribute__((aligned(32)));
+    int64_t kb, p;
+    int v, j, i;
+    for (j = 0; j < Y_DJ; ++j)
+        /* Past the last column, repeat it (computed, never stored). */
+        wr[j] = w + (j < jn ? j : jn - 1) * ldw;
+    for (kb = 0; kb < kblocks; ++kb) {
+        const int64_t p1 = k * (kb + 1) / kblocks;
+        for (j = 0; j < Y_DJ; ++j)
+            for (v = 0; v < V; ++v)
+                acc[v][j] = _mm256_setzero_ps();
+        for (p = k * kb / kblocks; p < p1; ++p) {
+            __m256 x[2];
+            for (v = 0; v < V; ++v)
+                x[v] = _mm256_load_ps(ap + p * aps + 8 * v);
+            for (j = 0; j < Y_DJ; ++j) {
+                const __m256 y = _mm256_broadcast_ss(wr[j] + p);
+                for (v = 0; v < V; ++v)
+                    acc[v][j] = _mm256_fmadd_ps(x[v], y, acc[v][j]);
+            }
+        }
+        for (j = 0; j < Y_DJ; ++j)
+            for (v = 0; v < V; ++v) {
+                __m256 r = acc[v][j];
+                if (kb > 0)
+                    r = _mm256_add_ps(r, _mm256_load_ps(&tot[j][8 * v]));
+                _mm256_store_ps(&tot[j][8 * v], r);
+            }
+    }
+    for (j = 0; j < Y_DJ; ++j) {
+        const __m256 b = bias != NULL && j < jn ? _mm256_set1_ps(bias[j])
+                                                : _mm256_setzero_ps();
+        for (v = 0; v < V; ++v) {
+            __m256 r = _mm256_load_ps(&tot[j][8 * v]);
+            if (bias != NULL)
+                r = _mm256_add_ps(r, b);
+            _mm256_store_ps(&tot[j][8 * v], epi256(r, epi));
+        }
+    }
+    for (i = 0; i < mv; ++i)
+        for (j = 0; j < jn; ++j)
+            c[i * ldc + j] = tot[j][i];
+}
+
+#define DTILE_FN(V)                                                           \
+    static void dtile_##V(int64_t k, int64_t kblocks, const float *ap,        \
+                          int64_t aps, const float *w, int64_t ldw, int jn,   \
+                          int mv, const float *bias, float *c, int64_t ldc,   \
+                          int epi)                                            \
+    {                                                                         \
+        dtile(V, k, kblocks, ap, aps, w, ldw, jn, mv, bias, c, ldc, epi);     \
+    }
+DTILE_FN(1) DTILE_FN(2)
+
+static void nt_direct(int64_t m, int64_t n, int64_t k, const float *a,
+                      int64_t lda, const float *w, int64_t ldw,
+                      const float *bias, float *c, int64_t ldc, int epi,
+                      float *ap)
+{
+    const int64_t kblocks = (k + ISA_KC - 1) / ISA_KC;
+    int64_t i0, j, p0;
+    for (i0 = 0; i0 < m; i0 += Y_DROWS) {
+        const int mv = (int)min_i64(Y_DROWS, m - i0);
+        const int V = (mv + 7) / 8;
+        int v, u;
+        for (v = 0; v < V; ++v)
+            for (p0 = 0; p0 < k; p0 += 8) {
+                const int64_t cols = min_i64(8, k - p0);
+                __m256 r[8];
+                int64_t q;
+                /* Rows past mv come out as zeros. */
+                load_transposed(r, a + (i0 + 8 * v) * lda + p0, lda,
+                                min_i64(8, mv - 8 * v), cols);
+                for (q = 0; q < cols; ++q)
+                    _mm256_store_ps(ap + (p0 + q) * 8 * V + 8 * v, r[q]);
+            }
+        for (j = 0; j < n; j += Y_DJ)
+            for (u = 0; u < mv; u += 16) {
+                const int rows = (int)min_i64(16, mv - u);
+                (rows > 8 ? dtile_2 : dtile_1)(
+                    k, kblocks, ap + u, 8 * V, w + j * ldw, ldw,
+                    (int)min_i64(Y_DJ, n - j), rows,
+                    bias != NULL ? bias + j : NULL, c + (i0 + u) * ldc + j,
+                    ldc, epi);
+            }
+    }
+}
+
 /* The scratch buffer (threads.c) is sized for the largest blocks. */
 typedef char check_blocks[ISA_KC <= TB_KC_MAX && ISA_NC <= TB_NC_MAX &&
                                   Y_MR <= TB_MR_MAX
@@ -463,5 +574,5 @@ typedef char check_blocks[ISA_KC <= TB_KC_MAX && ISA_NC <= TB_NC_MAX &&
 
 const tb_isa tb_isa_avx2 = {
     "avx2", Y_MR, Y_NR, ISA_KC, ISA_NC, ukernel, pack_a, pack_w, small_cols,
-    NULL, 0, 0, /* no nt_direct: nt goes through the blocked path */
+    nt_direct, Y_DJ, Y_DROWS,
 };
