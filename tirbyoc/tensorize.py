@@ -27,34 +27,25 @@ _REGISTERED: set = set()
 def _intrin_funcs(m: int, n: int, k: int, layout: str):
     from tvm.script import tirx as S
 
-    w_shape = (n, k) if layout == "nt" else (k, n)
+    nt = layout == "nt"
+    w_shape = (n, k) if nt else (k, n)
     symbol = f"tirbyoc_dense_acc_f32_{layout}"
 
-    if layout == "nt":
-        @S.prim_func(s_tir=True)
-        def desc(a: S.handle, w: S.handle, c: S.handle):
-            A = S.match_buffer(a, (m, k), "float32", offset_factor=1)
-            W = S.match_buffer(w, w_shape, "float32", offset_factor=1)
-            C = S.match_buffer(c, (m, n), "float32", offset_factor=1)
-            with S.sblock("root"):
-                S.reads(C[0:m, 0:n], A[0:m, 0:k], W[0:n, 0:k])
-                S.writes(C[0:m, 0:n])
-                for i, j, kk in S.grid(m, n, k):
-                    with S.sblock("update"):
-                        vi, vj, vk = S.axis.remap("SSR", [i, j, kk])
+    @S.prim_func(s_tir=True)
+    def desc(a: S.handle, w: S.handle, c: S.handle):
+        A = S.match_buffer(a, (m, k), "float32", offset_factor=1)
+        W = S.match_buffer(w, w_shape, "float32", offset_factor=1)
+        C = S.match_buffer(c, (m, n), "float32", offset_factor=1)
+        with S.sblock("root"):
+            S.reads(C[0:m, 0:n], A[0:m, 0:k], W[0:w_shape[0], 0:w_shape[1]])
+            S.writes(C[0:m, 0:n])
+            for i, j, kk in S.grid(m, n, k):
+                with S.sblock("update"):
+                    vi, vj, vk = S.axis.remap("SSR", [i, j, kk])
+                    # A Python bool: the parser keeps only the branch taken.
+                    if nt:
                         C[vi, vj] = C[vi, vj] + A[vi, vk] * W[vj, vk]
-    else:
-        @S.prim_func(s_tir=True)
-        def desc(a: S.handle, w: S.handle, c: S.handle):
-            A = S.match_buffer(a, (m, k), "float32", offset_factor=1)
-            W = S.match_buffer(w, w_shape, "float32", offset_factor=1)
-            C = S.match_buffer(c, (m, n), "float32", offset_factor=1)
-            with S.sblock("root"):
-                S.reads(C[0:m, 0:n], A[0:m, 0:k], W[0:k, 0:n])
-                S.writes(C[0:m, 0:n])
-                for i, j, kk in S.grid(m, n, k):
-                    with S.sblock("update"):
-                        vi, vj, vk = S.axis.remap("SSR", [i, j, kk])
+                    else:
                         C[vi, vj] = C[vi, vj] + A[vi, vk] * W[vk, vj]
 
     @S.prim_func(s_tir=True)
