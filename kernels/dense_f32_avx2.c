@@ -177,48 +177,47 @@ ALWAYS_INLINE void load_transposed(__m256 r[8], const float *src, int64_t ld,
     transpose8(r);
 }
 
+/* Up to 8 rows x kc of a row-major matrix, k-major: dst[p * ds + i] =
+ * src[i][p] for the lanes in keep (lanes past rows hold zeros). */
+ALWAYS_INLINE void pack_kmajor(const float *src, int64_t ld, int64_t rows,
+                               int64_t kc, float *restrict dst, int64_t ds,
+                               __m256i keep)
+{
+    int64_t p0, j;
+    for (p0 = 0; p0 < kc; p0 += 8) {
+        const int64_t cols = min_i64(8, kc - p0);
+        __m256 r[8];
+        load_transposed(r, src + p0, ld, rows, cols);
+        for (j = 0; j < cols; ++j)
+            _mm256_maskstore_ps(dst + (p0 + j) * ds, keep, r[j]);
+    }
+}
+
 static void pack_a(int64_t mr, int64_t kc, const float *restrict a,
                    int64_t lda, float *restrict ap)
 {
-    int64_t i0, p0, j;
+    int64_t i0;
     /* Row groups of 8 (mr <= Y_MR < 8 in practice). */
-    for (i0 = 0; i0 < mr; i0 += 8) {
-        const int64_t rows = min_i64(8, mr - i0);
-        const __m256i mm = mask_n(rows);
-        for (p0 = 0; p0 < kc; p0 += 8) {
-            const int64_t cols = min_i64(8, kc - p0);
-            __m256 r[8];
-            load_transposed(r, a + i0 * lda + p0, lda, rows, cols);
-            for (j = 0; j < cols; ++j)
-                _mm256_maskstore_ps(ap + (p0 + j) * mr + i0, mm, r[j]);
-        }
-    }
+    for (i0 = 0; i0 < mr; i0 += 8)
+        pack_kmajor(a + i0 * lda, lda, min_i64(8, mr - i0), kc, ap + i0, mr,
+                    mask_n(mr - i0));
 }
 
 static void pack_w(tb_wlayout layout, int64_t kc, int64_t nc,
                    const float *restrict w, int64_t ldw, float *restrict dst,
                    int64_t dps)
 {
-    int64_t q, p, j;
+    int64_t q, p;
     if (layout == TB_W_NT) {
+        /* Each panel as two halves of 8 lanes; the padding columns come out
+         * as zeros (a half with no rows is all zeros). */
+        const __m256i all = mask_n(8);
         for (q = 0; q * 16 < nc; ++q) {
-            float *restrict panel = dst + q * dps;
             const int64_t nb = min_i64(16, nc - q * 16);
             const float *src = w + q * 16 * ldw;
-            for (p = 0; p < kc; p += 8) {
-                const int64_t cols = min_i64(8, kc - p);
-                __m256 lo[8], hi[8];
-                load_transposed(lo, src + p, ldw, min_i64(8, nb), cols);
-                if (nb > 8)
-                    load_transposed(hi, src + 8 * ldw + p, ldw, nb - 8, cols);
-                else
-                    for (j = 0; j < 8; ++j)
-                        hi[j] = _mm256_setzero_ps();
-                for (j = 0; j < cols; ++j) {
-                    _mm256_storeu_ps(panel + (p + j) * 16, lo[j]);
-                    _mm256_storeu_ps(panel + (p + j) * 16 + 8, hi[j]);
-                }
-            }
+            pack_kmajor(src, ldw, min_i64(8, nb), kc, dst + q * dps, 16, all);
+            pack_kmajor(src + 8 * ldw, ldw, nb - 8, kc, dst + q * dps + 8, 16,
+                        all);
         }
     } else {
         /* Row by row, so that W is read sequentially. */
@@ -538,22 +537,16 @@ static void nt_direct(int64_t m, int64_t n, int64_t k, const float *a,
                       float *ap)
 {
     const int64_t kblocks = (k + ISA_KC - 1) / ISA_KC;
-    int64_t i0, j, p0;
+    const __m256i all = mask_n(8);
+    int64_t i0, j;
     for (i0 = 0; i0 < m; i0 += Y_DROWS) {
         const int mv = (int)min_i64(Y_DROWS, m - i0);
         const int V = (mv + 7) / 8;
         int v, u;
+        /* Rows past mv come out as zeros. */
         for (v = 0; v < V; ++v)
-            for (p0 = 0; p0 < k; p0 += 8) {
-                const int64_t cols = min_i64(8, k - p0);
-                __m256 r[8];
-                int64_t q;
-                /* Rows past mv come out as zeros. */
-                load_transposed(r, a + (i0 + 8 * v) * lda + p0, lda,
-                                min_i64(8, mv - 8 * v), cols);
-                for (q = 0; q < cols; ++q)
-                    _mm256_store_ps(ap + (p0 + q) * 8 * V + 8 * v, r[q]);
-            }
+            pack_kmajor(a + (i0 + 8 * v) * lda, lda, min_i64(8, mv - 8 * v), k,
+                        ap + 8 * v, 8 * V, all);
         for (j = 0; j < n; j += Y_DJ)
             for (u = 0; u < mv; u += 16) {
                 const int rows = (int)min_i64(16, mv - u);

@@ -202,19 +202,26 @@ ALWAYS_INLINE void load_transposed(__m512 r[16], const float *src,
     transpose16(r);
 }
 
-static void pack_a(int64_t mr, int64_t kc, const float *restrict a,
-                   int64_t lda, float *restrict ap)
+/* Up to 16 rows x kc of a row-major matrix, k-major: dst[p * ds + i] =
+ * src[i][p] for the lanes in keep (lanes past rows hold zeros). */
+ALWAYS_INLINE void pack_kmajor(const float *src, int64_t ld, int64_t rows,
+                               int64_t kc, float *restrict dst, int64_t ds,
+                               __mmask16 keep)
 {
-    const __mmask16 mm = mask_n(mr);
-    int64_t p0;
+    int64_t p0, j;
     for (p0 = 0; p0 < kc; p0 += 16) {
         const int64_t cols = min_i64(16, kc - p0);
         __m512 r[16];
-        int64_t j;
-        load_transposed(r, a + p0, lda, mr, cols);
+        load_transposed(r, src + p0, ld, rows, cols);
         for (j = 0; j < cols; ++j)
-            _mm512_mask_storeu_ps(ap + (p0 + j) * mr, mm, r[j]);
+            _mm512_mask_storeu_ps(dst + (p0 + j) * ds, keep, r[j]);
     }
+}
+
+static void pack_a(int64_t mr, int64_t kc, const float *restrict a,
+                   int64_t lda, float *restrict ap)
+{
+    pack_kmajor(a, lda, mr, kc, ap, mr, mask_n(mr));
 }
 
 static void pack_w(tb_wlayout layout, int64_t kc, int64_t nc,
@@ -223,19 +230,10 @@ static void pack_w(tb_wlayout layout, int64_t kc, int64_t nc,
 {
     int64_t q, p;
     if (layout == TB_W_NT) {
-        for (q = 0; q * 16 < nc; ++q) {
-            float *restrict panel = dst + q * dps;
-            const int64_t nb = min_i64(16, nc - q * 16);
-            const float *src = w + q * 16 * ldw;
-            for (p = 0; p < kc; p += 16) {
-                const int64_t cols = min_i64(16, kc - p);
-                __m512 r[16];
-                int64_t j;
-                load_transposed(r, src + p, ldw, nb, cols);
-                for (j = 0; j < cols; ++j)
-                    _mm512_storeu_ps(panel + (p + j) * 16, r[j]);
-            }
-        }
+        /* Whole 16-lane steps: the padding columns come out as zeros. */
+        for (q = 0; q * 16 < nc; ++q)
+            pack_kmajor(w + q * 16 * ldw, ldw, min_i64(16, nc - q * 16), kc,
+                        dst + q * dps, 16, (__mmask16)0xFFFF);
     } else {
         /* Row by row, so that W is read sequentially. */
         for (p = 0; p < kc; ++p) {
@@ -551,22 +549,15 @@ static void nt_direct(int64_t m, int64_t n, int64_t k, const float *a,
                       float *ap)
 {
     const int64_t kblocks = (k + ISA_KC - 1) / ISA_KC;
-    int64_t i0, j, p0;
+    int64_t i0, j;
     for (i0 = 0; i0 < m; i0 += 16 * X_DV) {
         const int mv = (int)min_i64(16 * X_DV, m - i0);
         const int V = (mv + 15) / 16;
         int v;
+        /* Rows past mv come out as zeros. */
         for (v = 0; v < V; ++v)
-            for (p0 = 0; p0 < k; p0 += 16) {
-                const int64_t cols = min_i64(16, k - p0);
-                __m512 r[16];
-                int64_t q;
-                /* Rows past mv come out as zeros. */
-                load_transposed(r, a + (i0 + 16 * v) * lda + p0, lda,
-                                min_i64(16, mv - 16 * v), cols);
-                for (q = 0; q < cols; ++q)
-                    _mm512_store_ps(ap + (p0 + q) * 16 * V + 16 * v, r[q]);
-            }
+            pack_kmajor(a + (i0 + 16 * v) * lda, lda, min_i64(16, mv - 16 * v),
+                        k, ap + 16 * v, 16 * V, (__mmask16)0xFFFF);
         for (j = 0; j < n; j += X_DJ)
             dtiles[V](k, kblocks, ap, w + j * ldw, ldw,
                       (int)min_i64(X_DJ, n - j), mv,
