@@ -143,7 +143,7 @@ static void blocked(const tb_isa *isa, tb_wlayout layout, int epi, int acc,
     abuf = scratch + (size_t)TB_KC_MAX * TB_NC_MAX;
     /* Equal K blocks and equal row groups: no tiny leftover block. They
      * depend on k and m only, so the rounding does not depend on threads. */
-    kblocks = cdiv(k, isa->kc);
+    kblocks = tb_kblocks(k, isa->kc);
     mpanels = cdiv(m, isa->mr);
     /* Column blocks of about equal width, in whole register tiles. */
     ncb = cdiv(cdiv(n, cdiv(n, isa->nc)), isa->nr) * isa->nr;
@@ -151,8 +151,8 @@ static void blocked(const tb_isa *isa, tb_wlayout layout, int epi, int acc,
     for (jc = 0; jc < n; jc += ncb) {
         const int64_t nc = min_i64(ncb, n - jc);
         for (kb = 0; kb < kblocks; ++kb) {
-            const int64_t pc = k * kb / kblocks;
-            const int64_t kc = k * (kb + 1) / kblocks - pc;
+            const int64_t pc = tb_kblock_start(k, kblocks, kb);
+            const int64_t kc = tb_kblock_start(k, kblocks, kb + 1) - pc;
             const int flags = (kb > 0 || acc ? TB_ACCUMULATE : 0) |
                               (kb == kblocks - 1 ? TB_LAST : 0);
             const float *wblk;

@@ -462,8 +462,8 @@ static void small_cols(tb_wlayout layout, int64_t m, int64_t n, int64_t k,
  * 8)), W is read where it is. A tile is 2 ymm of 8 rows x Y_DJ columns (12
  * accumulators): per k step 2 loads of A and one broadcast per column. The
  * row pairs of a chunk take the same Y_DJ rows of W in turn, so those stay
- * in L1. Same K blocks (ISA_KC) and order of additions as the blocked
- * path: bit-identical results.
+ * in L1. Same K blocks (tb_kblocks with ISA_KC) and order of additions as
+ * the blocked path: bit-identical results.
  */
 #define Y_DJ 6
 #define Y_DROWS 64
@@ -484,11 +484,11 @@ ALWAYS_INLINE void dtile(const int V, int64_t k, int64_t kblocks,
         /* Past the last column, repeat it (computed, never stored). */
         wr[j] = w + (j < jn ? j : jn - 1) * ldw;
     for (kb = 0; kb < kblocks; ++kb) {
-        const int64_t p1 = k * (kb + 1) / kblocks;
+        const int64_t p1 = tb_kblock_start(k, kblocks, kb + 1);
         for (j = 0; j < Y_DJ; ++j)
             for (v = 0; v < V; ++v)
                 acc[v][j] = _mm256_setzero_ps();
-        for (p = k * kb / kblocks; p < p1; ++p) {
+        for (p = tb_kblock_start(k, kblocks, kb); p < p1; ++p) {
             __m256 x[2];
             for (v = 0; v < V; ++v)
                 x[v] = _mm256_load_ps(ap + p * aps + 8 * v);
@@ -536,7 +536,7 @@ static void nt_direct(int64_t m, int64_t n, int64_t k, const float *a,
                       const float *bias, float *c, int64_t ldc, int epi,
                       float *ap)
 {
-    const int64_t kblocks = (k + ISA_KC - 1) / ISA_KC;
+    const int64_t kblocks = tb_kblocks(k, ISA_KC);
     const __m256i all = mask_n(8);
     int64_t i0, j;
     for (i0 = 0; i0 < m; i0 += Y_DROWS) {

@@ -469,7 +469,7 @@ static void small_cols(tb_wlayout layout, int64_t m, int64_t n, int64_t k,
  * of A and one broadcast from each of X_DJ rows of W for 24 FMAs.
  *
  * Each output is summed over the same K blocks as the blocked path
- * (ISA_KC, split as in dense_f32.c), one FMA chain per block, the blocks
+ * (tb_kblocks with ISA_KC), one FMA chain per block, the blocks
  * then added in order, then the bias: bit-identical to the packed-W path.
  */
 #define X_DV 4
@@ -491,11 +491,11 @@ ALWAYS_INLINE void dtile(const int V, int64_t k, int64_t kblocks,
         /* Past the last column, repeat it (computed, never stored). */
         wr[j] = w + (j < jn ? j : jn - 1) * ldw;
     for (kb = 0; kb < kblocks; ++kb) {
-        const int64_t p1 = k * (kb + 1) / kblocks;
+        const int64_t p1 = tb_kblock_start(k, kblocks, kb + 1);
         for (j = 0; j < X_DJ; ++j)
             for (v = 0; v < V; ++v)
                 acc[v][j] = _mm512_setzero_ps();
-        for (p = k * kb / kblocks; p < p1; ++p) {
+        for (p = tb_kblock_start(k, kblocks, kb); p < p1; ++p) {
             __m512 x[X_DV];
             for (v = 0; v < V; ++v)
                 x[v] = _mm512_load_ps(ap + p * 16 * V + 16 * v);
@@ -548,7 +548,7 @@ static void nt_direct(int64_t m, int64_t n, int64_t k, const float *a,
                       const float *bias, float *c, int64_t ldc, int epi,
                       float *ap)
 {
-    const int64_t kblocks = (k + ISA_KC - 1) / ISA_KC;
+    const int64_t kblocks = tb_kblocks(k, ISA_KC);
     int64_t i0, j;
     for (i0 = 0; i0 < m; i0 += 16 * X_DV) {
         const int mv = (int)min_i64(16 * X_DV, m - i0);

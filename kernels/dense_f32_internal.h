@@ -136,6 +136,20 @@ TB_INTERNAL float *tb_scratch(void);
 #define TB_SCRATCH_FLOATS \
     ((size_t)TB_KC_MAX * TB_NC_MAX + (size_t)TB_MR_MAX * TB_KC_MAX)
 
+/* The K blocks of the blocked path, and of any path whose results must equal
+ * it bit for bit (each block is one FMA chain; the blocks' sums are added in
+ * order): ceil(k / kc) blocks of about equal size, block b starting at
+ * tb_kblock_start(k, blocks, b). They depend on k and kc only. */
+static inline int64_t tb_kblocks(int64_t k, int64_t kc)
+{
+    return (k + kc - 1) / kc;
+}
+
+static inline int64_t tb_kblock_start(int64_t k, int64_t blocks, int64_t b)
+{
+    return k * b / blocks;
+}
+
 /* Scalar epilogue, shared by the scalar edge code of every file. */
 static inline float tb_epi_scalar(float v, int epi)
 {
