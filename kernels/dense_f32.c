@@ -52,8 +52,12 @@ static int use_small(tb_wlayout layout, int64_t m)
     return m <= (layout == TB_W_NT ? TB_SMALL_M_NT : TB_SMALL_M);
 }
 
+/* The algorithm of a call, chosen once by dense_run (see the top). */
+typedef enum { TB_ALG_SMALL, TB_ALG_DIRECT, TB_ALG_BLOCKED } tb_algorithm;
+
 typedef struct {
     const tb_isa *isa;
+    tb_algorithm alg;
     tb_wlayout layout;
     int epi;
     int64_t m, n, k;
@@ -203,15 +207,17 @@ static void run_part(const job_t *job, int64_t i0, int64_t i1, int64_t j0,
     float *c = job->c + i0 * job->ldc + j0;
     if (i1 <= i0 || j1 <= j0)
         return;
-    if (use_direct(job->isa, job->layout, job->accumulate, job->m, job->k)) {
+    if (job->alg == TB_ALG_DIRECT) {
         float *ap = tb_scratch();
+        /* Without scratch memory this thread takes the blocked path, which
+         * has its own fallback. */
         if (ap != NULL) {
             job->isa->nt_direct(i1 - i0, j1 - j0, job->k, a, job->lda, w,
                                 job->ldw, bias, c, job->ldc, job->epi, ap);
             return;
         }
     }
-    if (!job->accumulate && use_small(job->layout, job->m))
+    if (job->alg == TB_ALG_SMALL)
         small_blocked(job->isa, job->layout, i1 - i0, j1 - j0, job->k, a,
                       job->lda, w, job->ldw, bias, c, job->ldc, job->epi);
     else
@@ -269,17 +275,17 @@ static int32_t dense_run(tb_wlayout layout, tb_epilogue epi, int accumulate,
     job.c = c;
     job.ldc = ldc;
     if (use_direct(job.isa, layout, accumulate, m, k)) {
+        job.alg = TB_ALG_DIRECT;
         job.split_n = 1;
         job.unit = job.isa->direct_nr;
     } else if (!accumulate && use_small(layout, m)) {
+        job.alg = TB_ALG_SMALL;
         job.split_n = 1;
         job.unit = TB_SMALL_UNIT;
-    } else if (n >= 8 * (int64_t)job.isa->nr) {
-        job.split_n = 1;
-        job.unit = job.isa->nr;
     } else {
-        job.split_n = 0;
-        job.unit = job.isa->mr;
+        job.alg = TB_ALG_BLOCKED;
+        job.split_n = n >= 8 * (int64_t)job.isa->nr;
+        job.unit = job.split_n ? job.isa->nr : job.isa->mr;
     }
     units = cdiv(job.split_n ? n : m, job.unit);
     want = tb_num_threads();
