@@ -11,15 +11,13 @@ building in place:
 """
 
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tirbyoc import kernels  # noqa: E402
+from tirbyoc import bench, kernels  # noqa: E402
 
 SHAPES = [  # (M, K, N)
     (64, 800, 500),
@@ -30,19 +28,6 @@ SHAPES = [  # (M, K, N)
     (16, 4096, 4096),
     (384, 768, 768),
 ]
-
-
-def timed(fn, min_time=0.02):
-    """Seconds per call: repeat fn until min_time has passed."""
-    fn()
-    reps = 0
-    start = time.perf_counter()
-    while True:
-        fn()
-        reps += 1
-        elapsed = time.perf_counter() - start
-        if elapsed >= min_time:
-            return elapsed / reps
 
 
 def main():
@@ -90,16 +75,11 @@ def main():
             np.maximum(o, 0, out=o)
 
         runs = {"packed": run_packed, "nt": run_nt, "numpy": run_numpy}
-        times = {name: [] for name in runs}
-        names = list(runs)
-        for r in range(args.rounds):
-            # Rotate the order so that no contender always runs right after another.
-            for name in names[r % 3:] + names[:r % 3]:
-                fn = runs[name]
-                time.sleep(args.settle)
-                times[name].append(timed(fn))
+        # The same measuring steps as the project benchmark (idle pause, warm-up,
+        # timed batch, rotating order, medians).
+        seconds = bench.interleaved(runs, args.rounds, args.settle)
         flops = 2.0 * m * n * k
-        g = {name: flops / statistics.median(t) / 1e9 for name, t in times.items()}
+        g = {name: flops / t / 1e9 for name, t in seconds.items()}
         ratios_p.append(g["packed"] / g["numpy"])
         ratios_n.append(g["nt"] / g["numpy"])
         print(f"{f'{m}x{k}->{n}':>20} {g['packed']:8.1f} {g['nt']:8.1f} {g['numpy']:8.1f} "
