@@ -299,25 +299,23 @@ static int32_t dense_run(tb_wlayout layout, tb_epilogue epi, int accumulate,
 
 /* ---- argument checks and exported wrappers ---- */
 
-static int args_valid(tb_wlayout layout, int64_t m, int64_t n, int64_t k,
-                      const float *a, int64_t lda, const float *w,
-                      int64_t ldw, const float *c, int64_t ldc)
+/* TIRBYOC_OK, or the first problem with the arguments (see the header). */
+static int32_t check_args(tb_wlayout layout, int64_t m, int64_t n, int64_t k,
+                          const float *a, int64_t lda, const float *w,
+                          int64_t ldw, const float *c, int64_t ldc)
 {
     if (m < 0 || n < 0 || k < 0)
-        return 0;
-    if (lda < k || ldc < n)
-        return 0;
-    if (layout == TB_W_PACKED) {
-        if (tirbyoc_packed_weight_size_f32(n, k) < 0)
-            return 0;
-    } else if (ldw < (layout == TB_W_NT ? k : n)) {
-        return 0;
-    }
+        return TIRBYOC_ESIZE;
+    if (layout == TB_W_PACKED && tirbyoc_packed_weight_size_f32(n, k) < 0)
+        return TIRBYOC_ESIZE;
+    if (lda < k || ldc < n ||
+        (layout != TB_W_PACKED && ldw < (layout == TB_W_NT ? k : n)))
+        return TIRBYOC_ESTRIDE;
     /* A matrix pointer may only be NULL when that matrix is empty. */
     if ((a == NULL && m > 0 && k > 0) || (w == NULL && n > 0 && k > 0) ||
         (c == NULL && m > 0 && n > 0))
-        return 0;
-    return 1;
+        return TIRBYOC_ENULL;
+    return TIRBYOC_OK;
 }
 
 static int32_t dense_f32(tb_wlayout layout, tb_epilogue epi, int64_t m,
@@ -325,8 +323,9 @@ static int32_t dense_f32(tb_wlayout layout, tb_epilogue epi, int64_t m,
                          const float *w, int64_t ldw, const float *bias,
                          float *c, int64_t ldc)
 {
-    if (!args_valid(layout, m, n, k, a, lda, w, ldw, c, ldc))
-        return TIRBYOC_EINVAL;
+    const int32_t status = check_args(layout, m, n, k, a, lda, w, ldw, c, ldc);
+    if (status != TIRBYOC_OK)
+        return status;
     return dense_run(layout, epi, 0, m, n, k, a, lda, w, ldw, bias, c, ldc);
 }
 
@@ -361,8 +360,9 @@ static int32_t dense_acc(tb_wlayout layout, int64_t m, int64_t n, int64_t k,
                          const float *a, int64_t lda, const float *w,
                          int64_t ldw, float *c, int64_t ldc)
 {
-    if (!args_valid(layout, m, n, k, a, lda, w, ldw, c, ldc))
-        return TIRBYOC_EINVAL;
+    const int32_t status = check_args(layout, m, n, k, a, lda, w, ldw, c, ldc);
+    if (status != TIRBYOC_OK)
+        return status;
     return dense_run(layout, TB_EPI_NONE, 1, m, n, k, a, lda, w, ldw, NULL, c,
                      ldc);
 }
@@ -400,12 +400,14 @@ static int32_t pack_weight(tb_wlayout layout, int64_t n, int64_t k,
                            const float *w, int64_t ldw, float *packed)
 {
     const int64_t size = tirbyoc_packed_weight_size_f32(n, k);
-    if (size < 0 || ldw < (layout == TB_W_NT ? k : n))
-        return TIRBYOC_EINVAL;
+    if (size < 0)
+        return TIRBYOC_ESIZE;
+    if (ldw < (layout == TB_W_NT ? k : n))
+        return TIRBYOC_ESTRIDE;
     if (size == 0)
         return TIRBYOC_OK;
     if (w == NULL || packed == NULL)
-        return TIRBYOC_EINVAL;
+        return TIRBYOC_ENULL;
     /* Packing only moves floats, so every ISA produces the same bytes. */
     tb_active_isa()->pack_w(layout, k, n, w, ldw, packed, k * TB_NR);
     return TIRBYOC_OK;
@@ -421,4 +423,24 @@ int32_t tirbyoc_pack_weight_f32_nn(int64_t n, int64_t k, const float *w,
                                    int64_t ldw, float *packed)
 {
     return pack_weight(TB_W_NN, n, k, w, ldw, packed);
+}
+
+/* ---- status ---- */
+
+const char *tirbyoc_status_string(int32_t status)
+{
+    switch (status) {
+    case TIRBYOC_OK:
+        return "success";
+    case TIRBYOC_EINVAL:
+        return "invalid setting";
+    case TIRBYOC_ESIZE:
+        return "a size is negative, or its buffer is too large to address";
+    case TIRBYOC_ESTRIDE:
+        return "a row stride is smaller than its row length";
+    case TIRBYOC_ENULL:
+        return "a NULL pointer was passed for a matrix that has elements";
+    default:
+        return "unknown status";
+    }
 }

@@ -451,17 +451,18 @@ def test_invalid_arguments(ffi_lib, layout, symbol, relu):
     w_arg = pack(ffi_lib, layout, n, k, w, ldw) if packed else w
     c = np.full((m, n), 7.0, dtype=np.float32)
     good = dict(m=m, n=n, k=k, a=a, lda=k, w=w_arg, ldw=ldw, bias=bias, c=c, ldc=n)
+    size, stride, null = kernels.TIRBYOC_ESIZE, kernels.TIRBYOC_ESTRIDE, kernels.TIRBYOC_ENULL
     bad_cases = [
-        dict(m=-1), dict(n=-1), dict(k=-1),
-        dict(lda=k - 1), dict(ldc=n - 1), dict(lda=-3),
-        dict(a=None), dict(w=None), dict(c=None),
+        (dict(m=-1), size), (dict(n=-1), size), (dict(k=-1), size),
+        (dict(lda=k - 1), stride), (dict(ldc=n - 1), stride), (dict(lda=-3), stride),
+        (dict(a=None), null), (dict(w=None), null), (dict(c=None), null),
     ]
     if not packed:
-        bad_cases.append(dict(ldw=ldw - 1))
-    for bad in bad_cases:
+        bad_cases.append((dict(ldw=ldw - 1), stride))
+    for bad, expected in bad_cases:
         args = {**good, **bad}
         status = call(ffi_lib, symbol, **args)
-        assert status == kernels.TIRBYOC_EINVAL, bad
+        assert status == expected, bad
         assert (c == 7.0).all(), f"output written despite invalid {bad}"
     assert call(ffi_lib, symbol, **good) == kernels.TIRBYOC_OK
 
@@ -475,9 +476,12 @@ def test_pack_invalid_arguments(ffi_lib, base):
     ldw = w.shape[1]
     out = np.full(lib.tirbyoc_packed_weight_size_f32(n, k), 7.0, dtype=np.float32)
     p_w, p_out = _ptr(ffi, w), _ptr(ffi, out)
-    for args in [(-1, k, p_w, ldw, p_out), (n, -1, p_w, ldw, p_out), (n, k, p_w, ldw - 1, p_out),
-                 (n, k, ffi.NULL, ldw, p_out), (n, k, p_w, ldw, ffi.NULL)]:
-        assert fn(*args) == kernels.TIRBYOC_EINVAL, args
+    for args, expected in [((-1, k, p_w, ldw, p_out), kernels.TIRBYOC_ESIZE),
+                           ((n, -1, p_w, ldw, p_out), kernels.TIRBYOC_ESIZE),
+                           ((n, k, p_w, ldw - 1, p_out), kernels.TIRBYOC_ESTRIDE),
+                           ((n, k, ffi.NULL, ldw, p_out), kernels.TIRBYOC_ENULL),
+                           ((n, k, p_w, ldw, ffi.NULL), kernels.TIRBYOC_ENULL)]:
+        assert fn(*args) == expected, args
         assert (out == 7.0).all()
     # Empty weights need no buffers.
     assert fn(0, k, ffi.NULL, ldw, ffi.NULL) == kernels.TIRBYOC_OK
@@ -577,6 +581,7 @@ EXPECTED_SYMBOLS = sorted(FUNC_IDS + [
     "tirbyoc_dense_f32_packed", "tirbyoc_dense_relu_f32_packed", "tirbyoc_dense_relu6_f32_packed",
     "tirbyoc_dense_acc_f32_nt", "tirbyoc_dense_acc_f32_nn",
     "tirbyoc_set_isa", "tirbyoc_isa", "tirbyoc_set_num_threads", "tirbyoc_num_threads",
+    "tirbyoc_status_string",
 ])
 
 
@@ -689,5 +694,5 @@ def test_accumulating_kernel_adds_to_c(ffi_lib, isa, m, n, k, layout):
     assert fn(m, n, 0, _ptr(ffi, a), k, _ptr(ffi, w), w.strides[0] // 4, _ptr(ffi, c),
               c.strides[0] // 4) == kernels.TIRBYOC_OK
     assert fn(m, n, k, _ptr(ffi, a), k - 1, _ptr(ffi, w), w.strides[0] // 4, _ptr(ffi, c),
-              c.strides[0] // 4) == kernels.TIRBYOC_EINVAL
+              c.strides[0] // 4) == kernels.TIRBYOC_ESTRIDE
     np.testing.assert_array_equal(c, before)

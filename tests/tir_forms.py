@@ -6,6 +6,8 @@ back either unchanged or with only the named block left as TIR.
 
 from tvm.script import tirx as T
 
+KERNEL_FAILED = "tirbyoc: kernel tirbyoc_dense_relu_f32_nt failed: "
+
 # ---------------------------------------------------------------- accepted forms
 
 
@@ -42,14 +44,20 @@ def nt_bias_relu_expected(A: T.Buffer((64, 80), "float32"), W: T.Buffer((50, 80)
             T.sblock_attr({"tirbyoc.intrinsic": "dense_bias_relu",
                            "tirbyoc.kernel": "tirbyoc_dense_relu_f32_nt",
                            "tirbyoc.offloaded": "mm + bias + relu -> tirbyoc_dense_relu_f32_nt"})
-            assert T.call_extern(
+            status: T.let[T.int32] = T.call_extern(
                 "int32", "tirbyoc_dense_relu_f32_nt", T.int64(64), T.int64(50), T.int64(80),
                 T.address_of(A[T.int64(0), T.int64(0)]), T.int64(80),
                 T.address_of(W[T.int64(0), T.int64(0)]), T.int64(80),
                 T.address_of(B[T.int64(0)]), T.address_of(O[T.int64(0), T.int64(0)]),
-                T.int64(50)) == 0, ("RuntimeError", [
-                    "tirbyoc: kernel tirbyoc_dense_relu_f32_nt returned an error status "
-                    "(invalid sizes or strides)"])
+                T.int64(50))
+            assert status != 1, ("RuntimeError", [f"{KERNEL_FAILED}invalid setting"])
+            assert status != 2, ("RuntimeError", [
+                f"{KERNEL_FAILED}a size is negative, or its buffer is too large to address"])
+            assert status != 3, ("RuntimeError", [
+                f"{KERNEL_FAILED}a row stride is smaller than its row length"])
+            assert status != 4, ("RuntimeError", [
+                f"{KERNEL_FAILED}a NULL pointer was passed for a matrix that has elements"])
+            assert status == 0, ("RuntimeError", [f"{KERNEL_FAILED}unknown status"])
 
 
 @T.prim_func(s_tir=True)

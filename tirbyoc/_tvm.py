@@ -21,6 +21,7 @@ Expr = ir.Expr
 IntImm = tirx.IntImm
 FloatImm = tirx.FloatImm
 StringImm = ir.StringImm
+GlobalVar = ir.GlobalVar
 Add = tirx.Add
 Mul = tirx.Mul
 Max = tirx.Max
@@ -107,6 +108,11 @@ def assert_stmt(condition, message: str):
     # NOTE: the Python constructor of 0.27 passes (kind, condition) to an FFI
     # constructor that expects (condition, kind); pass them in the FFI's order.
     return tirx.AssertStmt(condition, ir.StringImm("RuntimeError"), [ir.StringImm(message)])
+
+
+def bind(var, value):
+    """``var = value`` for the statements that follow it in a sequence."""
+    return tirx.Bind(var, value)
 
 
 def full_region(buf):

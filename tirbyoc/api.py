@@ -202,20 +202,36 @@ def pipeline(target=None, *, intrinsics=None, region_passes=None):
 
 
 def compile(mod, target="llvm", *, intrinsics=None, region_passes=None):  # noqa: A001
-    """``tvm.compile`` with tirbyoc's offload; the result runs in process and survives
-    ``export_library`` + ``tvm.runtime.load_module`` in a fresh process."""
+    """``tvm.compile`` with tirbyoc's offload; the result runs in process, may be shared
+    by any number of threads, and survives ``export_library`` +
+    ``tvm.runtime.load_module`` in a fresh process."""
     target = T.as_target(target)
     if relax_prep.has_relax_functions(mod):
-        return T.tvm_compile(mod, target, relax_pipeline=pipeline(
+        ex = T.tvm_compile(mod, target, relax_pipeline=pipeline(
             target, intrinsics=intrinsics, region_passes=region_passes))
-    from . import kernels
+    else:
+        from . import kernels
 
-    # A TIR-only module: TVM's TIR build does not read external_mods, so the kernel
-    # object is imported into the result explicitly (export_library then links it).
-    ex = T.tvm_compile(apply_tir_byoc(mod, intrinsics=intrinsics,
-                                      region_passes=region_passes), target)
-    ex.mod.import_module(kernels.static_library())
-    return ex
+        # A TIR-only module: TVM's TIR build does not read external_mods, so the kernel
+        # object is imported into the result explicitly (export_library then links it).
+        ex = T.tvm_compile(apply_tir_byoc(mod, intrinsics=intrinsics,
+                                          region_passes=region_passes), target)
+        ex.mod.import_module(kernels.static_library())
+    return _link_now(ex)
+
+
+def _link_now(executable):
+    """Link ``executable`` for in-process use now, once, and return it.
+
+    A module that imports a static library (as every offloaded module does) is not
+    runnable as built: TVM links it on first use (``Executable.jit``: export to a
+    temporary shared library, load it). That step caches without a lock, so threads that
+    each create a ``VirtualMachine`` over a fresh executable export the same LLVM module
+    at the same time, which corrupts the heap. Linking before the executable is handed
+    out makes every later ``jit()`` return the one loaded module.
+    """
+    executable.jit()
+    return executable
 
 
 def run(executable, *inputs, func: str = "main"):

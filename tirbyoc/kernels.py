@@ -26,6 +26,9 @@ SYMBOL_PREFIX = "tirbyoc_"
 # Mirrors enum tirbyoc_status in kernels/tirbyoc_kernels.h.
 TIRBYOC_OK = 0
 TIRBYOC_EINVAL = 1
+TIRBYOC_ESIZE = 2
+TIRBYOC_ESTRIDE = 3
+TIRBYOC_ENULL = 4
 
 _BUILD_HINT = (
     "the tirbyoc C kernel library was not built (or is out of date); "
@@ -70,6 +73,23 @@ def _exported_symbols():
 def exported_symbols():
     """Names of all C functions exported by the kernel library."""
     return list(_exported_symbols())
+
+
+def status_message(status):
+    """The library's description of a status code (``tirbyoc_status_string``)."""
+    ffi, lib = load()
+    return ffi.string(lib.tirbyoc_status_string(int(status))).decode()
+
+
+def error_statuses():
+    """``{status: description}`` of every error status the kernels can return."""
+    _, lib = load()
+    return {s: status_message(s) for s in range(1, lib.TIRBYOC_STATUS_COUNT)}
+
+
+def _check(func, status):
+    if status != TIRBYOC_OK:
+        raise RuntimeError(f"{func.__name__} failed: {status_message(status)} (status {status})")
 
 
 @functools.lru_cache(maxsize=None)
@@ -197,9 +217,7 @@ def pack_weight(w, layout="nt"):
     func = getattr(lib, f"tirbyoc_pack_weight_f32_{layout}")
     w_ptr = ffi.NULL if w.size == 0 else ffi.cast("float *", w.ctypes.data)
     p_ptr = ffi.NULL if packed.size == 0 else ffi.cast("float *", packed.ctypes.data)
-    status = func(n, k, w_ptr, ldw, p_ptr)
-    if status != TIRBYOC_OK:
-        raise RuntimeError(f"{func.__name__} failed with status {status}")
+    _check(func, func(n, k, w_ptr, ldw, p_ptr))
     return packed
 
 
@@ -269,6 +287,5 @@ def dense(a, w, bias=None, activation=None, layout="nt", out=None, n=None):
         status = func(m, n, k, ptr(a), lda, ptr(w), ptr(bias), ptr(out), ldc)
     else:
         status = func(m, n, k, ptr(a), lda, ptr(w), ldw, ptr(bias), ptr(out), ldc)
-    if status != TIRBYOC_OK:
-        raise RuntimeError(f"{func.__name__} failed with status {status}")
+    _check(func, status)
     return out

@@ -65,6 +65,10 @@ def has_relax_functions(mod) -> bool:
 
 def is_legalized(mod) -> bool:
     """True when LegalizeOps has nothing left to lower."""
+    # NOTE: runtime modules (an offloaded module's external_mods) have no structural
+    # equality; the attribute is not what this asks about.
+    if mod.attrs and "external_mods" in mod.attrs:
+        mod = mod.without_attr("external_mods")
     return T.structural_equal(R.transform.LegalizeOps()(mod), mod)
 
 
@@ -81,6 +85,7 @@ def prepare(mod, fuse="auto"):
     """
     if not has_relax_functions(mod):
         return mod, Scope()
+    given = {gv.name_hint for gv in mod.get_global_vars()}
     scope = claims(mod)
     external = {gv.name_hint: f for gv, f in mod.functions_items()
                 if isinstance(f, T.Function) and f.attrs and "Codegen" in f.attrs}
@@ -102,7 +107,42 @@ def prepare(mod, fuse="auto"):
         for gv in mod.get_global_vars():
             if gv.name_hint in external:
                 mod.update_func(gv, external[gv.name_hint])
-    return mod, scope
+    return _drop_unused(mod, given, scope), scope
+
+
+def _referenced(func) -> set:
+    names = set()
+    T.structural_walk(func, [(T.GlobalVar, lambda gv: names.add(gv.name_hint))])
+    return names
+
+
+def _drop_unused(mod, given: set, scope: Scope):
+    """Only what will run in TVM: PrimFuncs that legalization made but nothing calls go;
+    those that only another codegen's functions call are that codegen's (``foreign``)."""
+    funcs = {gv.name_hint: f for gv, f in mod.functions_items()}
+    codegen = {n for n, f in funcs.items() if isinstance(f, T.Function) and f.attrs
+               and "Codegen" in f.attrs}
+    ours, seen, todo = set(), set(), [n for n, f in funcs.items()
+                                      if isinstance(f, T.Function) and n not in codegen]
+    while todo:  # what TVM compiles: reachable from Relax functions, codegens' excluded
+        name = todo.pop()
+        if name in seen or name in codegen or name not in funcs:
+            continue
+        seen.add(name)
+        ours.add(name)
+        todo.extend(_referenced(funcs[name]))
+    used_by_codegen = set().union(*(_referenced(funcs[n]) for n in codegen)) if codegen \
+        else set()
+    dead = [gv for gv in mod.get_global_vars() if isinstance(funcs[gv.name_hint], T.PrimFunc)
+            and gv.name_hint not in ours and gv.name_hint not in used_by_codegen
+            and gv.name_hint not in given]
+    scope.foreign.update(n for n in used_by_codegen - ours if isinstance(funcs.get(n),
+                                                                        T.PrimFunc))
+    if dead:
+        mod = mod.clone()
+        for gv in dead:
+            del mod[gv]
+    return mod
 
 
 def call_tir_sites(mod):

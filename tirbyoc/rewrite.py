@@ -1,8 +1,8 @@
 """Rewrite matched regions of a PrimFunc into ``call_extern`` blocks.
 
 Each region (a dense nest and the epilogue nests it fuses) becomes one opaque sblock,
-placed where the region's last nest was, whose body asserts that the kernel returned
-``TIRBYOC_OK``. Intermediate buffers that only the region used are dropped; all other
+placed where the region's last nest was, whose body checks the status the kernel returned
+(an error raises a ``RuntimeError`` naming the kernel and the reason). Intermediate buffers that only the region used are dropped; all other
 nests stay exactly as they were.
 """
 
@@ -13,12 +13,24 @@ from .matcher import Region
 from .normalize import INTRINSIC_ATTR, OFFLOADED_ATTR, NormalFunc
 
 
+def status_checks(symbol: str, call):
+    """``status = call`` then one assertion per error status, each raising a RuntimeError
+    that names the kernel and the reason (the library's own ``tirbyoc_status_string``)."""
+    from . import kernels
+
+    status = T.Var("status", "int32")
+    checks = [T.assert_stmt(status != T.const(code, "int32"),
+                            f"tirbyoc: kernel {symbol} failed: {reason}")
+              for code, reason in kernels.error_statuses().items()]
+    checks.append(T.assert_stmt(status == T.const(kernels.TIRBYOC_OK, "int32"),
+                                f"tirbyoc: kernel {symbol} failed: unknown status"))
+    return T.seq([T.bind(status, call)] + checks)
+
+
 def _kernel_block(region: Region):
     symbol = region.symbol
-    call = T.call_extern("int32", symbol, region.intrinsic.arguments(region))
-    body = T.assert_stmt(call == T.const(0, "int32"),
-                         f"tirbyoc: kernel {symbol} returned an error status "
-                         "(invalid sizes or strides)")
+    body = status_checks(symbol, T.call_extern("int32", symbol,
+                                               region.intrinsic.arguments(region)))
     inputs = [region.dense.a, region.weight] + [
         b for _, _, sm in region.steps for b in sm.captures.values()]
     block = T.make_block(

@@ -20,6 +20,7 @@ from __future__ import annotations
 from . import _tvm as T
 from .matcher import match_dense
 from .normalize import normalize
+from .rewrite import status_checks
 
 _REGISTERED: set = set()
 
@@ -64,7 +65,16 @@ def _intrin_funcs(m: int, n: int, k: int, layout: str):
                 A.access_ptr("r"), S.Cast("int64", sa), W.access_ptr("r"), S.Cast("int64", sw),
                 C.access_ptr("rw"), S.Cast("int64", sc)))
 
-    return desc, impl
+    return desc, _checking_status(impl, symbol)
+
+
+def _checking_status(impl, symbol: str):
+    """``impl`` with its kernel call's status checked, as in offloaded blocks."""
+    root = impl.body.block
+    checked = T.make_block(root.name_hint, status_checks(symbol, root.body.value), root.reads,
+                           root.writes, root.annotations, root.iter_vars, root.init,
+                           root.alloc_buffers, root.match_buffers)
+    return T.make_prim_func(impl, impl.params, T.make_realize(checked))
 
 
 def dense_intrin(m: int, n: int, k: int, layout: str = "nt") -> str:
