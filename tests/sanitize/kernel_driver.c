@@ -1,0 +1,792 @@
+/*
+ * kernel_driver.c - a stand-alone driver of the tirbyoc C kernels, built
+ * together with the kernel sources under AddressSanitizer + UBSan or under
+ * ThreadSanitizer (tests/test_sanitizers.py does both; kernels/README.md,
+ * "Sanitizers and fuzzing", shows the commands).
+ *
+ *   kernel_driver all      every exported kernel on every instruction set:
+ *                          register-tile edges, every algorithm path (few
+ *                          rows, nt_direct, blocked, K and N blocks),
+ *                          multi-threaded calls through the worker pool,
+ *                          concurrent callers, K == 0, empty matrices and
+ *                          invalid arguments
+ *   kernel_driver threads  only the multi-threaded and concurrent parts
+ *                          (ThreadSanitizer is slow)
+ *
+ * Every result is compared with a double-precision reference (tolerance as
+ * in tests/test_kernel_fuzz.py), the stride padding of C must be left
+ * untouched, and errors must leave the output untouched. Buffers end exactly
+ * where the matrix ends, and their start is misaligned, so a sanitizer sees
+ * any access past them.
+ *
+ * The last line printed is the summary
+ *   kernel_driver: mode=M isas=I kernels=K checks=N failures=F
+ * and the exit status is 1 if any check failed.
+ */
+#define _POSIX_C_SOURCE 200809L
+
+#include <math.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tirbyoc_kernels.h"
+
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#define POISON(p, bytes) ASAN_POISON_MEMORY_REGION(p, bytes)
+#define UNPOISON(p, bytes) ASAN_UNPOISON_MEMORY_REGION(p, bytes)
+#else
+#define POISON(p, bytes) ((void)(p), (void)(bytes))
+#define UNPOISON(p, bytes) ((void)(p), (void)(bytes))
+#endif
+
+/* ---- checks ---- */
+
+/* Updated from several threads at once (atomics: TSan must see no race in
+ * the driver itself). */
+static long n_checks, n_failures;
+
+#define MAX_REPORTS 30
+
+static void check(int ok, const char *what, const char *kernel, int64_t m,
+                  int64_t n, int64_t k, const char *detail)
+{
+    __atomic_add_fetch(&n_checks, 1, __ATOMIC_RELAXED);
+    if (!ok && __atomic_add_fetch(&n_failures, 1, __ATOMIC_RELAXED) <= MAX_REPORTS)
+        fprintf(stderr, "FAIL %s: %s on %s, m=%lld n=%lld k=%lld %s\n", what,
+                kernel, tirbyoc_isa(), (long long)m, (long long)n,
+                (long long)k, detail != NULL ? detail : "");
+}
+
+/* ---- the kernels ---- */
+
+typedef int32_t (*dense_fn)(int64_t, int64_t, int64_t, const float *, int64_t,
+                            const float *, int64_t, const float *, float *,
+                            int64_t);
+typedef int32_t (*packed_fn)(int64_t, int64_t, int64_t, const float *,
+                             int64_t, const float *, const float *, float *,
+                             int64_t);
+typedef int32_t (*acc_fn)(int64_t, int64_t, int64_t, const float *, int64_t,
+                          const float *, int64_t, float *, int64_t);
+typedef int32_t (*pack_fn)(int64_t, int64_t, const float *, int64_t, float *);
+
+enum { NT, NN, PACKED };
+enum { EPI_NONE, EPI_RELU, EPI_RELU6 };
+
+typedef struct {
+    const char *name;
+    int layout; /* NT, NN or PACKED: what the kernel reads */
+    int epi;
+    dense_fn dense;   /* one of these three is set */
+    packed_fn packed;
+    acc_fn acc;
+} kernel_t;
+
+/* Every exported kernel (tests/test_sanitizers.py checks that every
+ * exported symbol is named in this file). The pack functions run in every
+ * case of a PACKED kernel. */
+static const kernel_t KERNELS[] = {
+    {"tirbyoc_dense_f32_nt", NT, EPI_NONE, tirbyoc_dense_f32_nt, NULL, NULL},
+    {"tirbyoc_dense_relu_f32_nt", NT, EPI_RELU, tirbyoc_dense_relu_f32_nt, NULL, NULL},
+    {"tirbyoc_dense_relu6_f32_nt", NT, EPI_RELU6, tirbyoc_dense_relu6_f32_nt, NULL, NULL},
+    {"tirbyoc_dense_f32_nn", NN, EPI_NONE, tirbyoc_dense_f32_nn, NULL, NULL},
+    {"tirbyoc_dense_relu_f32_nn", NN, EPI_RELU, tirbyoc_dense_relu_f32_nn, NULL, NULL},
+    {"tirbyoc_dense_relu6_f32_nn", NN, EPI_RELU6, tirbyoc_dense_relu6_f32_nn, NULL, NULL},
+    {"tirbyoc_dense_f32_packed", PACKED, EPI_NONE, NULL, tirbyoc_dense_f32_packed, NULL},
+    {"tirbyoc_dense_relu_f32_packed", PACKED, EPI_RELU, NULL, tirbyoc_dense_relu_f32_packed, NULL},
+    {"tirbyoc_dense_relu6_f32_packed", PACKED, EPI_RELU6, NULL, tirbyoc_dense_relu6_f32_packed, NULL},
+    {"tirbyoc_dense_acc_f32_nt", NT, EPI_NONE, NULL, NULL, tirbyoc_dense_acc_f32_nt},
+    {"tirbyoc_dense_acc_f32_nn", NN, EPI_NONE, NULL, NULL, tirbyoc_dense_acc_f32_nn},
+};
+#define N_KERNELS ((int)(sizeof(KERNELS) / sizeof(KERNELS[0])))
+static const pack_fn PACK[2] = {tirbyoc_pack_weight_f32_nt, tirbyoc_pack_weight_f32_nn};
+static const char *const PACK_NAMES[2] = {"tirbyoc_pack_weight_f32_nt",
+                                          "tirbyoc_pack_weight_f32_nn"};
+
+static const char *const ISA_NAMES[] = {"generic", "avx2", "avx512"};
+
+/* ---- random numbers (xorshift64*) ---- */
+
+static uint64_t rng_next(uint64_t *s)
+{
+    *s ^= *s >> 12;
+    *s ^= *s << 25;
+    *s ^= *s >> 27;
+    return *s * 2685821657736338717ULL;
+}
+
+static float rng_float(uint64_t *s) /* in [-1, 1) */
+{
+    return (float)((double)(rng_next(s) >> 40) / 8388608.0 - 1.0);
+}
+
+static int64_t rng_int(uint64_t *s, int64_t lo, int64_t hi) /* inclusive */
+{
+    return lo + (int64_t)(rng_next(s) % (uint64_t)(hi - lo + 1));
+}
+
+/* ---- buffers ---- */
+
+/* `n` floats at `p`, `off` floats into a malloc'd block that ends exactly at
+ * p + n: ASan reports any access after the end, and before the start as far
+ * as whole 8-byte granules allow (those are poisoned). */
+typedef struct {
+    float *base, *p;
+    size_t n, off;
+} buf_t;
+
+static float *buf_alloc(buf_t *b, size_t n, size_t off)
+{
+    const size_t bytes = (off + n) * sizeof(float);
+    b->base = (float *)malloc(bytes > 0 ? bytes : 1);
+    if (b->base == NULL) {
+        fprintf(stderr, "out of memory\n");
+        exit(2);
+    }
+    b->p = b->base + off;
+    b->n = n;
+    b->off = off;
+    POISON(b->base, (off * sizeof(float)) & ~(size_t)7);
+    return b->p;
+}
+
+static void buf_free(buf_t *b)
+{
+    if (b->base != NULL) {
+        UNPOISON(b->base, (b->off * sizeof(float)) & ~(size_t)7);
+        free(b->base);
+    }
+    b->base = b->p = NULL;
+}
+
+/* Floats spanned by a rows x cols matrix with row stride ld (no padding
+ * after the last row). */
+static size_t span(int64_t rows, int64_t cols, int64_t ld)
+{
+    return rows > 0 && cols > 0 ? (size_t)((rows - 1) * ld + cols) : 0;
+}
+
+static float nan_f(void) { return (float)NAN; }
+
+/* Distinct bit patterns: stride padding of C, and output cells before the call. */
+static const uint32_t SENTINEL = 0x7FC0BAD0u;
+static const float UNWRITTEN = 1.2345e30f;
+
+static float from_bits(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, sizeof(f));
+    return f;
+}
+
+static uint32_t to_bits(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof(u));
+    return u;
+}
+
+/* ---- one call's operands ---- */
+
+typedef struct {
+    int64_t m, n, k;
+    int wlayout; /* how W is stored: NT ([N, K]) or NN ([K, N]) */
+    int bias;    /* pass a bias */
+    int nan;     /* one NaN in A (relu must propagate it) */
+    int64_t pad_a, pad_w, pad_c;
+    size_t off[5];
+} shape_t;
+
+typedef struct {
+    const kernel_t *kr;
+    shape_t s;
+    int64_t lda, ldw, ldc;
+    buf_t a, w, bias, packed, c;
+    float *c0; /* initial C (accumulating kernels) */
+} operands_t;
+
+static void fill_matrix(float *p, int64_t rows, int64_t cols, int64_t ld,
+                        uint64_t *rng)
+{
+    int64_t i, j;
+    if (cols == 0)
+        return; /* no buffer: rows of nothing need no padding either */
+    for (i = 0; i < rows; ++i)
+        for (j = 0; j < ld && (i < rows - 1 || j < cols); ++j)
+            /* Padding holds NaN: a read of it shows up in the result. */
+            p[i * ld + j] = j < cols ? rng_float(rng) : nan_f();
+}
+
+/* op(W)[p][j]: the weight multiplying A[:, p] into C[:, j]. */
+static float w_at(const operands_t *o, int64_t p, int64_t j)
+{
+    return o->s.wlayout == NT ? o->w.p[j * o->ldw + p] : o->w.p[p * o->ldw + j];
+}
+
+/* C's cells to their initial values, the padding to the sentinel. */
+static void reset_c(operands_t *o)
+{
+    const int64_t m = o->s.m, n = o->s.n;
+    int64_t i, j;
+    if (n == 0)
+        return; /* no buffer */
+    for (i = 0; i < m; ++i)
+        for (j = 0; j < o->ldc && (i < m - 1 || j < n); ++j)
+            o->c.p[i * o->ldc + j] =
+                j >= n ? from_bits(SENTINEL)
+                       : (o->kr->acc != NULL ? o->c0[i * n + j] : UNWRITTEN);
+}
+
+static void setup(operands_t *o, const kernel_t *kr, const shape_t *s,
+                  uint64_t seed)
+{
+    const int64_t m = s->m, n = s->n, k = s->k;
+    const int64_t wrows = s->wlayout == NT ? n : k, wcols = s->wlayout == NT ? k : n;
+    uint64_t rng = seed * 0x9E3779B97F4A7C15ULL + 1;
+    int64_t i;
+    memset(o, 0, sizeof(*o));
+    o->kr = kr;
+    o->s = *s;
+    o->lda = k + s->pad_a;
+    o->ldw = wcols + s->pad_w;
+    o->ldc = n + s->pad_c;
+    fill_matrix(buf_alloc(&o->a, span(m, k, o->lda), s->off[0]), m, k, o->lda, &rng);
+    if (s->nan && m > 0 && k > 0)
+        o->a.p[(m / 2) * o->lda + k / 3] = nan_f();
+    fill_matrix(buf_alloc(&o->w, span(wrows, wcols, o->ldw), s->off[1]), wrows,
+                wcols, o->ldw, &rng);
+    if (s->bias)
+        fill_matrix(buf_alloc(&o->bias, (size_t)n, s->off[2]), 1, n, n, &rng);
+    o->c0 = (float *)malloc((size_t)(m * n > 0 ? m * n : 1) * sizeof(float));
+    for (i = 0; i < m * n; ++i)
+        o->c0[i] = rng_float(&rng);
+    buf_alloc(&o->c, span(m, n, o->ldc), s->off[3]);
+    reset_c(o);
+}
+
+static void teardown(operands_t *o)
+{
+    buf_free(&o->a);
+    buf_free(&o->w);
+    buf_free(&o->bias);
+    buf_free(&o->packed);
+    buf_free(&o->c);
+    free(o->c0);
+}
+
+/* Packs W with the C packing function and checks it against the documented
+ * layout; the packed buffer is exactly as large as the size function says. */
+static void pack(operands_t *o)
+{
+    const int64_t n = o->s.n, k = o->s.k;
+    const int64_t size = tirbyoc_packed_weight_size_f32(n, k);
+    const char *name = PACK_NAMES[o->s.wlayout];
+    int64_t q, p, r;
+    int ok = 1;
+    check(size == (n + 15) / 16 * 16 * k, "packed size", name, 0, n, k, NULL);
+    buf_alloc(&o->packed, (size_t)(size > 0 ? size : 0), o->s.off[4]);
+    check(PACK[o->s.wlayout](n, k, o->w.base != NULL && size > 0 ? o->w.p : NULL,
+                             o->ldw, size > 0 ? o->packed.p : NULL) == 0,
+          "pack status", name, 0, n, k, NULL);
+    for (q = 0; q * 16 < n; ++q)
+        for (p = 0; p < k; ++p)
+            for (r = 0; r < 16; ++r) {
+                const float want = 16 * q + r < n ? w_at(o, p, 16 * q + r) : 0.0f;
+                ok &= to_bits(o->packed.p[q * 16 * k + p * 16 + r]) == to_bits(want);
+            }
+    check(ok, "packed layout", name, 0, n, k, NULL);
+}
+
+typedef struct {
+    int64_t m, n, k;
+    const float *a;
+    int64_t lda;
+    const float *w; /* the packed buffer for PACKED kernels */
+    int64_t ldw;
+    const float *bias;
+    float *c;
+    int64_t ldc;
+} args_t;
+
+static args_t default_args(const operands_t *o)
+{
+    args_t x;
+    x.m = o->s.m;
+    x.n = o->s.n;
+    x.k = o->s.k;
+    x.a = o->a.p;
+    x.lda = o->lda;
+    x.w = o->kr->layout == PACKED ? o->packed.p : o->w.p;
+    x.ldw = o->ldw;
+    x.bias = o->s.bias ? o->bias.p : NULL;
+    x.c = o->c.p;
+    x.ldc = o->ldc;
+    return x;
+}
+
+static int32_t invoke(const kernel_t *kr, const args_t *x)
+{
+    if (kr->dense != NULL)
+        return kr->dense(x->m, x->n, x->k, x->a, x->lda, x->w, x->ldw, x->bias,
+                         x->c, x->ldc);
+    if (kr->packed != NULL)
+        return kr->packed(x->m, x->n, x->k, x->a, x->lda, x->w, x->bias, x->c,
+                          x->ldc);
+    return kr->acc(x->m, x->n, x->k, x->a, x->lda, x->w, x->ldw, x->c, x->ldc);
+}
+
+/* ---- checking a result ---- */
+
+static double epilogue(double v, int epi)
+{
+    /* "v < 0" keeps NaN, as the kernels do. */
+    if (epi == EPI_RELU)
+        return v < 0 ? 0.0 : v;
+    if (epi == EPI_RELU6)
+        return v < 0 ? 0.0 : (v > 6 ? 6.0 : v);
+    return v;
+}
+
+/* The padding of C is untouched. */
+static void check_padding(const operands_t *o)
+{
+    int64_t i, j;
+    int ok = 1;
+    for (i = 0; i + 1 < o->s.m; ++i)
+        for (j = o->s.n; j < o->ldc; ++j)
+            ok &= to_bits(o->c.p[i * o->ldc + j]) == SENTINEL;
+    check(ok, "stride padding of C written", o->kr->name, o->s.m, o->s.n, o->s.k, NULL);
+}
+
+/* C against the double reference: |got - ref| <= 1e-5 |ref| + 1e-5 *
+ * max(1, sqrt(K) / 8) * max(max|ref|, t), t the 2-norm of the terms. */
+static void check_result(const operands_t *o)
+{
+    const int64_t m = o->s.m, n = o->s.n, k = o->s.k;
+    const int acc = o->kr->acc != NULL;
+    const size_t cells = (size_t)(m * n > 0 ? m * n : 1);
+    double *ref = (double *)malloc(cells * sizeof(double));
+    double *terms = (double *)malloc(cells * sizeof(double));
+    double max_ref = 0.0, factor = sqrt((double)k) / 8;
+    int64_t i, j, p, bad = 0;
+    char detail[160] = "";
+
+    for (i = 0; i < m; ++i)
+        for (j = 0; j < n; ++j) {
+            double sum = 0.0, t = 0.0, v;
+            for (p = 0; p < k; ++p) {
+                const double x = (double)o->a.p[i * o->lda + p] * w_at(o, p, j);
+                sum += x;
+                t += isfinite(x) ? x * x : 0.0;
+            }
+            if (o->s.bias && !acc) {
+                sum += o->bias.p[j];
+                t += (double)o->bias.p[j] * o->bias.p[j];
+            }
+            if (acc) {
+                sum += o->c0[i * n + j];
+                t += (double)o->c0[i * n + j] * o->c0[i * n + j];
+            }
+            v = epilogue(sum, o->kr->epi);
+            ref[i * n + j] = v;
+            terms[i * n + j] = sqrt(t);
+            if (isfinite(v) && fabs(v) > max_ref)
+                max_ref = fabs(v);
+        }
+    if (factor < 1)
+        factor = 1;
+    for (i = 0; i < m; ++i)
+        for (j = 0; j < n; ++j) {
+            const double want = ref[i * n + j];
+            const double got = o->c.p[i * o->ldc + j];
+            const double scale = terms[i * n + j] > max_ref ? terms[i * n + j] : max_ref;
+            int ok;
+            if (isnan(want))
+                ok = isnan(got);
+            else
+                ok = !isnan(got) &&
+                     fabs(got - want) <= 1e-5 * fabs(want) + 1e-5 * factor * scale;
+            if (!ok && bad++ == 0)
+                snprintf(detail, sizeof(detail), "(first at [%lld, %lld]: got %.9g, want %.9g)",
+                         (long long)i, (long long)j, got, want);
+        }
+    check(bad == 0, "result", o->kr->name, m, n, k, detail);
+    check_padding(o);
+    free(ref);
+    free(terms);
+}
+
+/* Runs one call on fresh operands and checks it; `keep` (or NULL) receives
+ * the operands for more calls (the caller tears them down). */
+static void run_case(const kernel_t *kr, const shape_t *s, uint64_t seed,
+                     operands_t *keep)
+{
+    operands_t o;
+    args_t x;
+    setup(&o, kr, s, seed);
+    if (kr->layout == PACKED)
+        pack(&o);
+    x = default_args(&o);
+    check(invoke(kr, &x) == 0, "status", kr->name, s->m, s->n, s->k, NULL);
+    check_result(&o);
+    if (keep != NULL)
+        *keep = o;
+    else
+        teardown(&o);
+}
+
+/* A shape with random strides, offsets, bias and W layout. */
+static shape_t make_shape(int64_t m, int64_t n, int64_t k, uint64_t *rng)
+{
+    shape_t s;
+    int i;
+    s.m = m;
+    s.n = n;
+    s.k = k;
+    s.wlayout = (int)rng_int(rng, 0, 1);
+    s.bias = rng_int(rng, 0, 2) > 0;
+    s.nan = rng_int(rng, 0, 4) == 0;
+    s.pad_a = rng_int(rng, 0, 2) ? rng_int(rng, 1, 19) : 0;
+    s.pad_w = rng_int(rng, 0, 2) ? rng_int(rng, 1, 19) : 0;
+    s.pad_c = rng_int(rng, 0, 2) ? rng_int(rng, 1, 19) : 0;
+    for (i = 0; i < 5; ++i)
+        s.off[i] = (size_t)rng_int(rng, 0, 15);
+    return s;
+}
+
+/* The W layout a kernel reads is fixed unless it takes packed W. */
+static shape_t shape_for(const kernel_t *kr, int64_t m, int64_t n, int64_t k,
+                         uint64_t *rng)
+{
+    shape_t s = make_shape(m, n, k, rng);
+    if (kr->layout != PACKED)
+        s.wlayout = kr->layout;
+    return s;
+}
+
+/* ---- sections ---- */
+
+/* Every combination of register-tile edges (14x32, 6x16, 4x16 tiles, few-row
+ * and nt_direct thresholds, 6-column direct tiles, vector widths in K). */
+static void edge_tiles(uint64_t *rng)
+{
+    static const int64_t ms[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 14, 15, 17, 29};
+    static const int64_t ns[] = {1, 6, 7, 15, 16, 17, 31, 32, 33};
+    static const int64_t ks[] = {1, 7, 16, 17};
+    size_t a, b, c;
+    int kr;
+    for (kr = 0; kr < N_KERNELS; ++kr)
+        for (a = 0; a < sizeof(ms) / sizeof(ms[0]); ++a)
+            for (b = 0; b < sizeof(ns) / sizeof(ns[0]); ++b)
+                for (c = 0; c < sizeof(ks) / sizeof(ks[0]); ++c) {
+                    const shape_t s = shape_for(&KERNELS[kr], ms[a], ns[b], ks[c], rng);
+                    run_case(&KERNELS[kr], &s, rng_next(rng), NULL);
+                }
+}
+
+/* Algorithm paths and cache-block edges, single-threaded. */
+static void block_edges(uint64_t *rng)
+{
+    static const int64_t shapes[][3] = {
+        {5, 1025, 20},  {8, 300, 300},  {3, 1030, 9},    /* few rows, column chunks */
+        {9, 7, 513},    {64, 13, 100},  {65, 6, 1025},   /* nt_direct, 64-row chunks */
+        {128, 5, 4224}, {100, 3, 4225},                  /* nt_direct scratch limit */
+        {129, 257, 300}, {15, 33, 257}, {29, 513, 64},   /* blocked: N and K blocks */
+        {14, 32, 512},  {33, 260, 770},
+    };
+    size_t i;
+    int kr;
+    tirbyoc_set_num_threads(1);
+    for (kr = 0; kr < N_KERNELS; ++kr)
+        for (i = 0; i < sizeof(shapes) / sizeof(shapes[0]); ++i) {
+            const shape_t s = shape_for(&KERNELS[kr], shapes[i][0], shapes[i][1],
+                                        shapes[i][2], rng);
+            run_case(&KERNELS[kr], &s, rng_next(rng), NULL);
+        }
+}
+
+/* Above 4 MFLOP: split over the pool (N, M, few-rows and nt_direct splits),
+ * with 2 and 3 threads; the result must equal the 1-thread result bit for bit. */
+static void threaded(uint64_t *rng, int light)
+{
+    static const int64_t full[][3] = {
+        {200, 300, 100}, {4, 1100, 1000}, {300, 40, 400}, {64, 520, 300},
+    };
+    static const int64_t small[][3] = {
+        {130, 130, 130}, {4, 700, 800}, {260, 40, 210}, {64, 260, 130},
+    };
+    const int64_t(*shapes)[3] = light ? small : full;
+    int kr, i, t;
+    for (kr = 0; kr < N_KERNELS; ++kr)
+        for (i = 0; i < 4; ++i) {
+            const shape_t s = shape_for(&KERNELS[kr], shapes[i][0], shapes[i][1],
+                                        shapes[i][2], rng);
+            operands_t o;
+            float *one;
+            tirbyoc_set_num_threads(1);
+            run_case(&KERNELS[kr], &s, rng_next(rng), &o);
+            one = (float *)malloc(o.c.n * sizeof(float));
+            memcpy(one, o.c.p, o.c.n * sizeof(float));
+            for (t = 2; t <= 3; ++t) {
+                args_t x = default_args(&o);
+                tirbyoc_set_num_threads(t);
+                reset_c(&o);
+                check(invoke(o.kr, &x) == 0, "status (threads)", o.kr->name, s.m, s.n, s.k, NULL);
+                check(memcmp(one, o.c.p, o.c.n * sizeof(float)) == 0,
+                      "result differs from 1 thread", o.kr->name, s.m, s.n, s.k, NULL);
+            }
+            free(one);
+            teardown(&o);
+        }
+    tirbyoc_set_num_threads(2);
+}
+
+/* Several threads call kernels at once (the pool serves one caller; the
+ * others run alone), while another thread changes the thread count. Every
+ * call must give the checked single-threaded result bit for bit. */
+#define CALLERS 4
+
+typedef struct {
+    operands_t ops[3];
+    float *expected[3];
+    int rounds;
+} caller_t;
+
+static int stop_toggler;
+
+static void *toggler_main(void *arg)
+{
+    int t = 1;
+    (void)arg;
+    while (!__atomic_load_n(&stop_toggler, __ATOMIC_RELAXED)) {
+        tirbyoc_set_num_threads(1 + t++ % 3);
+        sched_yield();
+    }
+    return NULL;
+}
+
+static void *caller_main(void *arg)
+{
+    caller_t *cl = (caller_t *)arg;
+    int r, i;
+    for (r = 0; r < cl->rounds; ++r)
+        for (i = 0; i < 3; ++i) {
+            operands_t *o = &cl->ops[i];
+            args_t x = default_args(o);
+            reset_c(o);
+            check(invoke(o->kr, &x) == 0, "status (concurrent)", o->kr->name, o->s.m,
+                  o->s.n, o->s.k, NULL);
+            check(memcmp(cl->expected[i], o->c.p, o->c.n * sizeof(float)) == 0,
+                  "result (concurrent)", o->kr->name, o->s.m, o->s.n, o->s.k, NULL);
+            check_padding(o);
+        }
+    return NULL;
+}
+
+static void concurrent(uint64_t *rng, int rounds)
+{
+    /* Per caller: a call above the threading threshold, a few-rows call and
+     * a small one, of different kernels. */
+    static const int64_t shapes[3][3] = {{140, 140, 120}, {6, 500, 700}, {20, 33, 50}};
+    caller_t callers[CALLERS];
+    pthread_t threads[CALLERS], toggler;
+    int started[CALLERS];
+    int c, i;
+    for (c = 0; c < CALLERS; ++c) {
+        callers[c].rounds = rounds;
+        for (i = 0; i < 3; ++i) {
+            const kernel_t *kr = &KERNELS[(c * 3 + i) % N_KERNELS];
+            const shape_t s = shape_for(kr, shapes[i][0], shapes[i][1], shapes[i][2], rng);
+            operands_t *o = &callers[c].ops[i];
+            tirbyoc_set_num_threads(1);
+            run_case(kr, &s, rng_next(rng), o);
+            callers[c].expected[i] = (float *)malloc(o->c.n * sizeof(float) + 1);
+            memcpy(callers[c].expected[i], o->c.p, o->c.n * sizeof(float));
+        }
+    }
+    tirbyoc_set_num_threads(2);
+    __atomic_store_n(&stop_toggler, 0, __ATOMIC_RELAXED);
+    if (pthread_create(&toggler, NULL, toggler_main, NULL) != 0) {
+        check(0, "pthread_create", "toggler", 0, 0, 0, NULL);
+        return;
+    }
+    for (c = 0; c < CALLERS; ++c) {
+        started[c] = pthread_create(&threads[c], NULL, caller_main, &callers[c]) == 0;
+        check(started[c], "pthread_create", "caller", 0, 0, 0, NULL);
+    }
+    for (c = 0; c < CALLERS; ++c)
+        if (started[c])
+            pthread_join(threads[c], NULL);
+    __atomic_store_n(&stop_toggler, 1, __ATOMIC_RELAXED);
+    pthread_join(toggler, NULL);
+    tirbyoc_set_num_threads(2);
+    for (c = 0; c < CALLERS; ++c)
+        for (i = 0; i < 3; ++i) {
+            teardown(&callers[c].ops[i]);
+            free(callers[c].expected[i]);
+        }
+}
+
+/* K == 0 (bias then activation, or C unchanged for dense_acc) with NULL A
+ * and W; M == 0 with NULL A and C; N == 0 with NULL W and C. */
+static void empty_sizes(uint64_t *rng)
+{
+    int kr, layout;
+    for (kr = 0; kr < N_KERNELS; ++kr) {
+        const kernel_t *k = &KERNELS[kr];
+        shape_t s = shape_for(k, 5, 19, 0, rng);
+        operands_t o;
+        args_t x;
+        s.bias = 1;
+        setup(&o, k, &s, rng_next(rng));
+        if (k->layout == PACKED)
+            pack(&o);
+        x = default_args(&o);
+        x.a = NULL;
+        x.w = NULL;
+        check(invoke(k, &x) == 0, "status (K = 0)", k->name, 5, 19, 0, NULL);
+        check_result(&o);
+        teardown(&o);
+
+        s = shape_for(k, 4, 7, 3, rng);
+        setup(&o, k, &s, rng_next(rng));
+        if (k->layout == PACKED)
+            pack(&o);
+        x = default_args(&o);
+        x.m = 0;
+        x.a = NULL;
+        x.c = NULL;
+        check(invoke(k, &x) == 0, "status (M = 0)", k->name, 0, 7, 3, NULL);
+        x = default_args(&o);
+        x.n = 0;
+        x.w = NULL;
+        x.c = NULL;
+        x.bias = NULL;
+        check(invoke(k, &x) == 0, "status (N = 0)", k->name, 4, 0, 3, NULL);
+        /* Neither call may write C. */
+        check_padding(&o);
+        {
+            int64_t i, j;
+            int ok = 1;
+            for (i = 0; i < 4; ++i)
+                for (j = 0; j < 7; ++j)
+                    ok &= o.c.p[i * o.ldc + j] ==
+                          (k->acc != NULL ? o.c0[i * 7 + j] : UNWRITTEN);
+            check(ok, "C written by an empty call", k->name, 4, 7, 3, NULL);
+        }
+        teardown(&o);
+    }
+    for (layout = 0; layout < 2; ++layout) {
+        check(PACK[layout](0, 5, NULL, layout == NT ? 5 : 0, NULL) == 0,
+              "status (N = 0)", PACK_NAMES[layout], 0, 0, 5, NULL);
+        check(PACK[layout](5, 0, NULL, layout == NT ? 0 : 5, NULL) == 0,
+              "status (K = 0)", PACK_NAMES[layout], 0, 5, 0, NULL);
+    }
+}
+
+/* Each invalid argument gives a nonzero status and leaves C (all of its
+ * buffer) untouched. */
+static void invalid_args(uint64_t *rng)
+{
+    enum { BAD_M, BAD_N, BAD_K, BAD_LDA, BAD_LDW, BAD_LDC, NULL_A, NULL_W, NULL_C, BAD_COUNT };
+    static const char *const what[BAD_COUNT] = {
+        "m < 0", "n < 0", "k < 0", "lda < k", "ldw too small", "ldc < n",
+        "a NULL", "w NULL", "c NULL"};
+    int kr, bad, layout;
+    for (kr = 0; kr < N_KERNELS; ++kr) {
+        const kernel_t *k = &KERNELS[kr];
+        const shape_t s = shape_for(k, 6, 21, 11, rng);
+        operands_t o;
+        float *before;
+        setup(&o, k, &s, rng_next(rng));
+        if (k->layout == PACKED)
+            pack(&o);
+        before = (float *)malloc(o.c.n * sizeof(float));
+        memcpy(before, o.c.p, o.c.n * sizeof(float));
+        for (bad = 0; bad < BAD_COUNT; ++bad) {
+            args_t x = default_args(&o);
+            const int64_t wmin = s.wlayout == NT ? s.k : s.n;
+            if (bad == BAD_LDW && k->layout == PACKED)
+                continue; /* packed W has no stride */
+            switch (bad) {
+            case BAD_M: x.m = -1; break;
+            case BAD_N: x.n = -3; break;
+            case BAD_K: x.k = INT64_MIN; break;
+            case BAD_LDA: x.lda = s.k - 1; break;
+            case BAD_LDW: x.ldw = wmin - 1; break;
+            case BAD_LDC: x.ldc = s.n - 1; break;
+            case NULL_A: x.a = NULL; break;
+            case NULL_W: x.w = NULL; break;
+            default: x.c = NULL; break;
+            }
+            check(invoke(k, &x) != 0, what[bad], k->name, s.m, s.n, s.k, "accepted");
+            check(memcmp(before, o.c.p, o.c.n * sizeof(float)) == 0, what[bad], k->name,
+                  s.m, s.n, s.k, "C written despite the error");
+        }
+        free(before);
+        teardown(&o);
+    }
+    for (layout = 0; layout < 2; ++layout) {
+        /* n = 20, k = 9: W with 9 (NT) or 20 (NN) floats per row. */
+        const int64_t ldw = layout == NT ? 9 : 20;
+        float w[20 * 20], packed[32 * 9];
+        const float *wp = w;
+        int i, ok = 1;
+        for (i = 0; i < 20 * 20; ++i)
+            w[i] = (float)i;
+        for (i = 0; i < 32 * 9; ++i)
+            packed[i] = UNWRITTEN;
+        check(PACK[layout](-1, 9, wp, ldw, packed) != 0, "n < 0", PACK_NAMES[layout], 0, -1, 9, NULL);
+        check(PACK[layout](20, -1, wp, ldw, packed) != 0, "k < 0", PACK_NAMES[layout], 0, 20, -1, NULL);
+        check(PACK[layout](20, 9, wp, ldw - 1, packed) != 0, "ldw too small", PACK_NAMES[layout], 0, 20, 9, NULL);
+        check(PACK[layout](20, 9, NULL, ldw, packed) != 0, "w NULL", PACK_NAMES[layout], 0, 20, 9, NULL);
+        check(PACK[layout](20, 9, wp, ldw, NULL) != 0, "packed NULL", PACK_NAMES[layout], 0, 20, 9, NULL);
+        for (i = 0; i < 32 * 9; ++i)
+            ok &= packed[i] == UNWRITTEN;
+        check(ok, "packed written despite the error", PACK_NAMES[layout], 0, 20, 9, NULL);
+    }
+    check(tirbyoc_packed_weight_size_f32(-1, 5) < 0, "size of n < 0", "tirbyoc_packed_weight_size_f32", 0, -1, 5, NULL);
+    check(tirbyoc_packed_weight_size_f32((int64_t)1 << 62, 1024) < 0, "size overflow",
+          "tirbyoc_packed_weight_size_f32", 0, 0, 0, NULL);
+    check(tirbyoc_set_isa(NULL) != 0 && tirbyoc_set_isa("sse") != 0, "unknown ISA accepted",
+          "tirbyoc_set_isa", 0, 0, 0, NULL);
+    check(tirbyoc_set_num_threads(0) != 0 && tirbyoc_set_num_threads(-2) != 0,
+          "thread count < 1 accepted", "tirbyoc_set_num_threads", 0, 0, 0, NULL);
+    check(tirbyoc_num_threads() >= 1, "thread count", "tirbyoc_num_threads", 0, 0, 0, NULL);
+}
+
+int main(int argc, char **argv)
+{
+    const char *mode = argc > 1 ? argv[1] : "all";
+    const int all = strcmp(mode, "all") == 0;
+    char isas[64] = "";
+    uint64_t rng = 0x7172627963ULL;
+    size_t i;
+    if (!all && strcmp(mode, "threads") != 0) {
+        fprintf(stderr, "usage: %s [all|threads]\n", argv[0]);
+        return 2;
+    }
+    for (i = 0; i < sizeof(ISA_NAMES) / sizeof(ISA_NAMES[0]); ++i) {
+        if (tirbyoc_set_isa(ISA_NAMES[i]) != 0)
+            continue; /* not supported by this CPU */
+        check(strcmp(tirbyoc_isa(), ISA_NAMES[i]) == 0, "ISA not selected", ISA_NAMES[i], 0, 0, 0, NULL);
+        strcat(strcat(isas, *isas ? "," : ""), ISA_NAMES[i]);
+        if (all) {
+            tirbyoc_set_num_threads(1);
+            edge_tiles(&rng);
+            block_edges(&rng);
+            empty_sizes(&rng);
+            invalid_args(&rng);
+        }
+        threaded(&rng, !all);
+        concurrent(&rng, all ? 4 : 2);
+        fprintf(stderr, "  %s done: %ld checks so far\n", ISA_NAMES[i], n_checks);
+    }
+    printf("kernel_driver: mode=%s isas=%s kernels=%d checks=%ld failures=%ld\n", mode, isas,
+           N_KERNELS + 2, n_checks, n_failures);
+    return n_failures == 0 ? 0 : 1;
+}

@@ -1,0 +1,797 @@
+"""Randomized differential tests ("fuzzing") of every exported C kernel.
+
+Each exported kernel runs on every instruction set this CPU supports against a
+float64 numpy reference, over random sizes (0 and 1, the register-tile, K-block,
+N-block and algorithm edges of ``kernels/README.md``, and some calls above the
+4 MFLOP threshold that split work over the worker pool), random row strides,
+start pointers that are not 32- or 64-byte aligned, with and without bias, with
+NaN, +-Inf and zeros sprinkled into the inputs, and with invalid arguments. The
+kernels are called through cffi with raw pointers, so strides and offsets are
+exactly what the test chose.
+
+Each case checks:
+  * the status: 0 for valid arguments; nonzero for invalid ones, with nothing
+    written at all;
+  * the result against the reference. NaN exactly where the reference is NaN
+    (relu and relu6 propagate NaN, as in PyTorch), the same infinity where it is
+    +-Inf, equal where a non-finite value went through an activation (relu(-Inf)
+    is 0, relu6(+Inf) is 6), bit-identical for weight packing, and otherwise
+    |got - ref| <= 1e-5 |ref| + 1e-5 * max(1, sqrt(K) / 8) * s with
+    s = max(max|ref|, t_ij): the formula of tests/test_kernels.py, whose scale
+    is raised per element to the 2-norm t_ij of the terms the element sums
+    (sqrt of sum_k (A_ik W_kj)^2 + bias_j^2 + C0_ij^2). Random shapes include
+    outputs that are small only by cancellation (a single output with K = 2),
+    where max|ref| alone gives a tolerance below float32 rounding;
+  * that nothing outside the output is written: guard cells before and after
+    every buffer and the stride padding between the rows of C hold a sentinel
+    bit pattern that must survive, and every input buffer (guards included)
+    must be bit-for-bit unchanged. Input guards and padding hold NaN, so a read
+    outside an input shows up as NaN in the result.
+
+The kernels are described by one table, FAMILIES: a pattern over symbol names,
+how to build the arguments, and the reference. Collection fails if an exported
+symbol matches no entry (or two), so a new kernel cannot be left out; exported
+functions that are not kernels are listed with a reason in NOT_KERNELS.
+
+Environment:
+  TIRBYOC_FUZZ_CASES  cases per kernel and instruction set: an integer sets the
+                      count (default 80), "10x" multiplies the default.
+  TIRBYOC_FUZZ_SEED   base seed (default 20241123). Each case draws from its own
+                      generator seeded with (seed, symbol, ISA, case index).
+  TIRBYOC_FUZZ_LIB    path of a kernel extension built elsewhere, tested instead
+                      of the installed one (the sanitized build of
+                      kernels/README.md, "Sanitizers and fuzzing").
+
+A failure prints the case and the command that replays it alone:
+  python -m tests.test_kernel_fuzz SYMBOL ISA INDEX [--seed SEED]
+The number of cases per kernel and ISA (and per algorithm path) is printed in
+the "tirbyoc reliability figures" section of pytest's summary.
+"""
+
+import argparse
+import dataclasses
+import functools
+import importlib.util
+import math
+import os
+import re
+import sys
+import time
+import zlib
+from collections import Counter
+from typing import Callable
+
+import numpy as np
+import pytest
+
+from tirbyoc import kernels
+
+DEFAULT_CASES = 80
+DEFAULT_SEED = 20241123
+
+
+def _case_count(text):
+    """Cases per (kernel, ISA) from TIRBYOC_FUZZ_CASES ("" -> default)."""
+    text = text.strip()
+    if not text:
+        return DEFAULT_CASES
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)x", text)
+    count = round(float(match.group(1)) * DEFAULT_CASES) if match else int(text)
+    if count < 1:
+        raise ValueError(f"TIRBYOC_FUZZ_CASES must give at least 1 case, got {text!r}")
+    return count
+
+
+CASES = _case_count(os.environ.get("TIRBYOC_FUZZ_CASES", ""))
+SEED = int(os.environ.get("TIRBYOC_FUZZ_SEED", DEFAULT_SEED))
+
+
+# --- the library under test --------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Library:
+    """The cffi kernels under test, their exported symbols and ISAs."""
+
+    ffi: object
+    lib: object
+    symbols: tuple
+    isas: tuple
+    path: str
+
+    def isa(self):
+        return self.ffi.string(self.lib.tirbyoc_isa()).decode()
+
+    def set_isa(self, name):
+        if self.lib.tirbyoc_set_isa(name.encode()) != 0:
+            raise ValueError(f"instruction set {name!r} not available")
+
+
+def _load_library():
+    path = os.environ.get("TIRBYOC_FUZZ_LIB", "")
+    if not path:
+        ffi, lib = kernels.load()
+        return Library(ffi, lib, tuple(kernels.exported_symbols()),
+                       tuple(kernels.available_isas()), "installed")
+    # Another build of the same extension module (e.g. sanitized); it is not
+    # registered in sys.modules, so the installed one stays importable.
+    spec = importlib.util.spec_from_file_location("tirbyoc._kernels", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    ffi, lib = module.ffi, module.lib
+    symbols = tuple(sorted(name for name in dir(lib)
+                           if name.startswith(kernels.SYMBOL_PREFIX) and callable(getattr(lib, name))))
+    saved = ffi.string(lib.tirbyoc_isa())
+    isas = tuple(name for name in ("generic", "avx2", "avx512")
+                 if lib.tirbyoc_set_isa(name.encode()) == 0)
+    lib.tirbyoc_set_isa(saved)
+    return Library(ffi, lib, symbols, isas, path)
+
+
+LIBRARY = _load_library()
+
+
+# --- sizes ----------------------------------------------------------------------
+
+# Edges from kernels/README.md and dense_f32*.c: register tiles 14x32 (AVX-512),
+# 6x16 (AVX2), 4x16 (generic); few-rows path up to 4 rows (8 for "nt"); nt_direct
+# for 9..128 rows in 64-row chunks, 6-column tiles, up to K = 4224; K blocks of
+# 256/512; N blocks of 256/512; threads split N from 8 tiles (128/256 columns);
+# few-rows column chunks of 64 and 1024; dot products over 8/16 lanes.
+M_EDGES = (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 13, 14, 15, 16, 17, 27, 28, 29, 42, 43,
+           63, 64, 65, 127, 128, 129)
+N_EDGES = (1, 5, 6, 7, 8, 9, 12, 13, 15, 16, 17, 31, 32, 33, 47, 48, 49, 63, 64, 65,
+           127, 128, 129, 255, 256, 257, 511, 512, 513, 1023, 1024, 1025)
+K_EDGES = (1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 31, 32, 33, 255, 256, 257, 511, 512,
+           513, 767, 768, 769, 1024, 1025, 4224, 4225)
+LOG_MAX = {"m": 300, "n": 1100, "k": 1100}
+EDGES = {"m": M_EDGES, "n": N_EDGES, "k": K_EDGES}
+# Calls at or above this many flops may be split over threads (dense_f32.c).
+PAR_FLOPS = 4 * 1024 * 1024
+SMALL_FLOPS = 3_000_000   # ordinary cases stay below the threading threshold
+BIG_FLOPS = 24_000_000    # threaded cases stay below this
+P_BIG = 0.06
+# The first cases of every (kernel, ISA) run these shapes, so each algorithm
+# path and edge is hit even in a short run (other parameters stay random).
+PINNED = (
+    (0, 17, 5), (6, 0, 9), (7, 13, 0), (0, 0, 0), (1, 1, 1), (1, 1, 2), (2, 3, 2),
+    (3, 33, 17), (8, 300, 300), (5, 1025, 20),           # few rows
+    (9, 7, 513), (64, 13, 100), (65, 6, 1025), (128, 5, 4224), (100, 3, 4225),  # nt_direct
+    (129, 257, 300), (15, 33, 257), (29, 513, 64), (14, 32, 512),              # blocked
+    # Threaded, just above 4 MFLOP: split N, few rows, split M, nt_direct.
+    (130, 130, 130), (4, 700, 800), (260, 40, 210), (64, 260, 130),
+)
+
+# Scratch floats per thread (dense_f32_internal.h): nt_direct needs 64 * K of them.
+SCRATCH_FLOATS = 512 * 512 + 16 * 512
+DIRECT_ISAS = ("avx2", "avx512")
+
+
+def _log_uniform(rng, hi):
+    return int(math.exp(rng.uniform(0.0, math.log(hi + 1))))
+
+
+def _dim(rng, name):
+    r = rng.random()
+    if r < 0.04:
+        return 0
+    if r < 0.5:
+        return int(rng.choice(EDGES[name]))
+    return max(1, _log_uniform(rng, LOG_MAX[name]))
+
+
+def _draw_shape(rng):
+    """(m, n, k, big): an ordinary shape below SMALL_FLOPS, or (big, with
+    probability P_BIG) one between PAR_FLOPS and BIG_FLOPS."""
+    big = rng.random() < P_BIG
+    while True:
+        m = _dim(rng, "m")
+        if big:
+            n = max(1, _log_uniform(rng, 1500))
+            k = max(1, _log_uniform(rng, 1500))
+        else:
+            n, k = _dim(rng, "n"), _dim(rng, "k")
+        flops = 2 * m * n * k
+        if (PAR_FLOPS <= flops <= BIG_FLOPS) if big else flops <= SMALL_FLOPS:
+            return m, n, k, big
+
+
+# --- cases --------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """Everything random about one call except the operand values."""
+
+    symbol: str
+    isa: str
+    seed: int
+    index: int
+    m: int
+    n: int
+    k: int
+    layout: str       # how W is stored: "nt" ([N, K]) or "nn" ([K, N])
+    pads: tuple       # row stride minus row length, for A, W, C
+    offsets: tuple    # start of A, W, bias, C, packed W past a 64-byte boundary (floats)
+    bias: bool
+    specials: bool    # NaN / Inf / zeros sprinkled into the inputs
+    null_empty: bool  # NULL instead of a pointer for matrices without elements
+    threads: int
+    invalid: bool     # one argument made invalid
+
+    def describe(self):
+        fields = dataclasses.asdict(self)
+        return " ".join(f"{key}={value}" for key, value in fields.items())
+
+    def replay_command(self):
+        return (f"python -m tests.test_kernel_fuzz {self.symbol} {self.isa} {self.index}"
+                f" --seed {self.seed}")
+
+
+def case_rng(symbol, isa, seed, index):
+    # crc32, not hash(): the same case in every process.
+    return np.random.default_rng([seed, zlib.crc32(symbol.encode()),
+                                  zlib.crc32(isa.encode()), index])
+
+
+def draw_case(symbol, isa, seed, index, rng, fixed_layout):
+    if index < len(PINNED):
+        m, n, k = PINNED[index]
+        big = 2 * m * n * k >= PAR_FLOPS
+    else:
+        m, n, k, big = _draw_shape(rng)
+
+    def pad():
+        r = rng.random()
+        return 0 if r < 0.3 else int(rng.integers(1, 20)) if r < 0.9 else int(rng.integers(60, 80))
+
+    return Case(
+        symbol=symbol, isa=isa, seed=seed, index=index, m=m, n=n, k=k,
+        layout=fixed_layout or str(rng.choice(["nt", "nn"])),
+        pads=(pad(), pad(), pad()),
+        offsets=tuple(int(x) for x in rng.integers(0, 16, size=5)),
+        bias=bool(rng.random() < 0.6),
+        specials=bool(rng.random() < 0.25),
+        null_empty=bool(rng.random() < 0.5),
+        # Results must not depend on the thread count; 3 threads split unevenly.
+        threads=int(rng.choice([2, 3])) if big else 2,
+        invalid=bool(rng.random() < 0.06),
+    )
+
+
+# --- buffers --------------------------------------------------------------------
+
+GUARD = 32  # floats before and after every buffer (a multiple of 16: keeps 64-byte phase)
+# Never produced by a kernel: a quiet NaN with a payload, compared bit for bit.
+SENTINEL_BITS = np.uint32(0x7FC0BAD0)
+# The initial value of output cells (not NaN, not Inf, not 0 or 6): a cell the
+# kernel forgets to write differs from every possible reference value.
+UNWRITTEN = np.float32(1.2345e30)
+SPECIALS = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0], dtype=np.float32)
+
+
+class Buffer:
+    """A rows x cols float32 matrix with row stride ld, starting ``offset``
+    floats past a 64-byte boundary, inside an allocation with GUARD cells on
+    both sides. Everything that is not the matrix (guards, stride padding)
+    holds ``guard_bits``."""
+
+    def __init__(self, rows, cols, ld, offset, guard_bits):
+        self.rows, self.cols, self.ld = rows, cols, ld
+        size = rows * ld
+        self.start = GUARD + offset
+        spare = np.empty(self.start + size + GUARD + 16, dtype=np.float32)
+        align = (-spare.ctypes.data % 64) // 4
+        self.raw = spare[align:align + self.start + size + GUARD]
+        self.raw.view(np.uint32)[:] = guard_bits
+        self.view = self.raw[self.start:self.start + size].reshape(rows, ld)[:, :cols]
+        self.mask = np.zeros(self.raw.shape, dtype=bool)
+        self.mask[self.start:self.start + size].reshape(rows, ld)[:, :cols] = True
+
+    def ptr(self, ffi):
+        return ffi.cast("float *", self.raw.ctypes.data + 4 * self.start)
+
+    def bits(self):
+        return self.raw.view(np.uint32).copy()
+
+
+def _nan_bits():
+    return np.array([np.nan], dtype=np.float32).view(np.uint32)[0]
+
+
+class Operands:
+    """The operands of one case, created on first use (each family takes what
+    it needs) from the case's generator, and the list of all buffers made."""
+
+    def __init__(self, case, rng, accumulate):
+        self.case, self.rng, self.accumulate = case, rng, accumulate
+        self.buffers = {}
+
+    def _values(self, rows, cols):
+        """Standard normal values; in a "specials" case, often 1-3 of them
+        replaced by NaN, +-Inf or +-0."""
+        values = self.rng.standard_normal((rows, cols), dtype=np.float32)
+        if self.case.specials and values.size and self.rng.random() < 0.6:
+            count = int(self.rng.integers(1, 4))
+            rows_at = self.rng.integers(0, rows, size=count)
+            cols_at = self.rng.integers(0, cols, size=count)
+            values[rows_at, cols_at] = self.rng.choice(SPECIALS, size=count)
+        return values
+
+    def _input(self, name, rows, cols, ld, offset):
+        buf = Buffer(rows, cols, ld, offset, _nan_bits())
+        buf.view[:] = self._values(rows, cols)
+        self.buffers[name] = buf
+        return buf
+
+    @functools.cached_property
+    def a(self):
+        c = self.case
+        return self._input("a", c.m, c.k, c.k + c.pads[0], c.offsets[0])
+
+    @functools.cached_property
+    def w(self):
+        c = self.case
+        rows, cols = (c.n, c.k) if c.layout == "nt" else (c.k, c.n)
+        return self._input("w", rows, cols, cols + c.pads[1], c.offsets[1])
+
+    @functools.cached_property
+    def w_kn(self):
+        """op(W) as [K, N] float64: what multiplies A."""
+        w = self.w.view.astype(np.float64)
+        return w.T if self.case.layout == "nt" else w
+
+    @functools.cached_property
+    def bias(self):
+        if not self.case.bias:
+            return None
+        return self._input("bias", 1, self.case.n, self.case.n, self.case.offsets[2])
+
+    @functools.cached_property
+    def c(self):
+        """The output [M, N]: padding and guards hold the sentinel; the cells
+        hold C0 (accumulating kernels) or UNWRITTEN."""
+        c = self.case
+        buf = Buffer(c.m, c.n, c.n + c.pads[2], c.offsets[3], SENTINEL_BITS)
+        if self.accumulate:
+            buf.view[:] = self._values(c.m, c.n)
+        else:
+            buf.view[:] = UNWRITTEN
+        self.buffers["c"] = buf
+        return buf
+
+    @functools.cached_property
+    def packed_size(self):
+        n, k = self.case.n, self.case.k
+        return -(-n // 16) * 16 * k
+
+    @functools.cached_property
+    def packed_w(self):
+        """op(W) packed by numpy into the documented layout, as an input."""
+        buf = Buffer(1, self.packed_size, self.packed_size, self.case.offsets[4], _nan_bits())
+        buf.view[:] = pack_reference(self.w.view, self.case.layout)
+        self.buffers["packed_w"] = buf
+        return buf
+
+    @functools.cached_property
+    def packed_out(self):
+        buf = Buffer(1, self.packed_size, self.packed_size, self.case.offsets[4], SENTINEL_BITS)
+        buf.view[:] = UNWRITTEN
+        self.buffers["packed_out"] = buf
+        return buf
+
+
+def pack_reference(w, layout):
+    """The packed layout of tirbyoc_kernels.h: panel q holds columns 16q..16q+15
+    of op(W) as K rows of 16, zero padded."""
+    w_kn = w.T if layout == "nt" else w
+    k, n = w_kn.shape
+    panels = -(-n // 16)
+    padded = np.zeros((k, panels * 16), dtype=np.float32)
+    padded[:, :n] = w_kn
+    return padded.reshape(k, panels, 16).transpose(1, 0, 2).reshape(1, -1)
+
+
+# --- arguments ----------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Arg:
+    """One C argument; ``kind`` says how to make it invalid: "size" (negative),
+    "stride" (below ``minimum``), "matrix" (NULL, if ``required``: the matrix
+    has elements), "value" (cannot be made invalid, e.g. an optional bias)."""
+
+    name: str
+    value: object
+    kind: str = "value"
+    minimum: int = 0
+    required: bool = False
+
+
+def _size(name, value):
+    return Arg(name, value, "size")
+
+
+def _stride(name, buf, minimum):
+    return Arg(name, buf.ld, "stride", minimum=minimum)
+
+
+def _matrix(ops, name, buf, has_elements):
+    ffi = LIBRARY.ffi
+    null = ops.case.null_empty and not has_elements
+    return Arg(name, ffi.NULL if null else buf.ptr(ffi), "matrix", required=has_elements)
+
+
+def _optional(ops, name, buf):
+    return Arg(name, LIBRARY.ffi.NULL if buf is None else buf.ptr(LIBRARY.ffi))
+
+
+def _dense_args(ops, bias):
+    c = ops.case
+    w_min = c.k if c.layout == "nt" else c.n
+    return [_size("m", c.m), _size("n", c.n), _size("k", c.k),
+            _matrix(ops, "a", ops.a, c.m * c.k > 0), _stride("lda", ops.a, c.k),
+            _matrix(ops, "w", ops.w, c.n * c.k > 0), _stride("ldw", ops.w, w_min),
+            *([_optional(ops, "bias", ops.bias)] if bias else []),
+            _matrix(ops, "c", ops.c, c.m * c.n > 0), _stride("ldc", ops.c, c.n)]
+
+
+def dense_args(ops):
+    return _dense_args(ops, bias=True)
+
+
+def packed_args(ops):
+    c = ops.case
+    return [_size("m", c.m), _size("n", c.n), _size("k", c.k),
+            _matrix(ops, "a", ops.a, c.m * c.k > 0), _stride("lda", ops.a, c.k),
+            _matrix(ops, "packed", ops.packed_w, c.n * c.k > 0),
+            _optional(ops, "bias", ops.bias),
+            _matrix(ops, "c", ops.c, c.m * c.n > 0), _stride("ldc", ops.c, c.n)]
+
+
+def acc_args(ops):
+    return _dense_args(ops, bias=False)
+
+
+def pack_args(ops):
+    c = ops.case
+    w_min = c.k if c.layout == "nt" else c.n
+    return [_size("n", c.n), _size("k", c.k),
+            _matrix(ops, "w", ops.w, c.n * c.k > 0), _stride("ldw", ops.w, w_min),
+            _matrix(ops, "packed", ops.packed_out, c.n * c.k > 0)]
+
+
+def make_invalid(args, rng):
+    """One argument replaced by an invalid value: (new args, description)."""
+    choices = [i for i, arg in enumerate(args)
+               if arg.kind in ("size", "stride") or (arg.kind == "matrix" and arg.required)]
+    i = int(rng.choice(choices))
+    arg = args[i]
+    if arg.kind == "size":
+        value = int(rng.choice([-1, -2, -17, -(2**63)]))
+    elif arg.kind == "stride":
+        value = arg.minimum - 1 - int(rng.integers(0, 3))
+    else:
+        value = LIBRARY.ffi.NULL
+    return args[:i] + [dataclasses.replace(arg, value=value)] + args[i + 1:], f"{arg.name}={value}"
+
+
+# --- references ------------------------------------------------------------------
+
+EPILOGUES = {
+    None: lambda x: x,
+    "relu": lambda x: np.maximum(x, 0.0),          # np.maximum propagates NaN
+    "relu6": lambda x: np.clip(x, 0.0, 6.0),       # so does np.clip
+}
+
+
+def ieee_matmul(a, b):
+    """a @ b in float64 with IEEE semantics for NaN and Inf (0 * Inf is NaN),
+    which BLAS does not promise: rows of a and columns of b holding a
+    non-finite value are recomputed term by term."""
+    fa, fb = np.isfinite(a), np.isfinite(b)
+    out = np.where(fa, a, 0.0) @ np.where(fb, b, 0.0)
+    for i in np.flatnonzero(~fa.all(axis=1)):
+        out[i, :] = (a[i, :, None] * b).sum(axis=0)
+    for j in np.flatnonzero(~fb.all(axis=0)):
+        out[:, j] = (a * b[None, :, j]).sum(axis=1)
+    return out
+
+
+def _finite(x):
+    return np.where(np.isfinite(x), x, 0.0)
+
+
+def _dense_expected(ops, epi):
+    """(expected, per-element tolerance or None where it must match exactly)."""
+    c = ops.case
+    a = ops.a.view.astype(np.float64)
+    w = ops.w_kn
+    with np.errstate(invalid="ignore", over="ignore"):
+        pre = ieee_matmul(a, w)
+        # Only a tolerance scale: float32 (half the time of float64) is plenty.
+        terms = (_finite(a) ** 2).astype(np.float32) @ (_finite(w) ** 2).astype(np.float32)
+        terms = terms.astype(np.float64)
+        if ops.case.bias and not ops.accumulate:
+            bias = ops.bias.view.astype(np.float64)
+            pre = pre + bias
+            terms = terms + _finite(bias) ** 2
+        if ops.accumulate:
+            c0 = ops.c.view.astype(np.float64)  # still C0: called before the kernel
+            pre = pre + c0
+            terms = terms + _finite(c0) ** 2
+        expected = EPILOGUES[epi](pre)
+    finite = np.isfinite(expected)
+    max_ref = np.abs(expected[finite]).max() if finite.any() else 0.0
+    scale = np.maximum(max_ref, np.sqrt(terms)) * 1e-5 * max(1.0, math.sqrt(c.k) / 8)
+    # An output whose terms were not all finite must match exactly (0 or 6
+    # after an activation, or the NaN / Inf itself).
+    return expected, np.where(np.isfinite(pre), scale, 0.0)
+
+
+def dense_expected(ops, groups):
+    return _dense_expected(ops, groups.get("epi"))
+
+
+def acc_expected(ops, groups):
+    return _dense_expected(ops, None)
+
+
+def pack_expected(ops, groups):
+    size = LIBRARY.lib.tirbyoc_packed_weight_size_f32(ops.case.n, ops.case.k)
+    if size != ops.packed_size:
+        raise AssertionError(f"tirbyoc_packed_weight_size_f32 = {size}, expected {ops.packed_size}")
+    return pack_reference(ops.w.view, ops.case.layout), None  # None: bit for bit
+
+
+# --- the table of kernel families ----------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    """Kernels that share arguments and reference. ``pattern`` fully matches
+    their symbols; its named groups (``epi``, ``layout``) parameterize the
+    entry: ``layout`` fixes how W is stored (else random per case), ``epi``
+    keys EPILOGUES. ``expected(ops, groups)`` gives (expected output,
+    tolerance per element, or None for bit-exact); it runs before the call."""
+
+    pattern: str
+    args: Callable
+    expected: Callable
+    output: str = "c"          # the Operands buffer the kernel writes
+    accumulate: bool = False   # C holds values the kernel adds to
+
+
+_EPI = "|".join(name for name in EPILOGUES if name)
+FAMILIES = (
+    Family(rf"tirbyoc_dense(?:_(?P<epi>{_EPI}))?_f32_(?P<layout>nt|nn)", dense_args, dense_expected),
+    Family(rf"tirbyoc_dense(?:_(?P<epi>{_EPI}))?_f32_packed", packed_args, dense_expected),
+    Family(r"tirbyoc_dense_acc_f32_(?P<layout>nt|nn)", acc_args, acc_expected, accumulate=True),
+    Family(r"tirbyoc_pack_weight_f32_(?P<layout>nt|nn)", pack_args, pack_expected,
+           output="packed_out"),
+)
+# Exported functions that are not kernels, and where they are exercised.
+NOT_KERNELS = {
+    "tirbyoc_set_isa": "setting: selects every ISA of the run",
+    "tirbyoc_isa": "setting: saved and restored around each run",
+    "tirbyoc_set_num_threads": "setting: 2 or 3 threads per case",
+    "tirbyoc_num_threads": "setting: saved and restored around each run",
+    "tirbyoc_packed_weight_size_f32": "checked by every pack_weight case",
+    "tirbyoc_status_string": "describes a status; no operands",
+}
+
+
+def family_of(symbol):
+    """(family, named groups) of an exported kernel; raises if none or several match."""
+    matches = [(family, match.groupdict()) for family in FAMILIES
+               if (match := re.fullmatch(family.pattern, symbol))]
+    if len(matches) != 1:
+        raise LookupError(f"{symbol} matches {len(matches)} entries of FAMILIES")
+    return matches[0]
+
+
+def _kernel_symbols():
+    symbols, missing = [], []
+    for symbol in LIBRARY.symbols:
+        if symbol in NOT_KERNELS:
+            continue
+        try:
+            family_of(symbol)
+        except LookupError:
+            missing.append(symbol)
+        else:
+            symbols.append(symbol)
+    # At collection: a new kernel needs an entry in FAMILIES (or NOT_KERNELS).
+    assert not missing, f"exported kernels without a FAMILIES entry (or several): {missing}"
+    return symbols
+
+
+KERNEL_SYMBOLS = _kernel_symbols()
+
+
+# --- running a case ------------------------------------------------------------
+
+
+def algorithm(case):
+    """The path dense_f32.c takes for this case (a mirror, for the statistics)."""
+    if case.invalid:
+        return "invalid"
+    kind = case.symbol.rsplit("_", 1)[1]
+    if "pack_weight" in case.symbol:
+        return "pack"
+    if case.m == 0 or case.n == 0 or case.k == 0:
+        return "empty_or_k0"  # nothing to sum: bias (or C) only
+    acc = "_acc_" in case.symbol
+    if (not acc and kind == "nt" and case.isa in DIRECT_ISAS and 8 < case.m <= 128
+            and 64 * case.k <= SCRATCH_FLOATS):
+        path = "nt_direct"
+    elif not acc and case.m <= (8 if kind == "nt" else 4):
+        path = "small"
+    else:
+        path = "blocked"
+    if 2 * case.m * case.n * case.k >= PAR_FLOPS:
+        path += "+threads"
+    return path
+
+
+def _first(mask):
+    return tuple(int(i) for i in np.argwhere(mask)[0])
+
+
+def compare(got, expected, tolerance):
+    """None if ``got`` (float32) matches, else a description of the first mismatch."""
+    if tolerance is None:
+        same = got.view(np.uint32) == expected.astype(np.float32).view(np.uint32)
+        if not same.all():
+            at = _first(~same)
+            return f"not bit-identical at {at}: got {got[at]!r}, expected {expected[at]!r}"
+        return None
+    got64 = got.astype(np.float64)
+    checks = (
+        ("NaN mismatch", np.isnan(got64) != np.isnan(expected)),
+        ("Inf mismatch", np.isinf(expected) & (got64 != expected)),
+    )
+    for what, bad in checks:
+        if bad.any():
+            at = _first(bad)
+            return f"{what} at {at}: got {got[at]!r}, expected {expected[at]!r}"
+    finite = np.isfinite(expected)
+    with np.errstate(invalid="ignore"):
+        err = np.where(finite, np.abs(got64 - expected), 0.0)
+        bad = err > 1e-5 * np.abs(np.where(finite, expected, 0.0)) + tolerance
+    if bad.any():
+        at = _first(bad)
+        return (f"outside tolerance at {at} ({int(bad.sum())} elements): got {got[at]!r}, "
+                f"expected {expected[at]!r}, error {err[at]:.3g} > {tolerance[at]:.3g}")
+    return None
+
+
+def run_case(symbol, isa, seed, index):
+    """Runs one case (ISA must be active); returns (case, failure or None)."""
+    family, groups = family_of(symbol)
+    rng = case_rng(symbol, isa, seed, index)
+    case = draw_case(symbol, isa, seed, index, rng, groups.get("layout"))
+    ops = Operands(case, rng, family.accumulate)
+    args = family.args(ops)
+    output = getattr(ops, family.output)
+    mutation = ""
+    if case.invalid:
+        args, mutation = make_invalid(args, rng)
+        expected = None
+    else:
+        expected, tolerance = family.expected(ops, groups)
+    before = {name: buf.bits() for name, buf in ops.buffers.items()}
+    LIBRARY.lib.tirbyoc_set_num_threads(case.threads)
+
+    status = getattr(LIBRARY.lib, symbol)(*[arg.value for arg in args])
+
+    problems = []
+    for name, buf in ops.buffers.items():
+        changed = buf.bits() != before[name]
+        if buf is output and not case.invalid:
+            changed &= ~buf.mask  # only the matrix itself may change
+        if changed.any():
+            where = "despite invalid arguments" if case.invalid else "outside the output matrix"
+            problems.append(f"wrote {int(changed.sum())} cells of {name} {where} (first at "
+                            f"raw index {_first(changed)[0]}; the matrix starts at {buf.start})")
+    if case.invalid:
+        if status == 0:
+            problems.append(f"status 0 for invalid argument {mutation}")
+    elif status != 0:
+        problems.append(f"status {status} for valid arguments")
+    else:
+        mismatch = compare(output.view, expected, tolerance)
+        if mismatch:
+            problems.append(mismatch)
+    if not problems:
+        return case, None
+    detail = f" (invalid: {mutation})" if mutation else ""
+    return case, f"{case.describe()}{detail}\n    " + "\n    ".join(problems) + \
+        f"\n    replay: {case.replay_command()}"
+
+
+# --- the tests -----------------------------------------------------------------
+
+
+@pytest.fixture
+def active_isa(request):
+    """The ISA of the test, active during it; the ISA and thread settings are restored."""
+    saved_isa, saved_threads = LIBRARY.isa(), LIBRARY.lib.tirbyoc_num_threads()
+    LIBRARY.set_isa(request.param)
+    yield request.param
+    LIBRARY.set_isa(saved_isa)
+    LIBRARY.lib.tirbyoc_set_num_threads(saved_threads)
+
+
+_RESULTS = {}  # (symbol, isa) -> (cases, failures, seconds, Counter of paths)
+
+
+@pytest.mark.parametrize("active_isa", LIBRARY.isas, indirect=True)
+@pytest.mark.parametrize("symbol", KERNEL_SYMBOLS)
+def test_fuzz_kernel(symbol, active_isa):
+    start = time.perf_counter()
+    failures, paths, specials = [], Counter(), 0
+    for index in range(CASES):
+        case, failure = run_case(symbol, active_isa, SEED, index)
+        paths[algorithm(case)] += 1
+        specials += case.specials and not case.invalid
+        if failure:
+            failures.append(failure)
+    paths["nonfinite"] = specials
+    _RESULTS[symbol, active_isa] = (CASES, len(failures), time.perf_counter() - start, paths)
+    if failures:
+        shown = "\n".join(failures[:5])
+        pytest.fail(f"{len(failures)} of {CASES} cases failed for {symbol} on {active_isa} "
+                    f"(seed {SEED}); the first ones:\n{shown}", pytrace=False)
+
+
+def test_fuzz_figures(request, report_lines):
+    """Reports the cases per kernel and ISA; fails if a selected (kernel, ISA)
+    run did not finish its cases (an exception in the harness would otherwise
+    look like fewer, clean cases)."""
+    selected = {(item.callspec.params["symbol"], item.callspec.params["active_isa"])
+                for item in request.session.items if item.originalname == "test_fuzz_kernel"}
+    if not selected:
+        pytest.skip("no fuzz run selected")
+    unfinished = sorted(selected - set(_RESULTS))
+    results = list(_RESULTS.values())
+    report_lines.append(
+        f"kernel fuzz: {sum(r[0] for r in results)} cases, {sum(r[1] for r in results)} failed, "
+        f"{sum(r[2] for r in results):.1f} s ({len(results)} kernel x ISA runs of {CASES} "
+        f"cases, seed {SEED}, library {LIBRARY.path})")
+    for symbol in KERNEL_SYMBOLS:
+        runs = {isa: _RESULTS[symbol, isa] for isa in LIBRARY.isas if (symbol, isa) in _RESULTS}
+        if not runs:
+            continue
+        paths = sum((r[3] for r in runs.values()), Counter())
+        report_lines.append(
+            f"  {symbol:32s} "
+            + ", ".join(f"{isa} {r[0] - r[1]}/{r[0]} ok {r[2]:.1f}s" for isa, r in runs.items())
+            + "  [" + " ".join(f"{path}:{count}" for path, count in sorted(paths.items())) + "]")
+    assert not unfinished, f"fuzz runs that did not finish: {unfinished}"
+
+
+# --- replaying one case --------------------------------------------------------
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description="Replay one fuzz case of a tirbyoc kernel.")
+    parser.add_argument("symbol")
+    parser.add_argument("isa")
+    parser.add_argument("index", type=int)
+    parser.add_argument("--seed", type=int, default=SEED)
+    options = parser.parse_args(argv)
+    saved = LIBRARY.isa()
+    LIBRARY.set_isa(options.isa)
+    try:
+        case, failure = run_case(options.symbol, options.isa, options.seed, options.index)
+    finally:
+        LIBRARY.set_isa(saved)
+    print(case.describe())
+    print(f"path: {algorithm(case)}")
+    print(failure or "ok")
+    return 1 if failure else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
