@@ -24,14 +24,14 @@ def dense_arguments(region: Region) -> list:
     d = region.dense
     bias = region.capture("bias")
     an = T.analyzer()
-    weight = [T.address_of_first(region.weight)]
+    weight = [T.buffer_pointer(region.weight, "r")]
     if region.layout != "packed":
         weight.append(T.as_int64(row_stride(region.weight, 1, an)))
     ldc = row_stride(region.out, len(d.rows), an)
     return [T.as_int64(d.m), T.as_int64(d.n), T.as_int64(d.k),
-            T.address_of_first(d.a), T.as_int64(d.lda), *weight,
-            T.address_of_first(bias) if bias is not None else T.null_pointer(),
-            T.address_of_first(region.out), T.as_int64(ldc)]
+            T.buffer_pointer(d.a, "r"), T.as_int64(d.lda), *weight,
+            T.buffer_pointer(bias, "r") if bias is not None else T.null_pointer(),
+            T.buffer_pointer(region.out, "w"), T.as_int64(ldc)]
 
 
 def _reference(relu: bool):

@@ -58,8 +58,8 @@ def test_batched_rows_collapse_into_m():
 def test_strided_rows_pass_their_row_strides():
     text = offload_prim_func(F.strided_rows)[0].script()
     # lda = 9 and ldw = 7 come from the buffers' declared strides
-    assert "T.address_of(A[T.int64(0), T.int64(0)]), T.int64(9)" in text
-    assert "T.address_of(W[T.int64(0), T.int64(0)]), T.int64(7)" in text
+    assert 'T.tvm_access_ptr(T.type_annotation("float32"), A.data, 0, 54, 1), T.int64(9)' in text
+    assert 'T.tvm_access_ptr(T.type_annotation("float32"), W.data, 0, 35, 1), T.int64(7)' in text
     assert "tirbyoc_dense_f32_nn" in text
 
 

@@ -29,7 +29,7 @@ def test_tuning_keeps_offloaded_blocks(tmp_path):
     assert "sum" in tasks  # the rest of the model is there to tune
     db = ms.relax_integration.tune_relax(
         mod=offloaded, params={}, target=target, work_dir=str(tmp_path), max_trials_global=4,
-        num_trials_per_iter=2, cost_model="random", seed=0)
+        num_trials_per_iter=2, cost_model="random", strategy="replay-trace", seed=0)
     with target, db, tvm.transform.PassContext(opt_level=3):
         tuned = relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(offloaded)
     # the offloaded function comes back exactly as it was: still the kernel call

@@ -46,10 +46,12 @@ def nt_bias_relu_expected(A: T.Buffer((64, 80), "float32"), W: T.Buffer((50, 80)
                            "tirbyoc.offloaded": "mm + bias + relu -> tirbyoc_dense_relu_f32_nt"})
             status: T.let[T.int32] = T.call_extern(
                 "int32", "tirbyoc_dense_relu_f32_nt", T.int64(64), T.int64(50), T.int64(80),
-                T.address_of(A[T.int64(0), T.int64(0)]), T.int64(80),
-                T.address_of(W[T.int64(0), T.int64(0)]), T.int64(80),
-                T.address_of(B[T.int64(0)]), T.address_of(O[T.int64(0), T.int64(0)]),
-                T.int64(50))
+                # the whole of each buffer is accessed (tvm_access_ptr: data, offset,
+                # extent, 1 read / 2 write)
+                T.tvm_access_ptr(T.type_annotation("float32"), A.data, 0, 5120, 1), T.int64(80),
+                T.tvm_access_ptr(T.type_annotation("float32"), W.data, 0, 4000, 1), T.int64(80),
+                T.tvm_access_ptr(T.type_annotation("float32"), B.data, 0, 50, 1),
+                T.tvm_access_ptr(T.type_annotation("float32"), O.data, 0, 3200, 2), T.int64(50))
             assert status != 1, ("RuntimeError", [f"{KERNEL_FAILED}invalid setting"])
             assert status != 2, ("RuntimeError", [
                 f"{KERNEL_FAILED}a size is negative, or its buffer is too large to address"])

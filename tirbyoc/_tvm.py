@@ -89,10 +89,13 @@ def decl_buffer(shape, dtype: str, name: str):
     return tirx.decl_buffer(shape, dtype, name)
 
 
-def address_of_first(buf):
-    """Pointer to ``buf[0, ..., 0]`` (honours the buffer's element offset)."""
-    zero = tirx.const(0, "int64")
-    return tirx.address_of(tirx.BufferLoad(buf, [zero] * len(buf.shape)))
+def buffer_pointer(buf, access: str):
+    """Pointer to ``buf[0, ..., 0]`` for a kernel that reads ("r") or writes ("w") all of
+    ``buf`` (honours the buffer's element offset)."""
+    # NOTE: a tvm_access_ptr declares the whole buffer as accessed. An address_of(buf[0,..])
+    # looks like a one-element access, and TVM's buffer compaction then shrinks an
+    # intermediate that only kernels touch to one element.
+    return buf.access_ptr(access, ptr_type=str(buf.dtype))
 
 
 def null_pointer():

@@ -43,13 +43,19 @@ def _bias(ctx: StepContext):
     if bias.dtype != ctx.dtype:
         return NoMatch(f"bias dtype {bias.dtype} differs from {ctx.dtype}")
     idx = list(other.indices)
-    for i, e in enumerate(idx):
+    if not idx:
+        return NoMatch("adds a 0-d tensor (a scalar), not a bias vector")
+    an = T.analyzer()
+    # NOTE: a row iterator of extent 1 is always 0 (what legalization writes for a [1, N]
+    # bias added to a single row); any other row index makes a per-row bias.
+    idx = [T.const(0, "int64") if any(e.same_as(r) for r in ctx.unit_rows) else e
+           for e in idx]
+    for e in idx:
         if any(e.same_as(r) for r in ctx.rows):
             return NoMatch("bias is indexed by the row (a per-row bias); the kernel adds a "
                            "per-column bias")
     if not idx[-1].same_as(ctx.col):
         return NoMatch("bias is not indexed by the output column in its last dimension")
-    an = T.analyzer()
     for e, dim in zip(idx[:-1], bias.shape[:-1]):
         if not (an.can_prove_equal(e, 0) and an.can_prove_equal(dim, 1)):
             return NoMatch("bias has a leading dimension that is not a broadcast of size 1")

@@ -45,7 +45,8 @@ class StepContext:
 
     ``value``: the stored expression; ``is_input(expr)``: whether ``expr`` reads the
     previous result at the consumer's own indices; ``rows``/``col``: the consumer's
-    row iterators and column iterator (Vars); ``dtype``: the element type.
+    row iterators and column iterator (Vars); ``dtype``: the element type;
+    ``unit_rows``: the row iterators whose extent is 1 (always 0, like a constant index).
     """
 
     value: object
@@ -53,6 +54,7 @@ class StepContext:
     rows: tuple
     col: object
     dtype: str
+    unit_rows: tuple = ()
 
 
 @dataclass(frozen=True)

@@ -122,8 +122,8 @@ def match_dense(nest: Nest, dtypes) -> Dense | NoMatch:
     out_vars = list(store.indices)
     by_var = {i.var: i for i in nest.iters}
     if not all(isinstance(v, T.Var) and v in by_var and by_var[v].kind == "S" for v in out_vars) \
-            or len(out_vars) != len(spatial):
-        return NoMatch("the output is not indexed by the spatial iterators")
+            or len(out_vars) != len(spatial) or len(set(out_vars)) != len(out_vars):
+        return NoMatch("the output is not indexed by the spatial iterators, each once")
     rows, col, k = [by_var[v] for v in out_vars[:-1]], by_var[out_vars[-1]], red[0]
     dtype = c.dtype
     if init is None or not init.buffer.same_as(c) or \
@@ -205,8 +205,9 @@ def _consumer_context(nest: Nest, prev_buf, dense: Dense, value) -> StepContext 
     if len(out_vars) != len(iters) or len(out_vars) != len(dense.rows) + 1:
         return NoMatch("the consumer is not elementwise over the dense output")
     by_var = {i.var: i for i in iters}
-    if not all(isinstance(v, T.Var) and v in by_var for v in out_vars):
-        return NoMatch("the consumer's output is not indexed by its iterators")
+    if not all(isinstance(v, T.Var) and v in by_var for v in out_vars) or \
+            len(set(out_vars)) != len(out_vars):
+        return NoMatch("the consumer's output is not indexed by its iterators, each once")
     an = T.analyzer()
     for v, ext in zip(out_vars, [r.extent for r in dense.rows] + [dense.col.extent]):
         if not an.can_prove_equal(by_var[v].extent, ext):
@@ -224,7 +225,9 @@ def _consumer_context(nest: Nest, prev_buf, dense: Dense, value) -> StepContext 
     def is_input(expr) -> bool:
         return _is_load(expr, prev_buf, out_vars)
 
-    return StepContext(value, is_input, tuple(out_vars[:-1]), out_vars[-1], dense.dtype)
+    unit_rows = tuple(v for v in out_vars[:-1] if an.can_prove_equal(by_var[v].extent, 1))
+    return StepContext(value, is_input, tuple(out_vars[:-1]), out_vars[-1], dense.dtype,
+                       unit_rows)
 
 
 def _epilogue_chain(normal: NormalFunc, dense: Dense, steps_wanted):

@@ -157,4 +157,10 @@ def normalize(func) -> NormalFunc:
     stmts = list(root.body) if isinstance(root.body, T.SeqStmt) else [root.body]
     analyzer = T.analyzer()
     nests = [_normalize_nest(i, s, analyzer) for i, s in enumerate(stmts)]
+    if root.match_buffers:
+        # NOTE: a view matched in the root block aliases its source; the matcher's hazard
+        # and aliasing checks compare buffers by identity, so nothing here is offloaded.
+        for nest in nests:
+            nest.reason = nest.reason or ("the function matches buffer views in its root "
+                                          "block (they may alias other buffers)")
     return NormalFunc(func, root, nests, params)
