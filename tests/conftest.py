@@ -4,22 +4,40 @@ A test takes the ``report_lines`` fixture and appends lines to it; they are
 printed in a "tirbyoc reliability figures" section of the terminal summary
 (also with ``-q``), so long fuzz or sanitizer runs leave their numbers
 (cases per kernel and instruction set, checks, times) in the log.
+
+The lines travel as the test report's ``user_properties``, so they reach the
+summary also when pytest-xdist runs the tests in worker processes.
 """
 
 import pytest
 
-_REPORT_KEY = pytest.StashKey[list]()
+_KEY = "tirbyoc_figure"
+_lines: list = []  # collected in this process (the controller, under xdist)
 
 
-@pytest.fixture(scope="session")
+class _Figures:
+    """``append(line)`` adds a line to the current test's report."""
+
+    def __init__(self, node):
+        self._node = node
+
+    def append(self, line: str):
+        self._node.user_properties.append((_KEY, str(line)))
+
+
+@pytest.fixture
 def report_lines(request):
-    """A list of lines for the terminal summary of this run."""
-    return request.config.stash.setdefault(_REPORT_KEY, [])
+    """Lines for the terminal summary of this run."""
+    return _Figures(request.node)
 
 
-def pytest_terminal_summary(terminalreporter, config):
-    lines = config.stash.get(_REPORT_KEY, [])
-    if lines:
+def pytest_runtest_logreport(report):
+    if report.when == "teardown":  # once per test, with everything the test appended
+        _lines.extend(value for key, value in report.user_properties if key == _KEY)
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _lines:
         terminalreporter.section("tirbyoc reliability figures")
-        for line in lines:
+        for line in _lines:
             terminalreporter.write_line(line)
