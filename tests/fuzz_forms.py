@@ -1001,6 +1001,9 @@ def expected_relax(s: RelaxSpec) -> tuple:
         return (None,)
     if s.core == "shared_weight":
         return expected_relax(dataclasses.replace(s, core="ok")) + ("dense",)
+    if s.tail == "residual" and not (s.bias or s.act or s.both_outputs) and \
+            all(r == 1 for r in s.rows):
+        return (intrinsic_for(["bias"]),)  # over one row a [1, N] residual is a column bias
     kinds = []
     if s.bias:
         if not RELAX_BIAS_VALID[s.bias]:
@@ -1033,6 +1036,8 @@ def _relax_bad_bias(rng):
         s.n = _dims(rng, 2)  # b[0] with N == 1 is a per-column bias
     if s.bias == "full" and all(r == 1 for r in s.rows):
         s.rows[-1] = _dims(rng, 2)  # over one row, a full-shape bias is per column
+    if "m" in s.rows:
+        s.bias_const = False  # a constant has no symbolic shape
     return s
 
 

@@ -130,21 +130,16 @@ def test_driver_names_every_exported_function():
     assert not missing, f"not exercised by {DRIVER.name}: {missing}"
 
 
-def test_address_and_undefined_sanitizers(tmp_path, report_lines):
+@pytest.mark.parametrize("label,sanitizers,mode,min_checks", [
+    ("ASan+UBSan", "address,undefined", "all", 20000),  # every path, every kernel
+    ("TSan", "thread", "threads", 500),  # the pool and concurrent callers
+], ids=["address-undefined", "thread"])
+def test_sanitized_driver(tmp_path, report_lines, label, sanitizers, mode, min_checks):
     start = time.perf_counter()
-    exe = build_driver(tmp_path, "address,undefined")
+    exe = build_driver(tmp_path, sanitizers)
     built = time.perf_counter() - start
-    checks, seconds = run_driver(exe, "all", min_checks=20000)
-    report_lines.append(f"ASan+UBSan kernel_driver all: {checks} checks, 0 failures "
-                        f"(build {built:.1f} s, run {seconds:.1f} s)")
-
-
-def test_thread_sanitizer(tmp_path, report_lines):
-    start = time.perf_counter()
-    exe = build_driver(tmp_path, "thread")
-    built = time.perf_counter() - start
-    checks, seconds = run_driver(exe, "threads", min_checks=500)
-    report_lines.append(f"TSan kernel_driver threads: {checks} checks, 0 failures "
+    checks, seconds = run_driver(exe, mode, min_checks=min_checks)
+    report_lines.append(f"{label} kernel_driver {mode}: {checks} checks, 0 failures "
                         f"(build {built:.1f} s, run {seconds:.1f} s)")
 
 

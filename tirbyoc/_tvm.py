@@ -209,3 +209,37 @@ def dpl():
     from tvm.relax import dpl as _dpl
 
     return _dpl
+
+
+def dlight_blocks(sch):
+    """dlight's normalized block infos of a schedule's function (None: not analyzable)."""
+    from tvm.s_tir.dlight.analysis import normalize_prim_func
+
+    return normalize_prim_func(sch)
+
+
+def dlight_try_inline(sch, blocks):
+    """Inline what can be inlined; the blocks that remain."""
+    from tvm.s_tir.dlight.base import try_inline
+
+    return try_inline(sch, list(blocks))
+
+
+def dlight_extent(sch, loop):
+    """A loop's extent: an int when static."""
+    from tvm.s_tir.dlight.base import get_extent
+
+    return get_extent(sch, loop)
+
+
+def dlight_cpu_gemv():
+    return s_tir.dlight.cpu.GEMV()
+
+
+def dlight_cpu_reduction():
+    return s_tir.dlight.cpu.Reduction()
+
+
+def apply_default_schedule(*rules):
+    """dlight's pass: the first rule that returns a schedule wins, per PrimFunc."""
+    return s_tir.dlight.ApplyDefaultSchedule(*rules)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import _tvm as T
-from . import relax_prep, weights
+from . import fallback, relax_prep, weights
 from .matcher import Region
 from .normalize import INTRINSIC_ATTR, normalize
 from .schedule_rule import ScheduleRule, registry
@@ -183,7 +183,8 @@ def explain(mod, *, fuse="auto", intrinsics=None, region_passes=None) -> Report:
 
 def pipeline(target=None, *, intrinsics=None, region_passes=None):
     """A Relax pipeline for ``tvm.compile(..., relax_pipeline=tirbyoc.pipeline(target))``:
-    TVM's default CPU pipeline with tirbyoc's offload after legalization and fusion."""
+    TVM's default CPU pipeline with tirbyoc's offload after legalization and fusion, and
+    CPU schedules for the rest (``tirbyoc.fallback``)."""
     target = T.as_target(target or "llvm")
 
     @T.module_pass(opt_level=0, name="tirbyoc.pipeline")
@@ -196,6 +197,8 @@ def pipeline(target=None, *, intrinsics=None, region_passes=None):
             # FuseOps); for a module that was legalized and partitioned by the graph
             # level, this is where the rest gets fused.
             mod = T.Sequential(T.relax_default_prepare_passes())(mod)
+            # NOTE: the rest gets CPU schedules (TVM's default pipeline leaves it naive).
+            mod = T.apply_default_schedule(*fallback.schedule_rules())(mod)
             return T.Sequential(T.relax_default_lowering_passes(target))(mod)
 
     return _pipeline
