@@ -122,13 +122,12 @@ def _drop_unused(mod, given: set, scope: Scope):
     funcs = {gv.name_hint: f for gv, f in mod.functions_items()}
     codegen = {n for n, f in funcs.items() if isinstance(f, T.Function) and f.attrs
                and "Codegen" in f.attrs}
-    ours, seen, todo = set(), set(), [n for n, f in funcs.items()
-                                      if isinstance(f, T.Function) and n not in codegen]
+    ours, todo = set(), [n for n, f in funcs.items()
+                         if isinstance(f, T.Function) and n not in codegen]
     while todo:  # what TVM compiles: reachable from Relax functions, codegens' excluded
         name = todo.pop()
-        if name in seen or name in codegen or name not in funcs:
+        if name in ours or name in codegen or name not in funcs:
             continue
-        seen.add(name)
         ours.add(name)
         todo.extend(_referenced(funcs[name]))
     used_by_codegen = set().union(*(_referenced(funcs[n]) for n in codegen)) if codegen \

@@ -1,9 +1,10 @@
 """Rewrite matched regions of a PrimFunc into ``call_extern`` blocks.
 
 Each region (a dense nest and the epilogue nests it fuses) becomes one opaque sblock,
-placed where the region's last nest was, whose body checks the status the kernel returned
-(an error raises a ``RuntimeError`` naming the kernel and the reason). Intermediate buffers that only the region used are dropped; all other
-nests stay exactly as they were.
+placed where the region's last nest was, whose body checks the status the kernel
+returned (an error raises a ``RuntimeError`` naming the kernel and the reason).
+Intermediate buffers that only the region used are dropped; all other nests stay exactly
+as they were.
 """
 
 from __future__ import annotations
