@@ -81,10 +81,16 @@ def status_message(status):
     return ffi.string(lib.tirbyoc_status_string(int(status))).decode()
 
 
-def error_statuses():
-    """``{status: description}`` of every error status the kernels can return."""
+@functools.lru_cache(maxsize=None)
+def _error_statuses():
     _, lib = load()
-    return {s: status_message(s) for s in range(1, lib.TIRBYOC_STATUS_COUNT)}
+    return tuple((s, status_message(s)) for s in range(1, lib.TIRBYOC_STATUS_COUNT))
+
+
+def error_statuses():
+    """``{status: description}`` of every error status the kernels can return (read once;
+    every offloaded block's status checks use it)."""
+    return dict(_error_statuses())
 
 
 def _check(func, status):
