@@ -69,6 +69,7 @@ typedef struct {
     float *c;
     int64_t ldc;
     int accumulate; /* C += A @ op(W): no bias, no epilogue */
+    const tb_chain *chain; /* applied to each part once computed, or NULL */
     int split_n;  /* threads take column ranges (else row ranges) */
     int64_t unit; /* granularity of that split */
 } job_t;
@@ -198,6 +199,12 @@ static int use_direct(const tb_isa *isa, tb_wlayout layout, int accumulate,
            (size_t)k * (size_t)isa->direct_rows <= TB_SCRATCH_FLOATS;
 }
 
+static void run_part_product(const job_t *job, int64_t i0, int64_t i1,
+                             int64_t j0, int64_t j1, const float *w,
+                             const float *bias, const float *a, float *c);
+
+/* C[i0:i1, j0:j1]: the product (bias and relu in registers), then the rest of
+ * the epilogue chain while the part is still in cache. */
 static void run_part(const job_t *job, int64_t i0, int64_t i1, int64_t j0,
                      int64_t j1)
 {
@@ -207,6 +214,15 @@ static void run_part(const job_t *job, int64_t i0, int64_t i1, int64_t j0,
     float *c = job->c + i0 * job->ldc + j0;
     if (i1 <= i0 || j1 <= j0)
         return;
+    run_part_product(job, i0, i1, j0, j1, w, bias, a, c);
+    if (job->chain != NULL && job->chain->ops != 0)
+        job->isa->chain(job->chain, c, job->ldc, i1 - i0, j1 - j0, i0, j0);
+}
+
+static void run_part_product(const job_t *job, int64_t i0, int64_t i1,
+                             int64_t j0, int64_t j1, const float *w,
+                             const float *bias, const float *a, float *c)
+{
     if (job->alg == TB_ALG_DIRECT) {
         float *ap = tb_scratch();
         /* Without scratch memory this thread takes the blocked path, which
@@ -241,7 +257,8 @@ static void task(void *arg, int tid, int nt)
 static int32_t dense_run(tb_wlayout layout, tb_epilogue epi, int accumulate,
                          int64_t m, int64_t n, int64_t k, const float *a,
                          int64_t lda, const float *w, int64_t ldw,
-                         const float *bias, float *c, int64_t ldc)
+                         const float *bias, float *c, int64_t ldc,
+                         const tb_chain *chain, int max_threads)
 {
     job_t job;
     int64_t i, j, units;
@@ -257,6 +274,8 @@ static int32_t dense_run(tb_wlayout layout, tb_epilogue epi, int accumulate,
             for (j = 0; j < n; ++j)
                 c[i * ldc + j] =
                     tb_epi_scalar(bias != NULL ? bias[j] : 0.0f, (int)epi);
+        if (chain != NULL && chain->ops != 0)
+            tb_active_isa()->chain(chain, c, ldc, m, n, 0, 0);
         return TIRBYOC_OK;
     }
 
@@ -274,6 +293,7 @@ static int32_t dense_run(tb_wlayout layout, tb_epilogue epi, int accumulate,
     job.bias = bias;
     job.c = c;
     job.ldc = ldc;
+    job.chain = chain;
     if (use_direct(job.isa, layout, accumulate, m, k)) {
         job.alg = TB_ALG_DIRECT;
         job.split_n = 1;
@@ -289,6 +309,8 @@ static int32_t dense_run(tb_wlayout layout, tb_epilogue epi, int accumulate,
     }
     units = cdiv(job.split_n ? n : m, job.unit);
     want = tb_num_threads();
+    if (want > max_threads)
+        want = max_threads;
     if (2.0 * (double)m * (double)n * (double)k < TB_PAR_FLOPS)
         want = 1;
     if (want > units)
@@ -326,7 +348,8 @@ static int32_t dense_f32(tb_wlayout layout, tb_epilogue epi, int64_t m,
     const int32_t status = check_args(layout, m, n, k, a, lda, w, ldw, c, ldc);
     if (status != TIRBYOC_OK)
         return status;
-    return dense_run(layout, epi, 0, m, n, k, a, lda, w, ldw, bias, c, ldc);
+    return dense_run(layout, epi, 0, m, n, k, a, lda, w, ldw, bias, c, ldc,
+                     NULL, INT32_MAX);
 }
 
 /* One exported dense entry point per (epilogue, weight layout). */
@@ -364,7 +387,7 @@ static int32_t dense_acc(tb_wlayout layout, int64_t m, int64_t n, int64_t k,
     if (status != TIRBYOC_OK)
         return status;
     return dense_run(layout, TB_EPI_NONE, 1, m, n, k, a, lda, w, ldw, NULL, c,
-                     ldc);
+                     ldc, NULL, INT32_MAX);
 }
 
 int32_t tirbyoc_dense_acc_f32_nt(int64_t m, int64_t n, int64_t k,
@@ -379,6 +402,186 @@ int32_t tirbyoc_dense_acc_f32_nn(int64_t m, int64_t n, int64_t k,
                                  int64_t ldw, float *c, int64_t ldc)
 {
     return dense_acc(TB_W_NN, m, n, k, a, lda, w, ldw, c, ldc);
+}
+
+/* ---- the general entry point: batched, with an epilogue chain ---- */
+
+/* Number of operations in a chain; -1 if it is invalid (an unknown code, or
+ * a nonzero code after the first TIRBYOC_EPI_END). */
+static int chain_length(int64_t ops, int *uses_bias, int *uses_residual)
+{
+    int len = 0, ended = 0, i;
+    *uses_bias = *uses_residual = 0;
+    for (i = 0; i < 16; ++i) {
+        const int op = (int)(((uint64_t)ops >> (4 * i)) & 15u);
+        if (op == TIRBYOC_EPI_END) {
+            ended = 1;
+            continue;
+        }
+        if (ended || op >= TIRBYOC_EPI_OP_COUNT)
+            return -1;
+        *uses_bias |= op == TIRBYOC_EPI_BIAS;
+        *uses_residual |= op == TIRBYOC_EPI_RESIDUAL;
+        ++len;
+    }
+    return len;
+}
+
+typedef struct {
+    int64_t batch, m, n, k;
+    const float *a;
+    int64_t lda, sa;
+    const float *b;
+    int64_t ldb, sb;
+    tb_wlayout layout;
+    float *c;
+    int64_t ldc, sc;
+    tb_epilogue epi;     /* relu / relu6 applied in registers, or none */
+    const float *bias;   /* added in registers (the chain's first op), or NULL */
+    tb_chain rest;       /* what follows, applied to each finished part */
+    int64_t sr;
+    int threads_per_batch;
+} batch_job_t;
+
+static void run_batch(const batch_job_t *bj, int64_t q, int max_threads)
+{
+    tb_chain ch = bj->rest;
+    if (ch.residual != NULL)
+        ch.residual += q * bj->sr;
+    dense_run(bj->layout, bj->epi, 0, bj->m, bj->n, bj->k, bj->a + q * bj->sa,
+              bj->lda, bj->b + q * bj->sb, bj->ldb, bj->bias, bj->c + q * bj->sc,
+              bj->ldc, &ch, max_threads);
+}
+
+static void batch_task(void *arg, int tid, int nt)
+{
+    const batch_job_t *bj = (const batch_job_t *)arg;
+    const int64_t lo = bj->batch * tid / nt, hi = bj->batch * (tid + 1) / nt;
+    int64_t q;
+    for (q = lo; q < hi; ++q)
+        run_batch(bj, q, 1);
+}
+
+int32_t tirbyoc_matmul_f32(int64_t batch, int64_t m, int64_t n, int64_t k,
+                           const float *a, int64_t lda, int64_t stride_a,
+                           const float *b, int64_t ldb, int64_t stride_b,
+                           int32_t b_layout, float *c, int64_t ldc,
+                           int64_t stride_c, int64_t epilogue, float scale,
+                           const float *bias, const float *residual,
+                           int64_t ldr, int64_t stride_r)
+{
+    static const tb_wlayout layouts[] = {TB_W_NN, TB_W_NT, TB_W_PACKED};
+    batch_job_t bj;
+    int uses_bias, uses_residual, len, want;
+    int64_t ops, q;
+    int32_t status;
+
+    if (b_layout < 0 || b_layout > 2)
+        return TIRBYOC_EINVAL;
+    if (batch < 0 || stride_a < 0 || stride_b < 0 || stride_c < 0 ||
+        stride_r < 0)
+        return TIRBYOC_ESIZE;
+    status = check_args(layouts[b_layout], m, n, k, a, lda, b, ldb, c, ldc);
+    if (status != TIRBYOC_OK)
+        return status;
+    len = chain_length(epilogue, &uses_bias, &uses_residual);
+    if (len < 0)
+        return TIRBYOC_EEPILOGUE;
+    if (uses_residual && ldr < n)
+        return TIRBYOC_ESTRIDE;
+    if ((uses_bias && bias == NULL && n > 0) ||
+        (uses_residual && residual == NULL && m > 0 && n > 0))
+        return TIRBYOC_ENULL;
+    if (batch == 0 || m == 0 || n == 0)
+        return TIRBYOC_OK;
+
+    bj.batch = batch;
+    bj.m = m;
+    bj.n = n;
+    bj.k = k;
+    bj.a = a;
+    bj.lda = lda;
+    bj.sa = stride_a;
+    bj.b = b;
+    bj.ldb = ldb;
+    bj.sb = stride_b;
+    bj.layout = layouts[b_layout];
+    bj.c = c;
+    bj.ldc = ldc;
+    bj.sc = stride_c;
+    bj.sr = stride_r;
+    /* A leading bias, and a relu / relu6 right after it (or first), go to
+     * the micro-kernels' own epilogue; the rest to the chain. */
+    ops = epilogue;
+    bj.bias = NULL;
+    bj.epi = TB_EPI_NONE;
+    if ((ops & 15) == TIRBYOC_EPI_BIAS) {
+        bj.bias = bias;
+        ops >>= 4;
+    }
+    if ((ops & 15) == TIRBYOC_EPI_RELU || (ops & 15) == TIRBYOC_EPI_RELU6) {
+        bj.epi = (ops & 15) == TIRBYOC_EPI_RELU ? TB_EPI_RELU : TB_EPI_RELU6;
+        ops >>= 4;
+    }
+    bj.rest.ops = ops;
+    bj.rest.scale = scale;
+    bj.rest.bias = bias;
+    bj.rest.residual = residual;
+    bj.rest.ldr = ldr;
+
+    /* Batches that are each too small to split go to threads whole. */
+    want = tb_num_threads();
+    if (batch > 1 && want > 1 &&
+        2.0 * (double)m * (double)n * (double)k < TB_PAR_FLOPS) {
+        if (want > batch)
+            want = (int)batch;
+        tb_parallel(batch_task, &bj, want);
+        return TIRBYOC_OK;
+    }
+    for (q = 0; q < batch; ++q)
+        run_batch(&bj, q, INT32_MAX);
+    return TIRBYOC_OK;
+}
+
+/* ---- unary epilogue operations on their own ---- */
+
+typedef struct {
+    int op;
+    int64_t n;
+    const float *x;
+    float *y;
+} unary_job_t;
+
+/* Elements per thread unit (whole cache lines). */
+#define TB_UNARY_UNIT 4096
+
+static void unary_task(void *arg, int tid, int nt)
+{
+    const unary_job_t *u = (const unary_job_t *)arg;
+    const int64_t units = cdiv(u->n, TB_UNARY_UNIT);
+    const int64_t lo = min_i64(u->n, units * tid / nt * TB_UNARY_UNIT);
+    const int64_t hi = min_i64(u->n, units * (tid + 1) / nt * TB_UNARY_UNIT);
+    if (hi > lo)
+        tb_active_isa()->unary(u->op, hi - lo, u->x + lo, u->y + lo);
+}
+
+int32_t tirbyoc_unary_f32(int32_t op, int64_t n, const float *x, float *y)
+{
+    unary_job_t u;
+    int want;
+    if (op < TIRBYOC_EPI_RELU || op > TIRBYOC_EPI_TANH)
+        return TIRBYOC_EEPILOGUE;
+    if (n < 0)
+        return TIRBYOC_ESIZE;
+    if (n > 0 && (x == NULL || y == NULL))
+        return TIRBYOC_ENULL;
+    u.op = op;
+    u.n = n;
+    u.x = x;
+    u.y = y;
+    want = (int)min_i64(tb_num_threads(), cdiv(n, 8 * TB_UNARY_UNIT));
+    tb_parallel(unary_task, &u, want < 1 ? 1 : want);
+    return TIRBYOC_OK;
 }
 
 /* ---- pre-packed weights (layout documented in tirbyoc_kernels.h) ---- */
@@ -440,6 +643,8 @@ const char *tirbyoc_status_string(int32_t status)
         return "a row stride is smaller than its row length";
     case TIRBYOC_ENULL:
         return "a NULL pointer was passed for a matrix that has elements";
+    case TIRBYOC_EEPILOGUE:
+        return "an invalid epilogue chain (an unknown operation)";
     default:
         return "unknown status";
     }

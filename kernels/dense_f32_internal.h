@@ -98,6 +98,27 @@ typedef void (*tb_direct_fn)(int64_t m, int64_t n, int64_t k, const float *a,
                              const float *bias, float *c, int64_t ldc,
                              int epi, float *ap);
 
+/*
+ * An epilogue chain (see tirbyoc_epilogue_op in tirbyoc_kernels.h) still to
+ * apply to finished outputs: ops in 4-bit codes, first op lowest; bias is the
+ * [N] vector of the whole matrix, residual the batch's [M, N] tensor with row
+ * stride ldr.
+ */
+typedef struct tb_chain {
+    int64_t ops;
+    float scale;
+    const float *bias;
+    const float *residual;
+    int64_t ldr;
+} tb_chain;
+
+/* Applies a chain to C[0:m, 0:n] (row stride ldc), the block of outputs whose
+ * first element is at row i0, column j0 of the matrix (chain_f32.h). */
+typedef void (*tb_chain_fn)(const tb_chain *ch, float *c, int64_t ldc,
+                            int64_t m, int64_t n, int64_t i0, int64_t j0);
+/* y[0:n] = op(x[0:n]) for one unary epilogue operation; x == y allowed. */
+typedef void (*tb_unary_fn)(int op, int64_t n, const float *x, float *y);
+
 typedef struct tb_isa {
     const char *name;
     int mr;      /* rows of a register tile (<= TB_MR_MAX) */
@@ -111,6 +132,8 @@ typedef struct tb_isa {
     tb_direct_fn nt_direct; /* or NULL */
     int direct_nr;          /* columns per tile of nt_direct */
     int direct_rows;        /* rows of A packed at a time by nt_direct */
+    tb_chain_fn chain;      /* the epilogue chain, compiled for this ISA */
+    tb_unary_fn unary;
 } tb_isa;
 
 TB_INTERNAL extern const tb_isa tb_isa_generic;

@@ -54,8 +54,48 @@ typedef enum tirbyoc_status {
     TIRBYOC_ESIZE = 2,   /* a negative size, or sizes whose buffer is too large to address */
     TIRBYOC_ESTRIDE = 3, /* a row stride smaller than its row length */
     TIRBYOC_ENULL = 4,   /* a NULL pointer to a matrix that has elements */
-    TIRBYOC_STATUS_COUNT = 5
+    TIRBYOC_EEPILOGUE = 5, /* an invalid epilogue description (unknown operation) */
+    TIRBYOC_STATUS_COUNT = 6
 } tirbyoc_status;
+
+/*
+ * Elementwise epilogue operations. A chain of them is applied, in order, to
+ * each output element v of a matrix product (see tirbyoc_matmul_f32), while
+ * the element is still in a register. Unary operations (RELU .. TANH) are
+ * also available on their own through tirbyoc_unary_f32.
+ *
+ * An epilogue chain is an int64_t holding up to 15 operations, 4 bits each:
+ * the first operation in the lowest 4 bits, the next one in the following 4
+ * bits, and so on up to the first TIRBYOC_EPI_END (0) nibble; every nibble
+ * after it must be 0 too. 0 is the empty chain. Example: bias then GELU is
+ * TIRBYOC_EPI_BIAS | TIRBYOC_EPI_GELU_ERF << 4.
+ *
+ * NaN propagates through every operation; relu(NaN) = relu6(NaN) = NaN as in
+ * PyTorch and ONNX Runtime. Transcendental operations are accurate to about
+ * 1e-6 relative (vectorized, on every instruction set).
+ */
+typedef enum tirbyoc_epilogue_op {
+    TIRBYOC_EPI_END = 0,       /* ends the chain */
+    TIRBYOC_EPI_BIAS = 1,      /* v + bias[j]: a per-column vector of N floats */
+    TIRBYOC_EPI_RELU = 2,      /* max(v, 0) */
+    TIRBYOC_EPI_RELU6 = 3,     /* min(max(v, 0), 6) */
+    TIRBYOC_EPI_GELU_ERF = 4,  /* v * 0.5 * (1 + erf(v / sqrt(2))) */
+    TIRBYOC_EPI_GELU_TANH = 5, /* v * 0.5 * (1 + tanh(sqrt(2 / pi) * (v + 0.044715 * v^3))) */
+    TIRBYOC_EPI_SILU = 6,      /* v * sigmoid(v) */
+    TIRBYOC_EPI_SIGMOID = 7,   /* 1 / (1 + exp(-v)) */
+    TIRBYOC_EPI_TANH = 8,      /* tanh(v) */
+    TIRBYOC_EPI_SCALE = 9,     /* v * scale */
+    TIRBYOC_EPI_DIVIDE = 10,   /* v / scale (a true division, not v * (1 / scale)) */
+    TIRBYOC_EPI_RESIDUAL = 11, /* v + residual[b][i][j]: a tensor of the output's shape */
+    TIRBYOC_EPI_OP_COUNT = 12
+} tirbyoc_epilogue_op;
+
+/* How tirbyoc_matmul_f32 reads its second operand B (logically [K, N]). */
+typedef enum tirbyoc_b_layout {
+    TIRBYOC_B_KN = 0,     /* B[p][j] = b[p * ldb + j]  (ldb >= N): x @ W  */
+    TIRBYOC_B_NK = 1,     /* B[p][j] = b[j * ldb + p]  (ldb >= K): x @ W^T, Q @ K^T */
+    TIRBYOC_B_PACKED = 2  /* b packed by tirbyoc_pack_weight_f32_*; ldb unused */
+} tirbyoc_b_layout;
 
 /* A static, human-readable description of a status ("unknown status" for a
  * value outside the enum). */
@@ -125,6 +165,37 @@ int32_t tirbyoc_dense_relu6_f32_packed(int64_t m, int64_t n, int64_t k, const fl
  */
 int32_t tirbyoc_dense_acc_f32_nt(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, const float *w, int64_t ldw, float *c, int64_t ldc);
 int32_t tirbyoc_dense_acc_f32_nn(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, const float *w, int64_t ldw, float *c, int64_t ldc);
+
+/*
+ * Matrix product with batches and an epilogue chain, float32:
+ *   for q < batch:  C_q = chain(A_q @ B_q)
+ * A_q[i][p] = a[q * stride_a + i * lda + p]                 (lda >= K)
+ * B_q as b_layout says, offset by q * stride_b; for TIRBYOC_B_PACKED, b is
+ *   tirbyoc_pack_weight_f32_* output and stride_b counts floats between
+ *   packed matrices (ldb is not read)
+ * C_q[i][j] = c[q * stride_c + i * ldc + j]                 (ldc >= N)
+ * chain: see tirbyoc_epilogue_op; scale is SCALE's factor and DIVIDE's
+ *   divisor; bias is [N] (shared by every batch); residual_q[i][j] =
+ *   residual[q * stride_r + i * ldr + j] (ldr >= N). bias / residual may be
+ *   NULL when the chain does not use them.
+ * A batch stride of 0 broadcasts that operand over the batch (not C's).
+ * With K == 0 the product is 0 and the chain still applies.
+ * Errors: TIRBYOC_EINVAL (b_layout), TIRBYOC_ESIZE (a negative size or
+ * batch stride), TIRBYOC_ESTRIDE, TIRBYOC_ENULL (also a NULL bias or
+ * residual the chain uses), TIRBYOC_EEPILOGUE (an invalid chain).
+ * A leading bias and a relu / relu6 after it are applied in registers by the
+ * micro-kernels; the rest of the chain to each thread's block of C as soon
+ * as it is computed, while it is in cache. Small batches are spread over
+ * threads whole.
+ */
+int32_t tirbyoc_matmul_f32(int64_t batch, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, int64_t stride_a, const float *b, int64_t ldb, int64_t stride_b, int32_t b_layout, float *c, int64_t ldc, int64_t stride_c, int64_t epilogue, float scale, const float *bias, const float *residual, int64_t ldr, int64_t stride_r);
+
+/*
+ * y[i] = op(x[i]) for i < n, op one of the unary epilogue operations (RELU
+ * .. TANH); x == y is allowed. Errors: TIRBYOC_EEPILOGUE (op is not unary),
+ * TIRBYOC_ESIZE (n < 0), TIRBYOC_ENULL.
+ */
+int32_t tirbyoc_unary_f32(int32_t op, int64_t n, const float *x, float *y);
 
 /*
  * Settings (process-wide; every kernel reads them when it starts).

@@ -28,25 +28,47 @@ from typing import Callable
 
 import numpy as np
 
-# Which epilogue runs one kernel computes (intrinsics/dense.py, intrinsics/dense_relu6.py).
-INTRINSIC_OF = {(): "dense", ("bias",): "dense_bias", ("relu",): "dense_relu",
-                ("bias", "relu"): "dense_bias_relu", ("relu6",): "dense_relu6",
-                ("bias", "relu6"): "dense_bias_relu6"}
+# The epilogue operations a kernel fuses (intrinsics/dense.py, dense_relu6.py and the
+# chain of intrinsics/matmul.py): an offloaded layer is named "dense" (or "batch_matmul"
+# for a batched weight) followed by its operations, e.g. "dense_bias_relu_tanh". Of the
+# "tail" forms, these fuse (by form name); the others (exp, abs, a cast) end the chain.
 KERNEL_STEPS = ("bias", "relu", "relu6")
+CHAIN_TAILS = ("tanh", "sigmoid", "scale", "residual")
+# A chain takes one bias and one residual (intrinsics/matmul.py).
+ONCE = ("bias", "residual")
 
 
 def intrinsic_for(kinds) -> str:
-    """The intrinsic of the longest prefix of ``kinds`` (step kinds) a kernel fuses."""
-    kinds = tuple(kinds)
-    while kinds not in INTRINSIC_OF:
-        kinds = kinds[:-1]
-    return INTRINSIC_OF[kinds]
+    """The intrinsic of the longest prefix of ``kinds`` (operation names) a kernel fuses."""
+    out = []
+    for kind in kinds:
+        if kind in ONCE and kind in out:
+            break
+        out.append(kind)
+    return "_".join(["dense"] + out)
+
+
+def kinds_of(intrinsic: str) -> tuple:
+    """The operations of an intrinsic name (``dense_bias_relu`` -> ("bias", "relu"))."""
+    for base in ("batch_matmul", "dense"):
+        if intrinsic == base:
+            return ()
+        if intrinsic.startswith(base + "_"):
+            return tuple(intrinsic[len(base) + 1:].split("_"))
+    raise ValueError(f"not an intrinsic name: {intrinsic}")
+
+
+def same_family(intrinsic):
+    """A batched weight whose batch has extent 1 may be read either way: one name."""
+    if intrinsic and intrinsic.startswith("batch_matmul"):
+        return "dense" + intrinsic[len("batch_matmul"):]
+    return intrinsic
 
 
 def prefixes(intrinsic: str) -> set:
     """``intrinsic`` and every intrinsic whose fusion is a prefix of it."""
-    kinds = next(k for k, v in INTRINSIC_OF.items() if v == intrinsic)
-    return {INTRINSIC_OF[kinds[:i]] for i in range(len(kinds) + 1)}
+    kinds = kinds_of(intrinsic)
+    return {"_".join(["dense", *kinds[:i]]) for i in range(len(kinds) + 1)}
 
 
 @dataclass
@@ -334,7 +356,7 @@ CORES = {
     "dtype_f64": (False, None, _dtype("float64")),
     "out_f64": (False, None, _out_f64),
     "split_k": (False, None, _split_k),
-    "batched_weight": (False, "rows2", _batched_w),
+    "batched_weight": (True, "rows2", _batched_w),
     "dup_out_index": (False, "rows1", _dup_out),
     "partial_rows": (False, "rows_gt1", lambda L, c: setattr(
         c, "iter_rows", [L.rows[0] - 1] + L.rows[1:])),
@@ -636,9 +658,14 @@ def expected_tir(L: Layer) -> tuple:
         if L.strides.get("o") == "inner2" and L.second is None:
             cut = min(cut, len(L.steps) - 1)
         for st in L.steps[:max(cut, 0)]:
-            if not st.valid or st.kind not in KERNEL_STEPS:
+            if not st.valid:
                 break
-            kinds.append(st.kind)
+            if st.kind in KERNEL_STEPS:
+                kinds.append(st.kind)
+            elif st.kind == "tail" and st.form in CHAIN_TAILS:
+                kinds.append(st.form)
+            else:
+                break
         if cut < 0:
             out.append(None)
         else:
@@ -917,10 +944,10 @@ def _relax_acts():
         "clip_0_5": (False, None, lambda h: op.clip(h, 0.0, 5.0)),
         "clip_m1_6": (False, None, lambda h: op.clip(h, -1.0, 6.0)),
         "leakyrelu": (False, None, lambda h: op.nn.leakyrelu(h, 0.1)),
-        "gelu": (False, None, op.nn.gelu),
-        "silu": (False, None, op.nn.silu),
+        "gelu": (True, "gelu_erf", op.nn.gelu),
+        "silu": (True, "silu", op.nn.silu),
         "max_half": (False, None, lambda h: op.maximum(h, relax.const(0.5, "float32"))),
-        "times_2": (False, None, lambda h: op.multiply(h, relax.const(2.0, "float32"))),
+        "times_2": (True, "scale", lambda h: op.multiply(h, relax.const(2.0, "float32"))),
     }
 
 
@@ -997,22 +1024,29 @@ def relax_function(s: RelaxSpec, name: str, bb, rng_consts, nanprop=False):
 
 def expected_relax(s: RelaxSpec) -> tuple:
     """Like ``expected_tir``; the order of the layers does not matter."""
-    if s.core in ("batched", "f16", "matvec"):
+    if s.core in ("f16", "matvec"):
         return (None,)
     if s.core == "shared_weight":
         return expected_relax(dataclasses.replace(s, core="ok")) + ("dense",)
-    if s.tail == "residual" and not (s.bias or s.act or s.both_outputs) and \
-            all(r == 1 for r in s.rows):
-        return (intrinsic_for(["bias"]),)  # over one row a [1, N] residual is a column bias
     kinds = []
     if s.bias:
         if not RELAX_BIAS_VALID[s.bias]:
             return ("dense",)
         kinds.append("bias")
-    if s.act and not s.both_outputs:
+    if s.both_outputs:  # the result before the activation is an output too: the end
+        return (intrinsic_for(kinds),)
+    if s.act:
         valid, kind, _ = _relax_acts()[s.act]
-        if valid:
+        if not valid:
+            return (intrinsic_for(kinds),)
+        if kind:
             kinds.append(kind)
+    if s.tail == "tanh":
+        kinds.append("tanh")
+    elif s.tail == "residual":
+        # NOTE: over one row, a [1, N] residual is a column bias (when there is none yet)
+        one_row = all(r == 1 for r in s.rows)
+        kinds.append("bias" if one_row and "bias" not in kinds else "residual")
     return (intrinsic_for(kinds),)
 
 

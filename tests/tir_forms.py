@@ -59,6 +59,8 @@ def nt_bias_relu_expected(A: T.Buffer((64, 80), "float32"), W: T.Buffer((50, 80)
                 f"{KERNEL_FAILED}a row stride is smaller than its row length"])
             assert status != 4, ("RuntimeError", [
                 f"{KERNEL_FAILED}a NULL pointer was passed for a matrix that has elements"])
+            assert status != 5, ("RuntimeError", [
+                f"{KERNEL_FAILED}an invalid epilogue chain (an unknown operation)"])
             assert status == 0, ("RuntimeError", [f"{KERNEL_FAILED}unknown status"])
 
 
@@ -256,6 +258,151 @@ def bias_relu6_min_max(A: T.Buffer((5, 6), "float32"), W: T.Buffer((4, 6), "floa
             O[vi, vj] = T.min(T.float32(6), T.max(D[vi, vj], T.float32(0)))
 
 
+@T.prim_func(s_tir=True)
+def attention_scores(Q: T.Buffer((2, 3, 5, 4), "float32"), K: T.Buffer((2, 3, 6, 4), "float32"),
+                     O: T.Buffer((2, 3, 5, 6), "float32")):
+    S = T.sblock_alloc_buffer((2, 3, 5, 6), "float32")
+    for b, h, i, j, k in T.grid(2, 3, 5, 6, 4):
+        with T.sblock("qk"):
+            vb, vh, vi, vj, vk = T.axis.remap("SSSSR", [b, h, i, j, k])
+            with T.init():
+                S[vb, vh, vi, vj] = T.float32(0)
+            S[vb, vh, vi, vj] = S[vb, vh, vi, vj] + Q[vb, vh, vi, vk] * K[vb, vh, vj, vk]
+    for b, h, i, j in T.grid(2, 3, 5, 6):
+        with T.sblock("scale"):
+            vb, vh, vi, vj = T.axis.remap("SSSS", [b, h, i, j])
+            O[vb, vh, vi, vj] = S[vb, vh, vi, vj] / T.float32(2)
+
+
+@T.prim_func(s_tir=True)
+def broadcast_activation(A: T.Buffer((4, 6), "float32"), W: T.Buffer((2, 6, 3), "float32"),
+                         O: T.Buffer((2, 4, 3), "float32")):
+    for b, i, j, k in T.grid(2, 4, 3, 6):
+        with T.sblock("bmm"):
+            vb, vi, vj, vk = T.axis.remap("SSSR", [b, i, j, k])
+            with T.init():
+                O[vb, vi, vj] = T.float32(0)
+            O[vb, vi, vj] = O[vb, vi, vj] + A[vi, vk] * W[vb, vk, vj]
+
+
+@T.prim_func(s_tir=True)
+def bias_gelu_erf(A: T.Buffer((4, 6), "float32"), W: T.Buffer((6, 5), "float32"),
+                  B: T.Buffer((5,), "float32"), O: T.Buffer((4, 5), "float32")):
+    C = T.sblock_alloc_buffer((4, 5), "float32")
+    D = T.sblock_alloc_buffer((4, 5), "float32")
+    H = T.sblock_alloc_buffer((4, 5), "float32")
+    E = T.sblock_alloc_buffer((4, 5), "float32")
+    F = T.sblock_alloc_buffer((4, 5), "float32")
+    for i, j, k in T.grid(4, 5, 6):
+        with T.sblock("mm"):
+            vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+            with T.init():
+                C[vi, vj] = T.float32(0)
+            C[vi, vj] = C[vi, vj] + A[vi, vk] * W[vk, vj]
+    for i, j in T.grid(4, 5):
+        with T.sblock("bias"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            D[vi, vj] = C[vi, vj] + B[vj]
+    for i, j in T.grid(4, 5):
+        with T.sblock("half"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            H[vi, vj] = D[vi, vj] * T.float32(0.5)
+    for i, j in T.grid(4, 5):
+        with T.sblock("erf"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            E[vi, vj] = T.erf(D[vi, vj] * T.float32(0.70710678118654757))
+    for i, j in T.grid(4, 5):
+        with T.sblock("one_plus"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            F[vi, vj] = T.float32(1) + E[vi, vj]
+    for i, j in T.grid(4, 5):
+        with T.sblock("gelu"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            O[vi, vj] = H[vi, vj] * F[vi, vj]
+
+
+@T.prim_func(s_tir=True)
+def silu_residual(A: T.Buffer((4, 6), "float32"), W: T.Buffer((5, 6), "float32"),
+                  Rs: T.Buffer((4, 5), "float32"), O: T.Buffer((4, 5), "float32")):
+    C = T.sblock_alloc_buffer((4, 5), "float32")
+    G = T.sblock_alloc_buffer((4, 5), "float32")
+    D = T.sblock_alloc_buffer((4, 5), "float32")
+    for i, j, k in T.grid(4, 5, 6):
+        with T.sblock("mm"):
+            vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+            with T.init():
+                C[vi, vj] = T.float32(0)
+            C[vi, vj] = C[vi, vj] + A[vi, vk] * W[vj, vk]
+    for i, j in T.grid(4, 5):
+        with T.sblock("sig"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            G[vi, vj] = T.sigmoid(C[vi, vj])
+    for i, j in T.grid(4, 5):
+        with T.sblock("silu"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            D[vi, vj] = C[vi, vj] * G[vi, vj]
+    for i, j in T.grid(4, 5):
+        with T.sblock("residual"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            O[vi, vj] = Rs[vi, vj] + D[vi, vj]
+
+
+@T.prim_func(s_tir=True)
+def inner_batch_broadcast(A: T.Buffer((2, 3, 4, 6), "float32"),
+                          W: T.Buffer((1, 3, 6, 5), "float32"),
+                          O: T.Buffer((2, 3, 4, 5), "float32")):
+    for b, h, i, j, k in T.grid(2, 3, 4, 5, 6):
+        with T.sblock("bmm"):
+            vb, vh, vi, vj, vk = T.axis.remap("SSSSR", [b, h, i, j, k])
+            with T.init():
+                O[vb, vh, vi, vj] = T.float32(0)
+            O[vb, vh, vi, vj] = O[vb, vh, vi, vj] + A[vb, vh, vi, vk] * W[0, vh, vk, vj]
+
+
+@T.prim_func(s_tir=True)
+def gelu_wrong_constant(A: T.Buffer((4, 6), "float32"), W: T.Buffer((6, 5), "float32"),
+                        O: T.Buffer((4, 5), "float32")):
+    C = T.sblock_alloc_buffer((4, 5), "float32")
+    for i, j, k in T.grid(4, 5, 6):
+        with T.sblock("mm"):
+            vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+            with T.init():
+                C[vi, vj] = T.float32(0)
+            C[vi, vj] = C[vi, vj] + A[vi, vk] * W[vk, vj]
+    for i, j in T.grid(4, 5):
+        with T.sblock("almost_gelu"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            O[vi, vj] = C[vi, vj] * T.float32(0.5) * (T.float32(1) + T.erf(C[vi, vj]
+                                                                           * T.float32(0.7)))
+
+
+@T.prim_func(s_tir=True)
+def two_biases(A: T.Buffer((4, 6), "float32"), W: T.Buffer((6, 5), "float32"),
+               B: T.Buffer((5,), "float32"), B2: T.Buffer((5,), "float32"),
+               O: T.Buffer((4, 5), "float32")):
+    C = T.sblock_alloc_buffer((4, 5), "float32")
+    D = T.sblock_alloc_buffer((4, 5), "float32")
+    E = T.sblock_alloc_buffer((4, 5), "float32")
+    for i, j, k in T.grid(4, 5, 6):
+        with T.sblock("mm"):
+            vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+            with T.init():
+                C[vi, vj] = T.float32(0)
+            C[vi, vj] = C[vi, vj] + A[vi, vk] * W[vk, vj]
+    for i, j in T.grid(4, 5):
+        with T.sblock("bias"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            D[vi, vj] = C[vi, vj] + B[vj]
+    for i, j in T.grid(4, 5):
+        with T.sblock("gelu"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            E[vi, vj] = T.tanh(D[vi, vj])
+    for i, j in T.grid(4, 5):
+        with T.sblock("bias2"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            O[vi, vj] = E[vi, vj] + B2[vj]
+
+
 # (name, function, intrinsic names in order, names of blocks that must stay TIR)
 ACCEPTED = [
     ("nt_bias_relu", nt_bias_relu, ["dense_bias_relu"], []),
@@ -264,11 +411,15 @@ ACCEPTED = [
     ("relu_if_then_else", relu_if_then_else, ["dense_relu"], []),
     ("symbolic_rows", symbolic_rows, ["dense_bias"], []),
     ("batched_rows", batched_rows, ["dense_bias_relu"], []),
-    ("prefix_then_tanh", prefix_then_tanh, ["dense_bias_relu"], ["tanh"]),
-    ("prefix_then_residual", prefix_then_residual, ["dense_bias_relu"], ["residual"]),
+    ("prefix_then_tanh", prefix_then_tanh, ["dense_bias_relu_tanh"], []),
+    ("prefix_then_residual", prefix_then_residual, ["dense_bias_relu_residual"], []),
     ("dense_only", dense_only, ["dense"], []),
     ("strided_rows", strided_rows, ["dense"], []),
     ("bias_relu6_min_max", bias_relu6_min_max, ["dense_bias_relu6"], []),
+    ("attention_scores", attention_scores, ["batch_matmul_divide"], []),
+    ("broadcast_activation", broadcast_activation, ["batch_matmul"], []),
+    ("bias_gelu_erf", bias_gelu_erf, ["dense_bias_gelu_erf"], []),
+    ("silu_residual", silu_residual, ["dense_silu_residual"], []),
 ]
 
 # ---------------------------------------------------------------- refused forms
@@ -451,10 +602,13 @@ REFUSED = [
     ("extra_scale", extra_scale, "extra factor"),
     ("float16_dense", float16_dense, "dtype float16"),
     ("inner_stride", inner_stride, "non-unit inner stride"),
-    ("batched_weight", batched_weight, "not a 2-D matrix"),
+    ("inner_batch_broadcast", inner_batch_broadcast, "do not collapse"),
     ("nonzero_init", nonzero_init, "non-zero value"),
     ("transposed_activation", transposed_activation, "A[rows.., k]"),
 ]
+
+# (a form that was refused before the matmul family took batched weights)
+ACCEPTED.append(("batched_weight", batched_weight, ["batch_matmul"], []))
 
 # Forms where the dense part is offloaded but one epilogue block must stay as it was:
 # (name, function, intrinsic, block that stays, reason fragment)
@@ -466,4 +620,7 @@ PARTIAL = [
      "more than one consumer"),
     ("bias_is_the_product", bias_is_the_product, "dense", "double", "the region writes"),
     ("clamp_to_five", clamp_to_five, "dense", "clamp5", "clamp to [0, 5] is not relu6"),
+    ("gelu_wrong_constant", gelu_wrong_constant, "dense", "almost_gelu",
+     "no unary operation the kernel has"),
+    ("two_biases", two_biases, "dense_bias_tanh", "bias2", "a second bias"),
 ]

@@ -111,7 +111,8 @@ def make_ffibuilder(root=""):
         include_dirs=[os.path.join(root, inc) for inc in INCLUDE_DIRS],
         extra_compile_args=list(EXTRA_COMPILE_ARGS),
         extra_link_args=list(EXTRA_LINK_ARGS),
-        depends=[os.path.join(root, dep) for dep in (HEADER, "kernels/dense_f32_internal.h")],
+        depends=[os.path.join(root, dep) for dep in (HEADER, "kernels/dense_f32_internal.h",
+                                                       "kernels/chain_f32.h")],
     )
     return builder
 

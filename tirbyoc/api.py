@@ -113,13 +113,18 @@ class ExplainRow:
     def of(cls, func_name, nest, res):
         if not res:
             return cls(func_name, nest.name, False, detail=res.reason)
+        names = [n.name for n in res.nests]
+        if len(names) > 4:  # a unary op written as many blocks (GELU): name the ends
+            names = names[:2] + [f"... ({len(names) - 3} more)", names[-1]]
         return cls(func_name, nest.name, True, res.intrinsic.name, res.symbol,
-                   " + ".join(n.name for n in res.nests), _describe(res))
+                   " + ".join(names), _describe(res))
 
 
 def _describe(region: Region) -> str:
     d = region.dense
-    text = f"M={_show(d.m)} N={_show(d.n)} K={_show(d.k)}, weight {region.layout.upper()}"
+    batch = f"batch={_show(d.batch)} " if d.nbatch else ""
+    text = (f"{batch}M={_show(d.m)} N={_show(d.n)} K={_show(d.k)}, weight "
+            f"{region.layout.upper()}")
     for route in region.reroutes.values():
         text += f" ({route.note})" if route.note else ""
     if region.stopped:

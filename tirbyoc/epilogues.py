@@ -100,3 +100,165 @@ def _relu(ctx: StepContext):
 
 BIAS = EpilogueStep("bias", _bias, operands=2)
 RELU = EpilogueStep("relu", _relu)
+
+
+# ---- steps of the chain intrinsic (intrinsics/matmul.py) ----
+
+def _scale(ctx: StepContext):
+    v = ctx.value
+    if not isinstance(v, T.Mul):
+        return NoMatch(f"not a scale ({type(v).__name__})")
+    pair = input_and_other(ctx, v.a, v.b)
+    if pair is None:
+        return NoMatch("the multiply does not read the previous result at its own indices")
+    c = float_value(pair[1])
+    if c is None:
+        return NoMatch("multiplies by a non-constant")
+    return StepMatch(params={"scale": c})
+
+
+def _divide(ctx: StepContext):
+    v = ctx.value
+    if not isinstance(v, T.Div):
+        return NoMatch(f"not a division ({type(v).__name__})")
+    if not ctx.is_input(v.a):
+        return NoMatch("the division does not divide the previous result")
+    c = float_value(v.b)
+    if c is None:
+        return NoMatch("divides by a non-constant")
+    return StepMatch(params={"scale": c})
+
+
+def _residual(ctx: StepContext):
+    v = ctx.value
+    if not isinstance(v, T.Add):
+        return NoMatch(f"not a residual add ({type(v).__name__})")
+    pair = input_and_other(ctx, v.a, v.b)
+    if pair is None:
+        return NoMatch("the add does not read the previous result at its own indices")
+    other = pair[1]
+    own = list(ctx.rows) + [ctx.col]
+    if not (isinstance(other, T.BufferLoad) and len(other.indices) == len(own)
+            and all(e.same_as(o) for e, o in zip(other.indices, own))):
+        return NoMatch("adds something that is not a tensor of the output's shape read at "
+                       "the output's own indices")
+    if other.source.dtype != ctx.dtype:
+        return NoMatch(f"residual dtype {other.source.dtype} differs from {ctx.dtype}")
+    return StepMatch({"residual": other.source})
+
+
+SCALE = EpilogueStep("scale", _scale)
+DIVIDE = EpilogueStep("divide", _divide)
+RESIDUAL = EpilogueStep("residual", _residual, operands=2)
+
+
+# ---- unary operations written as one or more elementwise blocks ----
+
+def _erf(x):
+    import math
+
+    import numpy as np
+
+    return np.vectorize(math.erf, otypes=[float])(x)
+
+
+def _definitions():
+    import numpy as np
+
+    c = np.sqrt(2.0 / np.pi)
+    return {
+        "gelu_erf": lambda x: 0.5 * x * (1.0 + _erf(x / np.sqrt(2.0))),
+        "gelu_tanh": lambda x: 0.5 * x * (1.0 + np.tanh(c * (x + 0.044715 * x ** 3))),
+        "silu": lambda x: x / (1.0 + np.exp(-x)),
+        "sigmoid": lambda x: 1.0 / (1.0 + np.exp(-x)),
+        "tanh": np.tanh,
+    }
+
+
+def _probes():
+    import numpy as np
+
+    mags = np.logspace(-4, 1.2, 60)
+    return np.concatenate([np.linspace(-9.0, 9.0, 181), mags, -mags, [0.0]])
+
+
+class _NotElementwise(Exception):
+    pass
+
+
+_CALLS = {f"{ns}.{fn}": fn for ns in ("tir", "tirx") for fn in ("tanh", "exp", "erf", "sigmoid")}
+
+
+def _evaluate(expr, env, own):
+    """``expr`` in float64 over the probe points; ``env``: [(buffer, values)]."""
+    import numpy as np
+
+    if isinstance(expr, (T.FloatImm, T.IntImm)):
+        return float(expr.value)
+    if isinstance(expr, T.Cast):
+        if not str(expr.dtype).startswith("float"):
+            raise _NotElementwise(f"casts to {expr.dtype}")
+        return _evaluate(expr.value, env, own)
+    if isinstance(expr, T.BufferLoad):
+        if len(expr.indices) != len(own) or not all(
+                e.same_as(o) for e, o in zip(expr.indices, own)):
+            raise _NotElementwise(f"reads {expr.source.name} at other indices")
+        for buf, values in env:
+            if buf.same_as(expr.source):
+                return values
+        raise _NotElementwise(f"reads {expr.source.name}, not only the previous result")
+    binary = {T.Add: np.add, T.Sub: np.subtract, T.Mul: np.multiply, T.Div: np.divide}
+    for node, fn in binary.items():
+        if isinstance(expr, node):
+            return fn(_evaluate(expr.a, env, own), _evaluate(expr.b, env, own))
+    if isinstance(expr, T.Call) and hasattr(expr.op, "name") and expr.op.name in _CALLS:
+        (arg,) = expr.args
+        x = _evaluate(arg, env, own)
+        name = _CALLS[expr.op.name]
+        if name == "erf":
+            return _erf(x)
+        if name == "sigmoid":
+            return 1.0 / (1.0 + np.exp(-x))
+        return getattr(np, name)(x)
+    raise _NotElementwise(f"uses {type(expr).__name__}")
+
+
+# Agreement required between a group of blocks and an operation's definition, both in
+# float64 at every probe point: far below float32 rounding, far above float64's.
+PROBE_RTOL = 1e-7
+
+
+def identify_unary(nests, source, sink):
+    """The unary operation that ``nests`` (in program order, ending with ``sink``) compute
+    from ``source``, checked numerically at a fixed set of probe points, or a NoMatch.
+
+    Only +, -, *, /, float constants and tanh/exp/erf/sigmoid are evaluated (analytic
+    functions; no selects or comparisons), so a group either is the operation on the whole
+    line or differs from it at the probes.
+    """
+    import numpy as np
+
+    x = _probes()
+    env = [(source, x)]
+    with np.errstate(all="ignore"):
+        try:
+            for nest in nests:
+                env.append((nest.store.buffer,
+                            np.broadcast_to(_evaluate(nest.store.value, env,
+                                                      list(nest.store.indices)), x.shape)))
+        except _NotElementwise as exc:
+            return NoMatch(str(exc))
+        got = env[-1][1]
+        for name, ref in _definitions().items():
+            want = ref(x)
+            if np.all(np.abs(got - want) <= PROBE_RTOL * np.abs(want) + 1e-12):
+                return StepMatch(params={"op": name}, nests=tuple(n for n in nests
+                                                                  if n is not sink))
+    return NoMatch("the elementwise blocks compute none of gelu, silu, sigmoid, tanh")
+
+
+UNARY_OPS = tuple(_definitions())
+
+UNARY_STEPS = {name: EpilogueStep(name, lambda ctx: NoMatch("a unary operation is found as a "
+                                                         "group of blocks"))
+               for name in UNARY_OPS}

@@ -131,3 +131,63 @@ def mlp_onnx(layers=None):
 
     model = mlp_onnx_model(layers)
     return from_onnx(model, keep_params_in_input=False), model
+
+
+# ---- transformers (PyTorch) ----
+
+def gpt2_block_torch(d=768, heads=12, seed=0):
+    """A GPT-2-style block written with ``torch.nn``: pre-LayerNorm causal self-attention
+    (one qkv Linear, q @ k^T / sqrt(d_head), masked softmax, @ v, projection, residual),
+    then a pre-LayerNorm GELU(tanh) MLP of width 4d with a residual. Eval mode."""
+    import math
+
+    import torch
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln1, self.ln2 = torch.nn.LayerNorm(d), torch.nn.LayerNorm(d)
+            self.qkv, self.proj = torch.nn.Linear(d, 3 * d), torch.nn.Linear(d, d)
+            self.fc, self.out = torch.nn.Linear(d, 4 * d), torch.nn.Linear(4 * d, d)
+
+        def forward(self, x):
+            b, s, _ = x.shape
+            q, k, v = self.qkv(self.ln1(x)).split(d, dim=2)
+            q, k, v = (t.view(b, s, heads, d // heads).transpose(1, 2) for t in (q, k, v))
+            att = (q @ k.transpose(-2, -1)) / math.sqrt(d // heads)
+            mask = torch.tril(torch.ones(s, s, dtype=torch.bool))
+            att = att.masked_fill(~mask, float("-inf")).softmax(-1)
+            x = x + self.proj((att @ v).transpose(1, 2).reshape(b, s, d))
+            h = torch.nn.functional.gelu(self.fc(self.ln2(x)), approximate="tanh")
+            return x + self.out(h)
+
+    torch.manual_seed(seed)
+    return Block().eval()
+
+
+def encoder_layer_torch(d=768, heads=12, ff=3072, seed=0):
+    """``torch.nn.TransformerEncoderLayer`` (GELU, batch first, no dropout), eval mode."""
+    import torch
+
+    torch.manual_seed(seed)
+    return torch.nn.TransformerEncoderLayer(d, heads, ff, activation="gelu", batch_first=True,
+                                            dropout=0.0).eval()
+
+
+def import_torch(model, example, *, dynamic_seq=False):
+    """``torch.export`` + ``from_exported_program`` (weights as constants); with
+    ``dynamic_seq`` the second axis of the input is a symbolic sequence length."""
+    import torch
+    from tvm.relax.frontend.torch import from_exported_program
+
+    shapes = ({"x" if "x" in _arg_names(model) else _arg_names(model)[0]:
+               {1: torch.export.Dim("seq", min=2, max=512)}} if dynamic_seq else None)
+    with torch.no_grad():
+        ep = torch.export.export(model, (example,), dynamic_shapes=shapes)
+    return from_exported_program(ep, keep_params_as_input=False)
+
+
+def _arg_names(model):
+    import inspect
+
+    return [p for p in inspect.signature(model.forward).parameters]

@@ -46,23 +46,35 @@ def constant_weights(region: RegionCall) -> bool:
     return region.weight_is_constant
 
 
-def _chain_pattern(intr):
+# Longest epilogue a chain intrinsic's graph-level pattern looks for (one call_tir a step).
+MAX_CHAIN_CALLS = 4
+
+
+def _chain_pattern(operands):
+    """A call_tir chain: the matmul, then one call per step taking the previous result
+    (``operands``: per step, 1, 2, or None for either)."""
     dpl = T.dpl()
     dense = dpl.is_call_tir("", [dpl.wildcard(), dpl.wildcard()])
     annotations, prev = {"dense": dense}, dense
-    for i, step in enumerate(intr.epilogue):
-        if step.operands == 2:
-            prev = (dpl.is_call_tir("", [prev, dpl.wildcard()])
-                    | dpl.is_call_tir("", [dpl.wildcard(), prev]))
-        else:
-            prev = dpl.is_call_tir("", [prev])
+    for i, count in enumerate(operands):
+        one = dpl.is_call_tir("", [prev])
+        two = dpl.is_call_tir("", [prev, dpl.wildcard()]) | \
+            dpl.is_call_tir("", [dpl.wildcard(), prev])
+        prev = one if count == 1 else two if count == 2 else one | two
         annotations[f"step{i}"] = prev
     return prev, annotations
 
 
-def _chain(ctx, intr) -> list:
-    keys = ["dense"] + [f"step{i}" for i in range(len(intr.epilogue))]
+def _chain(ctx, length) -> list:
+    keys = ["dense"] + [f"step{i}" for i in range(length)]
     return [ctx.annotated_expr[k] for k in keys]
+
+
+def _shapes(intr):
+    """The call_tir chains an intrinsic's patterns look for, longest first."""
+    if intr.chain is None:
+        return [[step.operands for step in intr.epilogue]]
+    return [[None] * n for n in range(MAX_CHAIN_CALLS, -1, -1)]
 
 
 def region_prim_func(mod, chain, var2val):
@@ -118,7 +130,9 @@ def _types_fit(chain, intr) -> bool:
         if not hasattr(ty, "dtype") or str(ty.dtype) not in intr.dtypes:
             return False
     weight = call_args(chain[0])[1]
-    return hasattr(weight.ty, "ndim") and int(weight.ty.ndim) == 2
+    if not hasattr(weight.ty, "ndim"):
+        return False
+    return int(weight.ty.ndim) >= 2 if intr.batched else int(weight.ty.ndim) == 2
 
 
 def relax_patterns(mod=None, *, predicate=None, intrinsics=None) -> list:
@@ -135,24 +149,28 @@ def relax_patterns(mod=None, *, predicate=None, intrinsics=None) -> list:
             if isinstance(func, T.Function):
                 known.update(R.analysis.get_var2val(func))
     patterns = []
-    for intr in registry(intrinsics):
-        pattern, annotations = _chain_pattern(intr)
+    # NOTE: a chain intrinsic's pattern is the matmul call alone (its epilogue is read
+    # from the TIR), so it comes last: it takes what the fixed chains leave, such as a
+    # batched matmul.
+    for intr in sorted(registry(intrinsics), key=lambda i: i.chain is not None):
+        for shape in _shapes(intr):
+            pattern, annotations = _chain_pattern(shape)
 
-        def check(ctx, intr=intr):
-            chain = _chain(ctx, intr)
-            var2val = {**known, **dict(ctx.matched_bindings)}
-            weight = call_args(chain[0])[1]
-            source = transposed_source(mod, var2val, weight) if mod is not None else None
-            info = RegionCall(intr.name, tuple(chain),
-                              source if source is not None else weight, var2val)
-            if predicate is not None and not predicate(info):
-                return False
-            if mod is None:
-                return _types_fit(chain, intr)
-            return _tir_covers(mod, chain, var2val, intr)
+            def check(ctx, intr=intr, length=len(shape)):
+                chain = _chain(ctx, length)
+                var2val = {**known, **dict(ctx.matched_bindings)}
+                weight = call_args(chain[0])[1]
+                source = transposed_source(mod, var2val, weight) if mod is not None else None
+                info = RegionCall(intr.name, tuple(chain),
+                                  source if source is not None else weight, var2val)
+                if predicate is not None and not predicate(info):
+                    return False
+                if mod is None:
+                    return _types_fit(chain, intr)
+                return _tir_covers(mod, chain, var2val, intr)
 
-        patterns.append(T.FusionPattern(COMPOSITE_PREFIX + intr.name, pattern, annotations,
-                                        check))
+            patterns.append(T.FusionPattern(COMPOSITE_PREFIX + intr.name, pattern,
+                                            annotations, check))
     return patterns
 
 

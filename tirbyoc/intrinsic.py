@@ -31,9 +31,13 @@ class NoMatch:
 
 @dataclass(frozen=True)
 class StepMatch:
-    """An epilogue step that matched; ``captures`` holds its extra operands (e.g. bias)."""
+    """An epilogue step that matched; ``captures`` holds its extra operands (e.g. bias),
+    ``params`` what else the kernel needs (the operation, a constant), ``nests`` the other
+    nests the step spans when one operation was written as several (GELU's blocks)."""
 
     captures: dict = field(default_factory=dict)
+    params: dict = field(default_factory=dict)
+    nests: tuple = ()
 
     def __bool__(self) -> bool:
         return True
@@ -88,6 +92,25 @@ class Intrinsic:
     reference: Callable
     dtypes: tuple = ("float32",)
     layouts: tuple = ("nt", "nn", "packed")
+    # A chain intrinsic (``chain`` set): the epilogue is read from the consumers, any run
+    # of these steps in any order (``epilogue`` is then what one region matched), and
+    # batched weights are taken. ``check(steps)`` says why a run is not computable (e.g.
+    # two biases), or None.
+    chain: tuple | None = None
+    check: Callable | None = None
+
+    @property
+    def batched(self) -> bool:
+        return self.chain is not None
+
+    def derive(self, chain, dense) -> "Intrinsic":
+        """What a chain intrinsic computes for one matched run of steps: an intrinsic named
+        after it (``batch_matmul_divide``, ``dense_bias_gelu_tanh``) with that epilogue."""
+        from dataclasses import replace
+
+        base = "batch_matmul" if dense.nbatch else "dense"
+        steps = tuple(step for step, _, _ in chain)
+        return replace(self, name="_".join([base] + [s.name for s in steps]), epilogue=steps)
 
     def symbol(self, dtype: str, layout: str) -> str:
         return self.kernel.format(dtype=_SHORT_DTYPE[dtype], layout=layout)

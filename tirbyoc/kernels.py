@@ -29,6 +29,14 @@ TIRBYOC_EINVAL = 1
 TIRBYOC_ESIZE = 2
 TIRBYOC_ESTRIDE = 3
 TIRBYOC_ENULL = 4
+TIRBYOC_EEPILOGUE = 5
+
+# Mirrors enum tirbyoc_epilogue_op (codes of an epilogue chain, 4 bits each).
+EPILOGUE_OPS = {"bias": 1, "relu": 2, "relu6": 3, "gelu_erf": 4, "gelu_tanh": 5, "silu": 6,
+                "sigmoid": 7, "tanh": 8, "scale": 9, "divide": 10, "residual": 11}
+UNARY_OPS = ("relu", "relu6", "gelu_erf", "gelu_tanh", "silu", "sigmoid", "tanh")
+# Mirrors enum tirbyoc_b_layout.
+B_LAYOUTS = {"nn": 0, "nt": 1, "packed": 2}
 
 _BUILD_HINT = (
     "the tirbyoc C kernel library was not built (or is out of date); "
@@ -294,4 +302,109 @@ def dense(a, w, bias=None, activation=None, layout="nt", out=None, n=None):
     else:
         status = func(m, n, k, ptr(a), lda, ptr(w), ldw, ptr(bias), ptr(out), ldc)
     _check(func, status)
+    return out
+
+
+def encode_epilogue(ops) -> int:
+    """The kernels' int64 chain for a sequence of operation names or codes (first op in the
+    lowest 4 bits; at most 15)."""
+    codes = [EPILOGUE_OPS[o] if isinstance(o, str) else int(o) for o in ops]
+    if len(codes) > 15:
+        raise ValueError("an epilogue chain has at most 15 operations")
+    code = 0
+    for i, c in enumerate(codes):
+        code |= c << (4 * i)
+    return code
+
+
+def _strides3(arr, name):
+    """(batch stride, row stride) in elements of a float32 array [batch, rows, cols]
+    (rows contiguous); a batch of extent 1 has stride 0."""
+    if arr.dtype != np.float32:
+        raise ValueError(f"{name} must be float32, got {arr.dtype}")
+    item = arr.itemsize
+    if arr.size == 0:
+        return 0, arr.shape[2]
+    if arr.shape[2] > 1 and arr.strides[2] != item:
+        raise ValueError(f"{name} must have contiguous rows")
+    if any(st % item for st in arr.strides[:2]):
+        raise ValueError(f"{name} strides must be whole elements")
+    batch = arr.strides[0] // item if arr.shape[0] > 1 else 0
+    rows = arr.strides[1] // item if arr.shape[1] > 1 else arr.shape[2]
+    return batch, max(rows, arr.shape[2])
+
+
+def matmul(a, b, *, b_layout="nn", epilogue=(), scale=1.0, bias=None, residual=None,
+           out=None, n=None):
+    """``chain(a @ op(b))`` over a batch, via ``tirbyoc_matmul_f32``.
+
+    ``a``: [m, k] or [batch, m, k]; ``b``: [k, n] ("nn"), [n, k] ("nt"), either with a
+    leading batch dimension (size 1 or ``batch`` broadcasts), or a packed weight (1-D,
+    :func:`pack_weight`; ``n`` then gives N). ``epilogue``: operation names in order
+    (``EPILOGUE_OPS``); ``scale`` for "scale"/"divide"; ``bias`` [N]; ``residual`` shaped
+    like the output (a batch of 1 broadcasts). Returns ``out`` ([batch, m, n], or [m, n]
+    for 2-D ``a``).
+    """
+    if b_layout not in B_LAYOUTS:
+        raise ValueError(f"b_layout must be one of {tuple(B_LAYOUTS)}, got {b_layout!r}")
+    squeeze = a.ndim == 2
+    a3 = a[None] if squeeze else a
+    batch, m, k = a3.shape
+    if b_layout == "packed":
+        if n is None:
+            raise ValueError("b_layout 'packed' needs n")
+        if b.ndim != 1 or b.size != packed_weight_size(n, k):
+            raise ValueError("b is not a packed [N, K] weight")
+        sb, ldb = 0, 0
+    else:
+        b3 = b[None] if b.ndim == 2 else b
+        n = b3.shape[2] if b_layout == "nn" else b3.shape[1]
+        kb = b3.shape[1] if b_layout == "nn" else b3.shape[2]
+        if kb != k or b3.shape[0] not in (1, batch):
+            raise ValueError(f"shape mismatch: a is {a.shape}, b is {b.shape} ({b_layout})")
+        sb, ldb = _strides3(b3, "b")
+    sa, lda = _strides3(a3, "a")
+    if out is None:
+        out = np.empty((batch, m, n), np.float32)
+    out3 = out[None] if out.ndim == 2 else out
+    if out3.shape != (batch, m, n):
+        raise ValueError(f"out must have shape {(batch, m, n)}, got {out.shape}")
+    sc, ldc = _strides3(out3, "out")
+    sc = sc if batch > 1 else m * ldc
+    if residual is not None:
+        r3 = residual[None] if residual.ndim == 2 else residual
+        if r3.shape[1:] != (m, n) or r3.shape[0] not in (1, batch):
+            raise ValueError(f"residual must have the output's shape, got {residual.shape}")
+        sr, ldr = _strides3(r3, "residual")
+    else:
+        sr, ldr = 0, 0
+    if bias is not None and (bias.dtype != np.float32 or bias.shape != (n,)):
+        raise ValueError(f"bias must be float32 of shape ({n},)")
+    if any(x is not None and np.may_share_memory(out, x) for x in (a, b, bias, residual)):
+        raise ValueError("out must not overlap the inputs")
+    ffi, lib = load()
+
+    def ptr(arr):
+        return ffi.NULL if arr is None or arr.size == 0 else ffi.cast("float *",
+                                                                      arr.ctypes.data)
+
+    _check("tirbyoc_matmul_f32", lib.tirbyoc_matmul_f32(
+        batch, m, n, k, ptr(a3), lda, sa, ptr(b if b_layout == "packed" else b3), ldb, sb,
+        B_LAYOUTS[b_layout], ptr(out3), ldc, sc, encode_epilogue(epilogue), float(scale),
+        ptr(bias), ptr(residual), ldr, sr))
+    return out3[0] if squeeze and out.ndim == 3 else out
+
+
+def unary(op, x, out=None):
+    """``op(x)`` elementwise (a unary epilogue operation: ``UNARY_OPS``) via
+    ``tirbyoc_unary_f32``; ``x`` float32 and contiguous; ``out`` may be ``x``."""
+    code = EPILOGUE_OPS[op] if isinstance(op, str) else int(op)
+    x = np.ascontiguousarray(x, np.float32)
+    if out is None:
+        out = np.empty_like(x)
+    if out.shape != x.shape or out.dtype != np.float32 or not out.flags.c_contiguous:
+        raise ValueError("out must be a contiguous float32 array of x's shape")
+    ffi, lib = load()
+    _check("tirbyoc_unary_f32", lib.tirbyoc_unary_f32(
+        code, x.size, ffi.cast("float *", x.ctypes.data), ffi.cast("float *", out.ctypes.data)))
     return out

@@ -16,32 +16,44 @@ from dataclasses import dataclass, field
 
 from . import _tvm as T
 from . import weights
+from .epilogues import UNARY_STEPS, identify_unary
 from .intrinsic import Intrinsic, NoMatch, StepContext
 from .normalize import Nest, NormalFunc
 
 
 @dataclass
 class Dense:
-    """A recognized ``C[rows, n] += A[rows, k] * W`` reduction nest."""
+    """A recognized ``C[batch.., rows.., n] += A[batch.., rows.., k] * W[batch.., ...]`` nest.
+
+    ``rows`` are all output iterators but the last (``col``); the first ``nbatch`` of them
+    are batch dimensions (the weight is indexed by them too), the rest collapse into the
+    kernel's M rows. ``sa``/``sw``/``sc``: the element distance between consecutive
+    batches of A, W and C once the batch dimensions collapse into one (0: broadcast).
+    """
 
     nest: Nest
     a: object
     w: object
     c: object
-    layout: str  # "nt" (W[n, k]) or "nn" (W[k, n])
+    layout: str  # "nt" (W[.., n, k]) or "nn" (W[.., k, n])
     rows: list  # Iter, in output order
     col: object  # Iter
     red: object  # Iter
     dtype: str
     lda: object
     ldw: object
+    nbatch: int = 0
+    sa: object = 0
+    sw: object = 0
+    sc: object = 0
+
+    @property
+    def batch(self):
+        return _product([r.extent for r in self.rows[:self.nbatch]])
 
     @property
     def m(self):
-        m = self.rows[0].extent
-        for r in self.rows[1:]:
-            m = m * r.extent
-        return m
+        return _product([r.extent for r in self.rows[self.nbatch:]])
 
     @property
     def n(self):
@@ -70,7 +82,12 @@ class Region:
 
     @property
     def nests(self) -> list:
-        return [self.dense.nest] + [n for _, n, _ in self.steps]
+        """The dense nest and every nest of the epilogue, in program order."""
+        out = [self.dense.nest]
+        for _, n, sm in self.steps:
+            out.extend(sm.nests)
+            out.append(n)
+        return sorted(out, key=lambda n: n.index)
 
     @property
     def symbol(self) -> str:
@@ -81,6 +98,15 @@ class Region:
             if name in sm.captures:
                 return sm.captures[name]
         return None
+
+
+def _product(extents):
+    if not extents:
+        return T.const(1, "int64")
+    out = extents[0]
+    for e in extents[1:]:
+        out = out * e
+    return out
 
 
 def _is_load(expr, buf, indices) -> bool:
@@ -148,23 +174,37 @@ def match_dense(nest: Nest, dtypes) -> Dense | NoMatch:
         if any(isinstance(x, T.Cast) for x in loads):
             return NoMatch("an operand is cast before the multiply (mixed precision)")
         return NoMatch("the product has an extra factor (e.g. a scale); not A * W")
+    an = T.analyzer()
     row_vars = [r.var for r in rows]
+    # NOTE: W is the operand indexed by the output column; A is indexed by the rows.
     a_load = w_load = None
     for x, y in (loads, loads[::-1]):
-        if _is_load(x, x.source, row_vars + [k.var]):
+        if len(x.indices) and x.indices[-1].same_as(k.var) and \
+                not any(e.same_as(col.var) for e in x.indices):
             a_load, w_load = x, y
             break
     if a_load is None:
         return NoMatch("no operand is read as A[rows.., k]")
     a, w = a_load.source, w_load.source
-    if len(w_load.indices) != 2:
-        return NoMatch("the weight is not a 2-D matrix (batched weights are not offloaded)")
-    if _is_load(w_load, w, [col.var, k.var]):
+    w_idx = list(w_load.indices)
+    if len(w_idx) >= 2 and w_idx[-2].same_as(col.var) and w_idx[-1].same_as(k.var):
         layout = "nt"
-    elif _is_load(w_load, w, [k.var, col.var]):
+    elif len(w_idx) >= 2 and w_idx[-2].same_as(k.var) and w_idx[-1].same_as(col.var):
         layout = "nn"
     else:
         return NoMatch("the weight is not read as W[n, k] or W[k, n]")
+    used = [i for i, v in enumerate(row_vars) if any(e.same_as(v) for e in w_idx[:-2])]
+    nbatch = max(used) + 1 if used else 0
+    nm = len(rows) - nbatch
+    a_idx = list(a_load.indices)
+    if len(a_idx) < nm + 1 or not all(e.same_as(v) for e, v in
+                                      zip(a_idx[len(a_idx) - 1 - nm:-1], row_vars[nbatch:])):
+        return NoMatch("no operand is read as A[rows.., k]")
+    a_lead, w_lead = a_idx[:len(a_idx) - 1 - nm], w_idx[:-2]
+    for buf, lead in ((a, a_lead), (w, w_lead)):
+        why = _batch_lead(buf, lead, rows[:nbatch], an)
+        if why:
+            return NoMatch(why)
     if a.same_as(c) or w.same_as(c):
         return NoMatch("the output aliases an input")
     for buf in (a, w, c):
@@ -172,26 +212,88 @@ def match_dense(nest: Nest, dtypes) -> Dense | NoMatch:
             return NoMatch(f"no kernel for dtype {buf.dtype} (buffer {buf.name})")
     if len({a.dtype, w.dtype, c.dtype}) != 1:
         return NoMatch("mixed dtypes between activation, weight and output")
-    an = T.analyzer()
-    # NOTE: the kernel sees A, C as [M, K] / [M, N] row-major matrices: their leading
-    # dims must be exactly the row extents so that they collapse into M rows.
-    for buf, inner in ((a, k.extent), (c, col.extent)):
-        if len(buf.shape) != len(rows) + 1:
-            return NoMatch(f"buffer {buf.name} has a different rank than the iteration")
-        for dim, r in zip(buf.shape[:-1], rows):
-            if not an.can_prove_equal(dim, r.extent):
-                return NoMatch(f"buffer {buf.name} is larger than the iteration in a row "
-                               "dimension")
+    # NOTE: the kernel sees A, C as [M, K] / [M, N] row-major matrices per batch: their
+    # row dims must be exactly the row extents so that they collapse into M rows.
+    for dim, r in zip(a.shape[len(a.shape) - 1 - nm:-1], rows[nbatch:]):
+        if not an.can_prove_equal(dim, r.extent):
+            return NoMatch(f"buffer {a.name} is larger than the iteration in a row dimension")
+    if len(c.shape) != len(rows) + 1:
+        return NoMatch(f"buffer {c.name} has a different rank than the iteration")
+    for dim, r in zip(c.shape[:-1], rows):
+        if not an.can_prove_equal(dim, r.extent):
+            return NoMatch(f"buffer {c.name} is larger than the iteration in a row dimension")
     if not an.can_prove_equal(c.shape[-1], col.extent):
         return NoMatch(f"the output {c.name} is wider than the iteration")
-    w_n, w_k = (w.shape[0], w.shape[1]) if layout == "nt" else (w.shape[1], w.shape[0])
+    w_n, w_k = (w.shape[-2], w.shape[-1]) if layout == "nt" else (w.shape[-1], w.shape[-2])
     if not (an.can_prove_equal(w_n, col.extent) and an.can_prove_equal(w_k, k.extent)):
         return NoMatch("the weight's shape differs from the iteration")
-    lda, ldw = row_stride(a, len(rows), an), row_stride(w, 1, an)
-    for stride in (lda, ldw, row_stride(c, len(rows), an)):
+    lda = row_stride(a, nm, an) if nm else k.extent
+    ldw = row_stride(w, 1, an)
+    for stride in (lda, ldw, row_stride(c, nm, an) if nm else 1):
         if isinstance(stride, NoMatch):
             return stride
-    return Dense(nest, a, w, c, layout, rows, col, k, dtype, lda, ldw)
+    strides = [batch_stride(buf, lead, rows[:nbatch], an) for buf, lead in
+               ((a, a_lead), (w, w_lead), (c, list(out_vars[:nbatch])))]
+    for st in strides:
+        if isinstance(st, NoMatch):
+            return st
+    return Dense(nest, a, w, c, layout, rows, col, k, dtype, lda, ldw, nbatch, *strides)
+
+
+def _is_zero_index(e) -> bool:
+    return isinstance(e, T.IntImm) and int(e.value) == 0
+
+
+def _batch_lead(buf, lead, batch, an) -> str | None:
+    """Why the leading (batch) indices of an operand are not batch iterators or broadcasts.
+
+    ``lead`` lines up with the last ``len(lead)`` batch dimensions; each index is that
+    dimension's iterator, or 0 over a dimension of size 1 (a broadcast).
+    """
+    off = len(batch) - len(lead)
+    for j, e in enumerate(lead):
+        d = off + j
+        if d >= 0 and e.same_as(batch[d].var):
+            continue
+        if _is_zero_index(e) and an.can_prove_equal(buf.shape[j], 1):
+            continue
+        return (f"buffer {buf.name} is not indexed by the batch iterators in its leading "
+                "dimensions")
+    return None
+
+
+def _strides(buf):
+    if buf.strides:
+        return list(buf.strides)
+    out, acc = [], T.const(1, "int64")
+    for dim in reversed(list(buf.shape)):
+        out.append(acc)
+        acc = acc * dim
+    return out[::-1]
+
+
+def batch_stride(buf, lead, batch, an):
+    """The element distance between consecutive batches of ``buf`` once the batch
+    dimensions collapse into one (0 when broadcast), or a NoMatch.
+
+    ``lead``: the indices of ``buf``'s leading dimensions (lined up with the last
+    ``len(lead)`` batch dimensions, see ``_batch_lead``).
+    """
+    if not batch:
+        return T.const(0, "int64")
+    strides, off = _strides(buf), len(batch) - len(lead)
+    per_dim = []
+    for d, it in enumerate(batch):
+        j = d - off
+        hit = j >= 0 and lead[j].same_as(it.var)
+        per_dim.append(strides[j] if hit else T.const(0, "int64"))
+    live = [(s, it.extent) for s, it in zip(per_dim, batch)
+            if not an.can_prove_equal(it.extent, 1)]
+    for (s0, _), (s1, e1) in zip(live, live[1:]):
+        if not an.can_prove_equal(s0, s1 * e1):
+            return NoMatch(f"buffer {buf.name}: its batch dimensions do not collapse into one "
+                           "(a broadcast over an inner batch dimension)")
+    return live[-1][0] if live else T.const(0, "int64")
 
 
 def _consumer_context(nest: Nest, prev_buf, dense: Dense, value) -> StepContext | NoMatch:
@@ -270,6 +372,128 @@ def _epilogue_chain(normal: NormalFunc, dense: Dense, steps_wanted):
     return chain, stopped
 
 
+# A unary operation written as more blocks than this is not looked for.
+MAX_GROUP = 24
+
+
+def _unary_group(normal: NormalFunc, dense: Dense, source, after: int):
+    """``(sink nest, StepMatch)`` when the elementwise blocks that read ``source`` (and
+    each other's results) compute one unary operation the kernels have, else a NoMatch.
+
+    The group must consume ``source`` entirely: every block that reads ``source`` or an
+    intermediate of the group belongs to it, and only the sink's result leaves it.
+    """
+    alloc = set(normal.root.alloc_buffers)
+    nests = [n for n in normal.nests if n.index > after]
+    produced, group = {source}, []
+    while len(group) < MAX_GROUP:
+        grew = False
+        for n in nests:
+            reads = n.reads - n.writes
+            if n in group or n.store is None or n.reason or not (reads & produced) or \
+                    not reads <= produced or len(n.writes) != 1:
+                continue
+            if not _consumer_context(n, source, dense, n.store.value):
+                continue
+            group.append(n)
+            produced.add(n.store.buffer)
+            grew = True
+        if not grew:
+            break
+    group.sort(key=lambda n: n.index)
+    if not group:
+        return NoMatch(f"no elementwise block reads {source.name} alone")
+    for sink in group:
+        members = _ancestors(group, sink, source)
+        inner = {source} | {n.store.buffer for n in members if n is not sink}
+        if not all(b in alloc for b in inner):
+            continue
+        readers = [n for n in normal.nests if (n.reads - n.writes) & inner]
+        if any(n not in members for n in readers):
+            continue
+        sm = identify_unary(members, source, sink)
+        if sm:
+            return sink, sm
+    return NoMatch(f"the elementwise blocks after {source.name} compute no unary operation "
+                   "the kernel has (gelu, silu, sigmoid, tanh)")
+
+
+def _ancestors(group, sink, source):
+    """``sink`` and the group members it depends on, in program order."""
+    need, keep = set(sink.reads - sink.writes), [sink]
+    for n in sorted(group, key=lambda n: -n.index):
+        if n is not sink and n.index < sink.index and n.store.buffer in need:
+            keep.append(n)
+            need |= n.reads - n.writes
+    need.discard(source)
+    return sorted(keep, key=lambda n: n.index)
+
+
+def _chain_run(normal: NormalFunc, dense: Dense, intr: Intrinsic):
+    """The longest run of consumers a chain intrinsic fuses, read one operation at a time:
+    a single-block step of ``intr.chain``, or a unary operation spanning several blocks."""
+    alloc = set(normal.root.alloc_buffers)
+    chain, prev_buf, stopped, last = [], dense.c, None, dense.nest.index
+    nests = normal.nests
+    while True:
+        if prev_buf not in alloc:
+            break  # the natural end of a region: its result leaves the function
+        writers = [n for n in nests if prev_buf in n.writes]
+        readers = [n for n in nests if prev_buf in n.reads and n not in writers]
+        if len(writers) != 1 or not readers:
+            stopped = f"{prev_buf.name} is written more than once" if readers else None
+            break
+        found, why = None, []
+        if len(readers) > 1:
+            why.append(f"{prev_buf.name} is used by more than one consumer")
+        if len(readers) == 1 and readers[0].index > last and readers[0].store is not None:
+            consumer = readers[0]
+            ctx = _consumer_context(consumer, prev_buf, dense, consumer.store.value)
+            if not ctx:
+                why.append(ctx.reason)
+            else:
+                for step in intr.chain:
+                    sm = step.match(ctx)
+                    if not sm:
+                        why.append(f"not a {step.name} ({sm.reason})")
+                        continue
+                    why_not = _chain_conflict(intr, chain, (step, consumer, sm), dense)
+                    if why_not:
+                        why.append(f"a {step.name}, but {why_not}")
+                        continue
+                    found = (step, consumer, sm)
+                    break
+        if found is None:
+            group = _unary_group(normal, dense, prev_buf, last)
+            if group:
+                sink, sm = group
+                candidate = (UNARY_STEPS[sm.params["op"]], sink, sm)
+                why_not = _chain_conflict(intr, chain, candidate, dense)
+                if why_not:
+                    why.append(f"a {sm.params['op']}, but {why_not}")
+                else:
+                    found = candidate
+            else:
+                why.append(group.reason)
+        if found is None:
+            stopped = f"after {prev_buf.name}: " + "; ".join(why)
+            break
+        step, consumer, sm = found
+        chain.append(found)
+        prev_buf, last = consumer.store.buffer, consumer.index
+    return chain, stopped
+
+
+def _chain_conflict(intr, chain, found, dense) -> str | None:
+    """Why ``found`` cannot join ``chain``: it reads what the region writes, or the kernel
+    cannot take the longer chain (``intr.check``)."""
+    _, consumer, sm = found
+    written = [dense.c, consumer.store.buffer] + [n.store.buffer for _, n, _ in chain]
+    if any(b.same_as(x) for b in sm.captures.values() for x in written):
+        return "it reads a buffer the region writes as an operand"
+    return intr.check(chain + [found]) if intr.check else None
+
+
 def _hazard(normal: NormalFunc, region_nests, inputs, out) -> str | None:
     """Why moving the region's work to the position of its last nest is unsafe, or None."""
     first, last = region_nests[0].index, region_nests[-1].index
@@ -313,16 +537,28 @@ def match_region(normal: NormalFunc, nest: Nest, intrinsics, sources=None,
         return dense
     # NOTE: intrinsics are tried in registry order (longest fusion first); the first
     # one whose whole epilogue chain is present wins.
-    reasons, stops = [], []
+    reasons, stops, chain_stop = [], [], None
+    fixed = {tuple(s.name for s in i.epilogue) for i in intrinsics if i.chain is None}
     for intr in intrinsics:
         if dense.dtype not in intr.dtypes:
             reasons.append(f"{intr.name}: no {dense.dtype} kernel")
             continue
-        chain, stopped = _epilogue_chain(normal, dense, intr.epilogue)
-        if len(chain) != len(intr.epilogue):
-            stops.append((intr, stopped))
-            reasons.append(f"{intr.name}: {stopped or 'the result is a function output'}")
+        if dense.nbatch and not intr.batched:
+            reasons.append(f"{intr.name}: the weight is batched")
             continue
+        if intr.chain is not None:
+            chain, stopped = _chain_run(normal, dense, intr)
+            names = tuple(step.name for step, _, _ in chain)
+            if not dense.nbatch and names in fixed:
+                chain_stop = stopped
+                continue  # an intrinsic of its own computes exactly this chain
+            intr = intr.derive(chain, dense)
+        else:
+            chain, stopped = _epilogue_chain(normal, dense, intr.epilogue)
+            if len(chain) != len(intr.epilogue):
+                stops.append((intr, stopped))
+                reasons.append(f"{intr.name}: {stopped or 'the result is a function output'}")
+                continue
         out = chain[-1][1].store.buffer if chain else dense.c
         region = Region(intr, dense, chain, out, dense.w, dense.layout)
         inputs = [dense.a, dense.w] + [b for _, _, sm in chain for b in sm.captures.values()]
@@ -330,7 +566,9 @@ def match_region(normal: NormalFunc, nest: Nest, intrinsics, sources=None,
         if hazard:
             reasons.append(f"{intr.name}: {hazard}")
             continue
-        region.stopped = _longer_fusion_stops(intr, stops)
+        # NOTE: the chain intrinsic read furthest; its stop is the one that says most.
+        region.stopped = stopped if intr.chain is not None else (
+            chain_stop or _longer_fusion_stops(intr, stops))
         weights.reroute(normal, region, sources or {}, passes)
         return region
     return NoMatch("; ".join(reasons) if reasons else "no intrinsic registered")

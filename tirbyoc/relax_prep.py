@@ -94,6 +94,8 @@ def prepare(mod, fuse="auto"):
         fuse = not legalized
     if scope.chosen:
         fuse = False  # the graph level already chose what goes together
+    if not legalized and not scope.chosen:
+        mod = sink_reshapes(mod)
     if fuse:
         mod = T.Sequential(T.relax_default_prepare_passes())(mod)
     elif not legalized:
@@ -159,3 +161,130 @@ def call_tir_sites(mod):
 def call_args(call) -> list:
     """The tensor arguments of a call_tir."""
     return list(call.args[1].fields) if isinstance(call.args[1], R.Tuple) else [call.args[1]]
+
+
+# ---- moving reshapes out of the way of fusion ----
+
+# Elementwise Relax ops of one tensor (the other arguments, if any, are not tensors).
+_UNARY_ELEMENTWISE = ("relax.nn.gelu", "relax.nn.gelu_tanh", "relax.nn.silu", "relax.sigmoid",
+                      "relax.tanh", "relax.nn.relu", "relax.clip", "relax.erf", "relax.exp")
+_BINARY_ELEMENTWISE = ("relax.add", "relax.subtract", "relax.multiply", "relax.divide")
+
+
+def _shape(expr):
+    shape = getattr(expr.ty, "shape", None)
+    if shape is None or not hasattr(shape, "values"):
+        return None
+    return list(shape.values)
+
+
+def _same_shape(a, b) -> bool:
+    if a is None or b is None or len(a) != len(b):
+        return False
+    an = T.analyzer()
+    return all(an.can_prove_equal(x, y) for x, y in zip(a, b))
+
+
+def _trailing_broadcast(other, last) -> bool:
+    """``other`` broadcasts against any shape ending in ``last`` the same way: all its
+    dimensions are 1 except, possibly, a last one equal to ``last``."""
+    shape = _shape(other)
+    if shape is None:
+        return False
+    an = T.analyzer()
+    if not all(an.can_prove_equal(d, 1) for d in shape[:-1]):
+        return False
+    return not shape or an.can_prove_equal(shape[-1], 1) or an.can_prove_equal(shape[-1], last)
+
+
+def sink_reshapes(mod):
+    """Move reshapes that only regroup leading dimensions below elementwise ops.
+
+    ``torch.export`` writes ``Linear`` on a [B, S, D] input as reshape -> matmul -> add ->
+    reshape, and what follows (GELU, a residual add, a scale) then works on the 3-D view:
+    the reshape between them keeps ``FuseOps`` from putting the epilogue next to its matmul.
+    Here ``op(reshape(y))`` becomes ``reshape(op(y))`` when the reshape adds leading
+    dimensions (for a binary op, the other operand
+    must be a scalar, a per-last-dimension vector, or a tensor of the reshaped shape, which
+    is reshaped back), permutes that only move dimensions of size 1 become reshapes, and
+    reshapes of reshapes collapse. Values are unchanged: only the views move.
+    """
+    dpl = T.dpl()
+    rs = dpl.is_op("relax.reshape")
+    y, s, other = dpl.wildcard(), dpl.wildcard(), dpl.wildcard()
+    inner = rs(y, s)
+
+    def regroups(y_expr, s_expr) -> bool:
+        ys, ss = _shape(y_expr), _shape(s_expr)
+        # NOTE: only reshapes that add leading dimensions (the un-flatten after a 2-D
+        # matmul): the reshape a binary op puts on its other operand removes them, so
+        # the rewrites cannot undo each other.
+        return ys is not None and ss is not None and 0 < len(ys) < len(ss) and \
+            T.analyzer().can_prove_equal(ys[-1], ss[-1])
+
+    def unary(orig, m):
+        ye, re = m[y], m[inner]
+        if not regroups(ye, re):
+            return orig
+        new = T.relax_call_with_args(orig, [ye] + list(orig.args[1:]))
+        return R.op.reshape(new, R.ShapeExpr(_shape(re)))
+
+    def binary(first):
+        def rewrite(orig, m):
+            # NOTE: the call's arguments are the Vars bound to the matched reshape and
+            # operand; which side the reshape is on is the pattern's, not a comparison's.
+            ye, re, oe = m[y], m[inner], m[other]
+            if not regroups(ye, re) or not _same_shape(_shape(orig), _shape(re)):
+                return orig
+            if _same_shape(_shape(oe), _shape(re)):
+                oe = R.op.reshape(oe, R.ShapeExpr(_shape(ye)))
+            elif not _trailing_broadcast(oe, _shape(ye)[-1]):
+                return orig
+            new = T.relax_call_with_args(orig, [ye, oe] if first else [oe, ye])
+            return R.op.reshape(new, R.ShapeExpr(_shape(re)))
+
+        return rewrite
+
+    def twice(orig, m):
+        ye = m[y]
+        target = _shape(orig)
+        if _same_shape(_shape(ye), target):
+            return ye
+        return R.op.reshape(ye, R.ShapeExpr(target))
+
+    def unit_permute(orig, m):
+        src, dst = _shape(m[y]), _shape(orig)
+        if src is None or dst is None:
+            return orig
+        an = T.analyzer()
+        keep = lambda shape: [d for d in shape if not an.can_prove_equal(d, 1)]  # noqa: E731
+        if not _same_shape(keep(src), keep(dst)):
+            return orig
+        axes = [int(a) for a in orig.attrs.axes] if orig.attrs.axes is not None else None
+        if axes is None:
+            return orig
+        order = [a for a in axes if not an.can_prove_equal(src[a], 1)]
+        if order != sorted(order):
+            return orig
+        return R.op.reshape(m[y], R.ShapeExpr(dst))
+
+    rules = [(dpl.is_op(op)(inner), unary) for op in _UNARY_ELEMENTWISE]
+    for op in _BINARY_ELEMENTWISE:
+        rules.append((dpl.is_op(op)(inner, other), binary(first=True)))
+        rules.append((dpl.is_op(op)(other, inner), binary(first=False)))
+    rules.append((rs(inner, dpl.wildcard()), twice))
+    rules.append((dpl.is_op("relax.permute_dims")(y), unit_permute))
+
+    out = mod.clone() if hasattr(mod, "clone") else mod
+    for gv, func in mod.functions_items():
+        if not isinstance(func, T.Function) or (func.attrs and "Codegen" in func.attrs):
+            continue
+        new = func
+        for _ in range(8):
+            before = new
+            for pattern, rewriter in rules:
+                new = dpl.rewrite_call(pattern, rewriter, new)
+            if T.structural_equal(before, new):
+                break
+        out[gv] = new
+    return out

@@ -174,6 +174,8 @@ def reroute(normal: NormalFunc, region, srcs: dict, passes) -> None:
     Only when the weight is a buffer param that nothing else in the function reads.
     """
     w = region.dense.w
+    if region.dense.nbatch or len(w.shape) != 2:
+        return  # a batched (or broadcast) weight is read as it is
     idx = next((i for i, p in enumerate(normal.params) if p.same_as(w)), None)
     if idx is None or w.strides or len([n for n in normal.nests if w in n.reads]) != 1:
         return
