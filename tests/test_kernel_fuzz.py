@@ -361,6 +361,29 @@ class Operands:
         return buf
 
     @functools.cached_property
+    def residual(self):
+        """A residual [M, N] input (matmul chains), with its own row padding."""
+        c = self.case
+        return self._input("residual", c.m, c.n, c.n + c.pads[0], c.offsets[4])
+
+    @functools.cached_property
+    def chain(self):
+        """(operation names, scale) of a tirbyoc_matmul_f32 case: a bias where the case
+        has one (first half the time), a residual a third of the time, and up to three
+        other operations, in random order."""
+        rng, ops = self.rng, []
+        others = [str(x) for x in rng.choice(CHAIN_UNARY + ("scale", "divide"),
+                                             size=int(rng.integers(0, 4)))]
+        if self.case.bias:
+            others.insert(0 if rng.random() < 0.5 else int(rng.integers(0, len(others) + 1)),
+                          "bias")
+        if rng.random() < 0.33:
+            others.insert(int(rng.integers(0, len(others) + 1)), "residual")
+        ops = others
+        # at most one scale constant per chain: scale and divide share it
+        return tuple(ops), float(rng.choice([0.125, 8.0, -2.5, 0.35355339]))
+
+    @functools.cached_property
     def packed_size(self):
         n, k = self.case.n, self.case.k
         return -(-n // 16) * 16 * k
@@ -461,6 +484,26 @@ def pack_args(ops):
             _matrix(ops, "packed", ops.packed_out, c.n * c.k > 0)]
 
 
+def matmul_args(ops):
+    """tirbyoc_matmul_f32 with one batch (batches: tests/test_matmul_kernels.py)."""
+    c = ops.case
+    names, scale = ops.chain
+    w_min = c.k if c.layout == "nt" else c.n
+    uses_res = "residual" in names
+    bias = (_matrix(ops, "bias", ops.bias, c.n > 0) if "bias" in names
+            else Arg("bias", LIBRARY.ffi.NULL))
+    res = ([_matrix(ops, "residual", ops.residual, c.m * c.n > 0),
+            _stride("ldr", ops.residual, c.n)] if uses_res
+           else [Arg("residual", LIBRARY.ffi.NULL), Arg("ldr", 0)])
+    return [Arg("batch", 1), _size("m", c.m), _size("n", c.n), _size("k", c.k),
+            _matrix(ops, "a", ops.a, c.m * c.k > 0), _stride("lda", ops.a, c.k), Arg("sa", 0),
+            _matrix(ops, "w", ops.w, c.n * c.k > 0), _stride("ldw", ops.w, w_min), Arg("sw", 0),
+            Arg("b_layout", kernels.B_LAYOUTS[c.layout]),
+            _matrix(ops, "c", ops.c, c.m * c.n > 0), _stride("ldc", ops.c, c.n), Arg("sc", 0),
+            Arg("epilogue", kernels.encode_epilogue(names)), Arg("scale", scale), bias,
+            *res, Arg("sr", 0)]
+
+
 def make_invalid(args, rng):
     """One argument replaced by an invalid value: (new args, description)."""
     choices = [i for i, arg in enumerate(args)
@@ -529,6 +572,58 @@ def _dense_expected(ops, epi):
     return expected, np.where(np.isfinite(pre), scale, 0.0)
 
 
+def _erfc(x):
+    return np.vectorize(math.erfc, otypes=[float])(x)
+
+
+def _sigmoid(x):
+    with np.errstate(over="ignore"):
+        return 1.0 / (1.0 + np.exp(-x))
+
+
+# The unary epilogue operations in float64 (stable forms: no cancellation in the tails).
+CHAIN_REFERENCE = {
+    "relu": EPILOGUES["relu"],
+    "relu6": EPILOGUES["relu6"],
+    "gelu_erf": lambda x: 0.5 * x * _erfc(-x / math.sqrt(2.0)),
+    "gelu_tanh": lambda x: x * _sigmoid(2 * math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)),
+    "silu": lambda x: x * _sigmoid(x),
+    "sigmoid": _sigmoid,
+    "tanh": np.tanh,
+}
+CHAIN_UNARY = tuple(CHAIN_REFERENCE)
+
+
+def matmul_expected(ops, groups):
+    c = ops.case
+    names, scale = ops.chain
+    a = ops.a.view.astype(np.float64)
+    w = ops.w_kn
+    with np.errstate(invalid="ignore", over="ignore"):
+        v = ieee_matmul(a, w)
+        terms = ((_finite(a) ** 2).astype(np.float32) @ (_finite(w) ** 2).astype(np.float32))
+        err = np.sqrt(terms.astype(np.float64)) * 1e-5 * max(1.0, math.sqrt(c.k) / 8)
+        finite_in = np.isfinite(v)
+        for name in names:
+            if name == "bias":
+                v = v + ops.bias.view.astype(np.float64)
+            elif name == "residual":
+                v = v + ops.residual.view.astype(np.float64)
+            elif name == "scale":
+                v, err = v * scale, err * abs(scale)
+            elif name == "divide":
+                v, err = v / scale, err / abs(scale)
+            else:
+                v = CHAIN_REFERENCE[name](v)
+                err = err * 1.2  # |derivative| <= 1.13 for every unary operation
+            finite_in &= np.isfinite(v)
+            err = err + 1e-6 * np.abs(np.where(np.isfinite(v), v, 0.0))
+    finite = np.isfinite(v)
+    max_ref = np.abs(v[finite]).max() if finite.any() else 0.0
+    tol = np.maximum(err, max_ref * 1e-6)
+    return v, np.where(finite_in, tol, 0.0)
+
+
 def dense_expected(ops, groups):
     return _dense_expected(ops, groups.get("epi"))
 
@@ -569,6 +664,7 @@ FAMILIES = (
     Family(r"tirbyoc_dense_acc_f32_(?P<layout>nt|nn)", acc_args, acc_expected, accumulate=True),
     Family(r"tirbyoc_pack_weight_f32_(?P<layout>nt|nn)", pack_args, pack_expected,
            output="packed_out"),
+    Family(r"tirbyoc_matmul_f32", matmul_args, matmul_expected),
 )
 # Exported functions that are not kernels, and where they are exercised.
 NOT_KERNELS = {
@@ -578,6 +674,8 @@ NOT_KERNELS = {
     "tirbyoc_num_threads": "setting: saved and restored around each run",
     "tirbyoc_packed_weight_size_f32": "checked by every pack_weight case",
     "tirbyoc_status_string": "describes a status; no operands",
+    "tirbyoc_unary_f32": "1-D elementwise: tests/test_matmul_kernels.py (every ISA, full "
+                         "float range, NaN/Inf, in place) and the sanitizer driver",
 }
 
 

@@ -759,6 +759,144 @@ static void invalid_args(uint64_t *rng)
     check(tirbyoc_num_threads() >= 1, "thread count", "tirbyoc_num_threads", 0, 0, 0, NULL);
 }
 
+/* ---- tirbyoc_matmul_f32 (batches, chains) and tirbyoc_unary_f32 ---- */
+
+static double sigmoid_d(double x) { return 1.0 / (1.0 + exp(-x)); }
+
+static double unary_d(int op, double x)
+{
+    switch (op) {
+    case TIRBYOC_EPI_RELU: return x < 0 ? 0 : x;
+    case TIRBYOC_EPI_RELU6: return x < 0 ? 0 : (x > 6 ? 6 : x);
+    case TIRBYOC_EPI_GELU_ERF: return 0.5 * x * erfc(-x / sqrt(2.0));
+    case TIRBYOC_EPI_GELU_TANH:
+        return x * sigmoid_d(2 * sqrt(2 / 3.14159265358979323846) * (x + 0.044715 * x * x * x));
+    case TIRBYOC_EPI_SILU: return x * sigmoid_d(x);
+    case TIRBYOC_EPI_SIGMOID: return sigmoid_d(x);
+    case TIRBYOC_EPI_TANH: return tanh(x);
+    default: return x;
+    }
+}
+
+/* One batched call with a chain (every operation used across the calls),
+ * exact-size buffers, threads as set by the caller. */
+static void matmul_chain_case(uint64_t *rng, int64_t batch, int64_t m, int64_t n,
+                              int64_t k, int nt, int64_t ops, int bcast_w)
+{
+    const int64_t lda = k + rng_int(rng, 0, 3), ldb = (nt ? k : n) + rng_int(rng, 0, 3);
+    const int64_t ldc = n + rng_int(rng, 0, 3), ldr = n + rng_int(rng, 0, 3);
+    const int64_t brows = nt ? n : k, bcols = nt ? k : n;
+    const int64_t sa = m * lda, sb = bcast_w ? 0 : brows * ldb, sc = m * ldc, sr = m * ldr;
+    const float scale = 0.35f;
+    buf_t ba, bb, bc, bbias, bres;
+    float *a = buf_alloc(&ba, (size_t)(batch - 1) * sa + span(m, k, lda), 1);
+    float *b = buf_alloc(&bb, (size_t)(bcast_w ? 0 : (batch - 1) * sb) + span(brows, bcols, ldb), 3);
+    float *c = buf_alloc(&bc, (size_t)(batch - 1) * sc + span(m, n, ldc), 1);
+    float *bias = buf_alloc(&bbias, (size_t)n, 2);
+    float *res = buf_alloc(&bres, (size_t)(batch - 1) * sr + span(m, n, ldr), 1);
+    int64_t q, i, j, p;
+    size_t x;
+    int32_t st;
+    double worst = 0;
+    for (x = 0; x < ba.n; ++x) a[x] = rng_float(rng) * 2;
+    for (x = 0; x < bb.n; ++x) b[x] = rng_float(rng);
+    for (x = 0; x < bc.n; ++x) c[x] = UNWRITTEN;
+    for (x = 0; x < bbias.n; ++x) bias[x] = rng_float(rng);
+    for (x = 0; x < bres.n; ++x) res[x] = rng_float(rng);
+    st = tirbyoc_matmul_f32(batch, m, n, k, a, lda, sa, b, ldb, sb, nt ? TIRBYOC_B_NK : TIRBYOC_B_KN,
+                            c, ldc, sc, ops, scale, bias, res, ldr, sr);
+    check(st == TIRBYOC_OK, "status", "tirbyoc_matmul_f32", m, n, k, NULL);
+    for (q = 0; q < batch && st == TIRBYOC_OK; ++q)
+        for (i = 0; i < m; ++i)
+            for (j = 0; j < n; ++j) {
+                double v = 0, mag = 0, got;
+                int64_t o;
+                for (p = 0; p < k; ++p) {
+                    const double av = a[q * sa + i * lda + p];
+                    const double bv = nt ? b[q * sb + j * ldb + p] : b[q * sb + p * ldb + j];
+                    v += av * bv;
+                    mag += fabs(av * bv);
+                }
+                for (o = ops; o != 0; o >>= 4) {
+                    const int op = (int)(o & 15);
+                    if (op == TIRBYOC_EPI_BIAS) v += bias[j];
+                    else if (op == TIRBYOC_EPI_RESIDUAL) v += res[q * sr + i * ldr + j];
+                    else if (op == TIRBYOC_EPI_SCALE) { v *= scale; mag *= scale; }
+                    else if (op == TIRBYOC_EPI_DIVIDE) { v /= scale; mag /= scale; }
+                    else v = unary_d(op, v);
+                }
+                got = c[q * sc + i * ldc + j];
+                if (fabs(got - v) > 1e-5 * (mag + fabs(v) + 1) && fabs(got - v) > worst)
+                    worst = fabs(got - v);
+            }
+    check(worst == 0, "chain result", "tirbyoc_matmul_f32", m, n, k, NULL);
+    buf_free(&ba); buf_free(&bb); buf_free(&bc); buf_free(&bbias); buf_free(&bres);
+}
+
+static void matmul_chains(uint64_t *rng, int threaded)
+{
+    /* every operation once, in chains of up to 4; sizes on tile edges */
+    static const int64_t chains[][4] = {
+        {TIRBYOC_EPI_BIAS, TIRBYOC_EPI_GELU_ERF, TIRBYOC_EPI_RESIDUAL, 0},
+        {TIRBYOC_EPI_DIVIDE, 0, 0, 0},
+        {TIRBYOC_EPI_SCALE, TIRBYOC_EPI_BIAS, TIRBYOC_EPI_GELU_TANH, 0},
+        {TIRBYOC_EPI_RESIDUAL, TIRBYOC_EPI_SILU, 0, 0},
+        {TIRBYOC_EPI_BIAS, TIRBYOC_EPI_RELU, TIRBYOC_EPI_TANH, 0},
+        {TIRBYOC_EPI_SIGMOID, TIRBYOC_EPI_RELU6, 0, 0},
+    };
+    static const int64_t shapes[][4] = {
+        {12, 16, 16, 8}, {3, 17, 33, 5}, {2, 1, 40, 7}, {4, 29, 65, 0}, {1, 130, 70, 300},
+    };
+    size_t ci, si;
+    for (ci = 0; ci < sizeof(chains) / sizeof(chains[0]); ++ci)
+        for (si = 0; si < sizeof(shapes) / sizeof(shapes[0]); ++si) {
+            int64_t ops = 0;
+            int e;
+            for (e = 3; e >= 0; --e)
+                ops = (ops << 4) | chains[ci][e];
+            if (threaded)
+                tirbyoc_set_num_threads(2 + (int)(si % 2));
+            matmul_chain_case(rng, shapes[si][0], shapes[si][1], shapes[si][2], shapes[si][3],
+                              (int)((ci + si) % 2), ops, (int)(si % 2));
+        }
+    if (threaded)
+        return;
+    {   /* tirbyoc_unary_f32: tails of every vector width, in place too */
+        static const int64_t lens[] = {1, 7, 15, 16, 17, 33, 100, 40000};
+        int op;
+        size_t li;
+        for (op = TIRBYOC_EPI_RELU; op <= TIRBYOC_EPI_TANH; ++op)
+            for (li = 0; li < sizeof(lens) / sizeof(lens[0]); ++li) {
+                buf_t bx, by;
+                float *xv = buf_alloc(&bx, (size_t)lens[li], 1);
+                float *yv = buf_alloc(&by, (size_t)lens[li], 3);
+                double worst = 0;
+                int64_t t;
+                for (t = 0; t < lens[li]; ++t)
+                    xv[t] = rng_float(rng) * 12;
+                check(tirbyoc_unary_f32(op, lens[li], xv, yv) == TIRBYOC_OK, "status",
+                      "tirbyoc_unary_f32", lens[li], 0, 0, NULL);
+                for (t = 0; t < lens[li]; ++t) {
+                    const double want = unary_d(op, xv[t]), err = fabs(yv[t] - want);
+                    if (err > 2e-5 * fabs(want) + 1e-30 && err > worst)
+                        worst = err;
+                }
+                {
+                    char detail[64];
+                    snprintf(detail, sizeof(detail), "op=%d worst error %.3g", op, worst);
+                    check(worst == 0, "unary result", "tirbyoc_unary_f32", lens[li], 0, 0,
+                          detail);
+                }
+                check(tirbyoc_unary_f32(op, lens[li], xv, xv) == TIRBYOC_OK, "in place",
+                      "tirbyoc_unary_f32", lens[li], 0, 0, NULL);
+                buf_free(&bx);
+                buf_free(&by);
+            }
+        check(tirbyoc_unary_f32(TIRBYOC_EPI_BIAS, 4, NULL, NULL) == TIRBYOC_EEPILOGUE,
+              "non-unary op refused", "tirbyoc_unary_f32", 4, 0, 0, NULL);
+    }
+}
+
 int main(int argc, char **argv)
 {
     const char *mode = argc > 1 ? argv[1] : "all";
@@ -781,12 +919,14 @@ int main(int argc, char **argv)
             block_edges(&rng);
             empty_sizes(&rng);
             invalid_args(&rng);
+            matmul_chains(&rng, 0);
         }
+        matmul_chains(&rng, 1);
         threaded(&rng, !all);
         concurrent(&rng, all ? 4 : 2);
         fprintf(stderr, "  %s done: %ld checks so far\n", ISA_NAMES[i], n_checks);
     }
     printf("kernel_driver: mode=%s isas=%s kernels=%d checks=%ld failures=%ld\n", mode, isas,
-           N_KERNELS + 2, n_checks, n_failures);
+           N_KERNELS + 4, n_checks, n_failures);
     return n_failures == 0 ? 0 : 1;
 }

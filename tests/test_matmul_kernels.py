@@ -1,0 +1,193 @@
+"""tirbyoc_matmul_f32 (batches, broadcasts, epilogue chains) and tirbyoc_unary_f32 through
+cffi, on every instruction set this CPU has, against float64 numpy.
+
+Products: tolerance 1e-5 * sqrt(sum of squared terms) * max(1, sqrt(K) / 8), times the
+chain's scale, plus 1e-6 of the value (as tests/test_kernel_fuzz.py). Unary operations:
+relative 5e-7 (tanh, sigmoid, silu) and 7e-7 / 2e-5 (GELUs above / below x = -2) of the
+exact float64 value, absolute floor 1e-37; NaN and Inf as PyTorch gives them, except
+gelu(+inf) = +inf (PyTorch's float32 GELU gives NaN there).
+"""
+
+import math
+
+import numpy as np
+import pytest
+
+from tirbyoc import kernels
+
+ISAS = kernels.available_isas()
+
+
+@pytest.fixture(params=ISAS)
+def isa(request):
+    saved = kernels.isa()
+    kernels.set_isa(request.param)
+    yield request.param
+    kernels.set_isa(saved)
+
+
+def _erfc(x):
+    return np.vectorize(math.erfc, otypes=[float])(x)
+
+
+def _sigmoid(x):
+    with np.errstate(over="ignore"):
+        return 1.0 / (1.0 + np.exp(-x))
+
+
+UNARY = {
+    "relu": lambda x: np.maximum(x, 0.0),
+    "relu6": lambda x: np.clip(x, 0.0, 6.0),
+    "gelu_erf": lambda x: 0.5 * x * _erfc(-x / math.sqrt(2.0)),
+    "gelu_tanh": lambda x: x * _sigmoid(2 * math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)),
+    "silu": lambda x: x * _sigmoid(x),
+    "sigmoid": _sigmoid,
+    "tanh": np.tanh,
+}
+
+
+def reference(a, b, layout, ops, scale, bias, residual):
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    if layout == "nt":
+        b64 = np.swapaxes(b64, -1, -2)
+    v = a64 @ b64
+    err = np.sqrt(np.abs(a64) ** 2 @ np.abs(b64) ** 2) * 1e-5 * max(1.0, math.sqrt(a.shape[-1]) / 8)
+    for op in ops:
+        if op == "bias":
+            v = v + bias
+        elif op == "residual":
+            v = v + residual
+        elif op == "scale":
+            v, err = v * scale, err * abs(scale)
+        elif op == "divide":
+            v, err = v / scale, err / abs(scale)
+        else:  # |derivative| <= 1.13; the op's own error (see UNARY_RTOL)
+            v = UNARY[op](v)
+            err = err * 1.2 + (2e-5 if op.startswith("gelu") else 1e-6) * np.abs(v)
+    return v, err + 1e-6 * np.abs(v) + 1e-30
+
+
+CHAINS = [(), ("bias",), ("divide",), ("scale", "bias", "relu", "tanh"),
+          ("bias", "gelu_tanh", "residual"), ("residual", "relu6"), ("bias", "gelu_erf"),
+          ("silu", "scale"), ("sigmoid",), ("bias", "relu", "residual", "tanh")]
+SHAPES = [(1, 1, 1, 1), (12, 16, 16, 8), (3, 17, 33, 5), (2, 1, 40, 7), (4, 29, 65, 0),
+          (1, 130, 70, 300), (2, 9, 130, 257), (5, 64, 64, 64)]
+
+
+@pytest.mark.parametrize("chain", CHAINS, ids=["-".join(c) or "plain" for c in CHAINS])
+@pytest.mark.parametrize("layout", ["nn", "nt"])
+def test_matmul_chain_matches_numpy(isa, layout, chain):
+    rng = np.random.default_rng(len(chain) * 7 + (layout == "nt"))
+    for batch, m, n, k in SHAPES:
+        for broadcast in ("none", "a", "b"):
+            a = rng.standard_normal((1 if broadcast == "a" else batch, m, k)).astype(np.float32)
+            bshape = (n, k) if layout == "nt" else (k, n)
+            b = rng.standard_normal((1 if broadcast == "b" else batch,) + bshape).astype(np.float32)
+            bias = rng.standard_normal(n).astype(np.float32)
+            res = rng.standard_normal((batch, m, n)).astype(np.float32)
+            if broadcast == "a" and batch > 1:  # a [1, m, k] over the batch: stride 0
+                a = np.broadcast_to(a, (batch, m, k))
+            got = kernels.matmul(a, b, b_layout=layout, epilogue=chain, scale=8.0, bias=bias,
+                                 residual=res)
+            want, tol = reference(a, b, layout, chain, 8.0, bias, res)
+            assert got.shape == (batch, m, n)
+            assert np.all(np.abs(got - want) <= tol), (batch, m, n, k, broadcast)
+
+
+def test_matmul_strided_operands_and_packed_weight(isa):
+    rng = np.random.default_rng(3)
+    batch, m, n, k = 3, 37, 50, 70
+    a = rng.standard_normal((batch, m, k + 5)).astype(np.float32)[:, :, :k]  # padded rows
+    w = rng.standard_normal((n, k)).astype(np.float32)
+    out = np.full((batch, m, n + 3), np.float32(7.0))
+    res = rng.standard_normal((batch, m, n + 9)).astype(np.float32)[:, :, :n]
+    kernels.matmul(a, w, b_layout="nt", epilogue=("residual", "gelu_erf"), residual=res,
+                   out=out[:, :, :n])
+    want, tol = reference(a, w, "nt", ("residual", "gelu_erf"), 1.0, None, res)
+    assert np.all(np.abs(out[:, :, :n] - want) <= tol)
+    assert np.all(out[:, :, n:] == 7.0)  # the padding of C is untouched
+    packed = kernels.pack_weight(w, "nt")
+    got = kernels.matmul(a, packed, b_layout="packed", n=n, epilogue=("silu",))
+    want, tol = reference(a, w, "nt", ("silu",), 1.0, None, None)
+    assert np.all(np.abs(got - want) <= tol)
+
+
+def test_matmul_results_do_not_depend_on_threads(isa):
+    rng = np.random.default_rng(4)
+    a = rng.standard_normal((12, 128, 64)).astype(np.float32)
+    b = rng.standard_normal((12, 128, 64)).astype(np.float32)
+    saved = kernels.num_threads()
+    try:
+        outs = []
+        for threads in (1, 2, 3):
+            kernels.set_num_threads(threads)
+            outs.append(kernels.matmul(a, b, b_layout="nt", epilogue=("divide", "tanh"),
+                                       scale=8.0))
+    finally:
+        kernels.set_num_threads(saved)
+    assert all(np.array_equal(outs[0], o) for o in outs[1:])
+
+
+def test_matmul_errors_name_the_problem():
+    ffi, lib = kernels.load()
+    a = np.ones((4, 4), np.float32)
+    p = ffi.cast("float *", a.ctypes.data)
+    call = lambda **kw: lib.tirbyoc_matmul_f32(*[kw.get(name, default) for name, default in (  # noqa: E731
+        ("batch", 1), ("m", 4), ("n", 4), ("k", 4), ("a", p), ("lda", 4), ("sa", 0), ("b", p),
+        ("ldb", 4), ("sb", 0), ("layout", 0), ("c", p), ("ldc", 4), ("sc", 0), ("ops", 0),
+        ("scale", 1.0), ("bias", ffi.NULL), ("res", ffi.NULL), ("ldr", 4), ("sr", 0))])
+    assert call(ops=12) == kernels.TIRBYOC_EEPILOGUE            # unknown operation
+    assert call(ops=2 | 0 << 4 | 2 << 8) == kernels.TIRBYOC_EEPILOGUE  # code after the end
+    assert call(ops=1) == kernels.TIRBYOC_ENULL                 # bias in the chain, NULL
+    assert call(ops=11) == kernels.TIRBYOC_ENULL                # residual, NULL
+    assert call(ops=11, res=p, ldr=3) == kernels.TIRBYOC_ESTRIDE
+    assert call(sa=-1) == kernels.TIRBYOC_ESIZE
+    assert call(layout=3) == kernels.TIRBYOC_EINVAL
+    assert "epilogue" in kernels.status_message(kernels.TIRBYOC_EEPILOGUE)
+
+
+def _sweep():
+    mags = np.logspace(-30, 30, 601)
+    return np.concatenate([np.linspace(-20, 20, 40001), mags, -mags, [0.0, -0.0],
+                           [88.7, 88.73, -87.4, -103.9, -104.1, 1e-40, -1e-40]]).astype(np.float32)
+
+
+# relative tolerance per op: (x > -2, x <= -2)
+UNARY_RTOL = {"relu": (0, 0), "relu6": (0, 0), "tanh": (5e-7, 5e-7), "sigmoid": (5e-7, 5e-7),
+              "silu": (5e-7, 5e-7), "gelu_erf": (7e-7, 2e-5), "gelu_tanh": (7e-7, 2e-5)}
+
+
+@pytest.mark.parametrize("op", sorted(UNARY))
+def test_unary_accuracy_over_the_float_range(isa, op):
+    x = _sweep()
+    with np.errstate(all="ignore"):
+        want = UNARY[op](x.astype(np.float64))
+    got = kernels.unary(op, x).astype(np.float64)
+    hi, lo = UNARY_RTOL[op]
+    rtol = np.where(x > -2, hi, lo)
+    ok = np.abs(got - want) <= rtol * np.abs(want) + 1e-37
+    assert ok.all(), (x[~ok][:5], got[~ok][:5], want[~ok][:5])
+    # vector tails and in place
+    for length in (0, 1, 15, 17, 1000):
+        y = x[:length].copy()
+        kernels.unary(op, y, out=y)
+        assert np.array_equal(y, got[:length].astype(np.float32))
+
+
+@pytest.mark.parametrize("op", sorted(UNARY))
+def test_unary_special_values_follow_pytorch(isa, op):
+    import torch
+
+    special = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1e30, -1e30], np.float32)
+    ours = kernels.unary(op, special)
+    fn = {"relu": torch.relu, "relu6": torch.nn.functional.relu6,
+          "gelu_erf": torch.nn.functional.gelu, "silu": torch.nn.functional.silu,
+          "gelu_tanh": lambda t: torch.nn.functional.gelu(t, approximate="tanh"),
+          "sigmoid": torch.sigmoid, "tanh": torch.tanh}[op]
+    theirs = fn(torch.from_numpy(special)).numpy()
+    if op == "gelu_erf":  # PyTorch: gelu(+inf) is NaN; the limit (and TVM's result) is +inf
+        assert ours[1] == np.inf
+        ours, theirs = np.delete(ours, 1), np.delete(theirs, 1)
+    assert np.array_equal(np.isnan(ours), np.isnan(theirs))
+    keep = ~np.isnan(theirs)
+    np.testing.assert_allclose(ours[keep], theirs[keep], rtol=1e-6, atol=0)
