@@ -82,3 +82,16 @@ def test_sink_reshapes_keeps_values_and_lets_epilogues_fuse(name):
     names = [gv.name_hint for gv in fused.get_global_vars()]
     assert any("matmul" in n and "gelu" in n for n in names), names
     assert sum("matmul" in n and n.count("add") == 2 for n in names) == 2, names
+
+
+@pytest.mark.parametrize("name", sorted(BUILD))
+def test_explain_says_how_every_primfunc_runs(name):
+    mod = examples.import_torch(BUILD[name](), torch.randn(1, 16, D), dynamic_seq=True)
+    report = tirbyoc.explain(mod)
+    assert report.schedules
+    how = report.schedules.values()
+    assert all(h.startswith(("kernel ", "schedule: ")) for h in how), report.schedules
+    # the attention and Linear layers are kernels; softmax and layer norm a dlight rule
+    assert sum(h.startswith("kernel ") for h in how) == len(report.offloaded)
+    assert report.schedules["layer_norm"] == "schedule: dlight cpu.Reduction"
+    assert "how each PrimFunc runs:" in str(report)

@@ -1,4 +1,5 @@
-"""Command line: ``tirbyoc demo`` (the main job) and ``tirbyoc explain MODEL.onnx``.
+"""Command line: ``tirbyoc demo`` (the main job), ``tirbyoc explain MODEL.onnx`` and
+``tirbyoc bench MODEL.onnx`` (tirbyoc against ONNX Runtime, see ``tirbyoc.bench_models``).
 
 ``demo`` builds the seed MLP (64x800 -> Linear(500) -> ReLU -> Linear(10)), offloads it,
 runs it, checks it against numpy, and prints the explain table and the speed against
@@ -73,6 +74,30 @@ def explain_file(args) -> int:
     return 0
 
 
+def bench_file(args) -> int:
+    from . import bench_models
+
+    shapes = {}
+    for item in args.shape:
+        name, _, dims = item.partition("=")
+        try:
+            shapes[name] = [int(d) for d in dims.split(",")]
+        except ValueError:
+            print(f"tirbyoc bench: --shape wants name=d0,d1,..., got {item!r}", file=sys.stderr)
+            return 2
+    bench_models._set_threads(args.threads)
+    rows = bench_models.bench_onnx_file(args.model, shapes, args.threads, args.reps,
+                                        args.tvm_reps, not args.no_tvm, args.settle)
+    print(bench_models.report(rows, args.threads))
+    json_path, _ = bench_models.write(rows, args.out, args.threads, name="onnx_model")
+    print(f"\nwrote {json_path}")
+    bad = [f"{p}: {e:.1e}" for p, e in rows[0]["rel_err"].items() if e > bench_models.RTOL]
+    if bad:
+        print("NUMERICS OUT OF TOLERANCE (against ONNX Runtime): " + ", ".join(bad))
+        return 1
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="tirbyoc", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -84,6 +109,18 @@ def main(argv=None) -> int:
     p = sub.add_parser("explain", help="what tirbyoc offloads in an ONNX model, and why not")
     p.add_argument("model")
     p.set_defaults(fn=explain_file)
+    p = sub.add_parser("bench", help="time an ONNX model through tirbyoc against ONNX Runtime "
+                                     "(and TVM's default build), after checking the numerics")
+    p.add_argument("model")
+    p.add_argument("--shape", action="append", default=[],
+                   help="input shape, name=d0,d1,... (symbolic dims default to 1)")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--tvm-reps", type=int, default=1)
+    p.add_argument("--no-tvm", action="store_true")
+    p.add_argument("--settle", type=float, default=0.3)
+    p.add_argument("--out", default="bench-results")
+    p.set_defaults(fn=bench_file)
     args = parser.parse_args(argv)
     return args.fn(args)
 

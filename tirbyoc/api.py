@@ -144,10 +144,12 @@ def _already_offloaded_rows(func_name, func):
 
 
 class Report:
-    """What ``explain`` found; ``str(report)`` is a table."""
+    """What ``explain`` found; ``str(report)`` is a table. ``schedules``: for every
+    PrimFunc, how it will run (``tirbyoc.fallback.describe``)."""
 
-    def __init__(self, rows):
+    def __init__(self, rows, schedules=None):
         self.rows = list(rows)
+        self.schedules = dict(schedules or {})
 
     @property
     def offloaded(self) -> list:
@@ -175,15 +177,21 @@ class Report:
         for row in body:
             lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths + [0])).rstrip())
         lines.append(f"{len(self.offloaded)} offloaded, {len(self.rejected)} not offloaded")
+        if self.schedules:
+            width = max(len(name) for name in self.schedules)
+            lines += ["", "how each PrimFunc runs:"]
+            lines += [f"  {name.ljust(width)}  {how}" for name, how in sorted(self.schedules.items())]
         return "\n".join(lines)
 
     __repr__ = __str__
 
 
-def explain(mod, *, fuse="auto", intrinsics=None, region_passes=None) -> Report:
+def explain(mod, *, fuse="auto", intrinsics=None, region_passes=None, target=None) -> Report:
     """What ``apply_tir_byoc`` offloads (or offloaded) and, for every other candidate block
-    (every reduction block), why not."""
-    return Report(_transform(mod, fuse, intrinsics, region_passes)[1])
+    (every reduction block), why not; then how every PrimFunc will run in
+    ``tirbyoc.pipeline(target)`` (a kernel, a fallback schedule rule, or unscheduled)."""
+    out, rows = _transform(mod, fuse, intrinsics, region_passes)
+    return Report(rows, fallback.describe_schedules(out, target))
 
 
 def pipeline(target=None, *, intrinsics=None, region_passes=None):

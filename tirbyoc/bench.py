@@ -346,7 +346,20 @@ def main(argv=None) -> int:
     parser.add_argument("--shapes", default="", help="e.g. 64x800x500,1x4096x4096 (MxKxN)")
     parser.add_argument("--out", default="bench-results")
     parser.add_argument("--target", default="llvm")
+    parser.add_argument("--models", action="store_true",
+                        help="whole models from PyTorch against PyTorch eager, ONNX Runtime "
+                             "and TVM's default build (tirbyoc.bench_models)")
+    parser.add_argument("--model", action="append", default=[],
+                        help="with --models: only this model (repeatable)")
+    parser.add_argument("--threads", type=int, default=2, help="with --models: threads for "
+                        "every contender")
     args = parser.parse_args(argv)
+    if args.models:
+        from . import bench_models
+
+        return bench_models.run_models(args.model or list(bench_models.MODELS), args.threads,
+                                       args.reps if args.reps != 11 else 20, args.tvm_reps,
+                                       not args.no_tvm, args.settle, args.out)
 
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",") if s] \
         or SHAPES

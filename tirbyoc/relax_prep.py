@@ -223,6 +223,8 @@ def sink_reshapes(mod):
             T.analyzer().can_prove_equal(ys[-1], ss[-1])
 
     def unary(orig, m):
+        if not isinstance(orig, R.Call):
+            return orig
         ye, re = m[y], m[inner]
         if not regroups(ye, re):
             return orig
@@ -231,6 +233,8 @@ def sink_reshapes(mod):
 
     def binary(first):
         def rewrite(orig, m):
+            if not isinstance(orig, R.Call):
+                return orig
             # NOTE: the call's arguments are the Vars bound to the matched reshape and
             # operand; which side the reshape is on is the pattern's, not a comparison's.
             ye, re, oe = m[y], m[inner], m[other]
@@ -253,6 +257,8 @@ def sink_reshapes(mod):
         return R.op.reshape(ye, R.ShapeExpr(target))
 
     def unit_permute(orig, m):
+        if not isinstance(orig, R.Call) or getattr(orig.attrs, "axes", None) is None:
+            return orig
         src, dst = _shape(m[y]), _shape(orig)
         if src is None or dst is None:
             return orig
@@ -260,9 +266,7 @@ def sink_reshapes(mod):
         keep = lambda shape: [d for d in shape if not an.can_prove_equal(d, 1)]  # noqa: E731
         if not _same_shape(keep(src), keep(dst)):
             return orig
-        axes = [int(a) for a in orig.attrs.axes] if orig.attrs.axes is not None else None
-        if axes is None:
-            return orig
+        axes = [int(a) for a in orig.attrs.axes]
         order = [a for a in axes if not an.can_prove_equal(src[a], 1)]
         if order != sorted(order):
             return orig

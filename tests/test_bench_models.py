@@ -1,0 +1,59 @@
+"""The model benchmark runs end to end on tiny models (no timing assertions: speed is
+the benchmark's output, not a test); its numerics check is real (1e-4 of max|ref|)."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+import torch  # noqa: E402  (the test extra installs it)
+
+from tirbyoc import __main__ as cli
+from tirbyoc import bench_models, examples
+
+
+def _tiny_specs():
+    return [bench_models.ModelSpec("tiny_gpt2", lambda: examples.gpt2_block_torch(32, 2),
+                                   lambda s: (1, s, 32), seqs=(5, 9), static_seq=8),
+            bench_models.ModelSpec("tiny_mlp", lambda: torch.nn.Sequential(
+                torch.nn.Linear(20, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3)).eval(),
+                lambda s: (4, 20))]
+
+
+def test_models_benchmark_rows_are_complete(tmp_path):
+    rows = []
+    for spec in _tiny_specs():
+        rows += bench_models.bench_torch_model(spec, threads=2, reps=2, tvm_reps=1,
+                                               with_tvm=True, settle=0.0, progress=lambda s: None)
+    # the transformer: static, then its dynamic build at two lengths; the MLP: static
+    assert [(r["model"], r["shape"][1]) for r in rows] == [
+        ("tiny_gpt2", 8), ("tiny_gpt2 (dynamic seq)", 5), ("tiny_gpt2 (dynamic seq)", 9),
+        ("tiny_mlp", 20)]
+    for r in rows:
+        assert set(r["ms"]) == {"tirbyoc", "torch", "ort", "tvm"}
+        assert all(math.isfinite(t) and t > 0 for t in r["ms"].values())
+        assert max(r["rel_err"].values()) < bench_models.RTOL, r["rel_err"]
+        assert r["breakdown"] and all(t >= 0 for _, t in r["breakdown"])
+    assert rows[0]["offloaded"].count("batch_matmul_divide") == 1
+    text = bench_models.report(rows, 2)
+    assert "vs ort" in text and "where the time goes: tiny_gpt2" in text
+    json_path, png_path = bench_models.write(rows, str(tmp_path), 2)
+    assert json.load(open(json_path))["rows"][0]["model"] == "tiny_gpt2"
+
+
+def test_bench_an_onnx_file(tmp_path, capsys):
+    model = torch.nn.Sequential(torch.nn.Linear(12, 8), torch.nn.GELU(), torch.nn.Linear(8, 4))
+    path = tmp_path / "tiny.onnx"
+    torch.onnx.export(model.eval(), (torch.randn(3, 12),), str(path), input_names=["x"],
+                      dynamic_axes={"x": {0: "batch"}}, dynamo=False)
+    code = cli.main(["bench", str(path), "--shape", "x=5,12", "--reps", "2", "--settle", "0",
+                     "--out", str(tmp_path / "out")])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "tiny.onnx" in out and "5x12" in out and "where the time goes" in out
+
+
+def test_bench_reports_a_missing_file():
+    with pytest.raises(SystemExit, match="no such file"):
+        cli.main(["bench", "/nonexistent/model.onnx"])

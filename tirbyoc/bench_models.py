@@ -1,0 +1,352 @@
+"""Model benchmark: whole models from PyTorch (or a user's ONNX file) through tirbyoc
+against PyTorch eager, ONNX Runtime and TVM's default build, in one run.
+
+    python -m tirbyoc.bench --models [--model gpt2_block] [--reps 20] [--no-tvm]
+    tirbyoc bench model.onnx [--shape x=1,128,768]
+
+For every model it imports the PyTorch module with ``torch.export`` (weights as
+constants), compiles it with ``tirbyoc.compile`` (no tuning), exports the same module to
+ONNX for ONNX Runtime, checks every contender's output against PyTorch (relative error of
+max|reference| <= 1e-4), then times them interleaved on the same thread count (medians,
+an idle pause before each measurement so that thread pools settle). Transformers are also
+exported with a symbolic sequence axis and one build runs at several lengths. It prints a
+table and, per model, where the tirbyoc build spends its time (wall time per called
+function, from the VM's instrument hook), and writes ``models.json`` and ``models.png``.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from .bench import SETTLE_SECONDS, interleaved
+
+RTOL = 1e-4
+
+
+@dataclass
+class ModelSpec:
+    """A benchmark model: ``build()`` gives the eval-mode torch module, ``shape(seq)`` the
+    input shape; ``seqs``: sequence lengths run from one dynamic-sequence build (empty:
+    static shapes only)."""
+
+    name: str
+    build: Callable
+    shape: Callable
+    seqs: tuple = ()
+    static_seq: int = 128
+
+
+def _mlp():
+    import torch
+
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(784, 1024), torch.nn.ReLU(),
+                               torch.nn.Linear(1024, 1024), torch.nn.ReLU(),
+                               torch.nn.Linear(1024, 10)).eval()
+
+
+def _registry():
+    from . import examples
+
+    return {
+        "gpt2_block": ModelSpec("gpt2_block", lambda: examples.gpt2_block_torch(768, 12),
+                                lambda s: (1, s, 768), seqs=(32, 384)),
+        "bert_layer": ModelSpec("bert_layer", lambda: examples.encoder_layer_torch(768, 12, 3072),
+                                lambda s: (1, s, 768), seqs=(32, 384)),
+        "mlp": ModelSpec("mlp", _mlp, lambda s: (256, 784)),
+    }
+
+
+MODELS = tuple(_registry())
+
+
+@dataclass
+class Contenders:
+    """Callables running one input, and their outputs for the check."""
+
+    fns: dict = field(default_factory=dict)
+    outputs: dict = field(default_factory=dict)
+
+
+def _first(out):
+    while isinstance(out, (list, tuple)) or (hasattr(out, "__len__") and not
+                                             hasattr(out, "numpy")):
+        out = out[0]
+    return out.numpy() if hasattr(out, "numpy") else np.asarray(out)
+
+
+def _rel_err(got, ref) -> float:
+    return float(np.max(np.abs(got.astype(np.float64) - ref)) /
+                 max(float(np.max(np.abs(ref))), 1e-30))
+
+
+def _ort_session(onnx_bytes, threads):
+    try:
+        import onnxruntime as ort
+    except ImportError as exc:
+        raise SystemExit("onnxruntime is not installed: pip install 'tirbyoc[bench]'") from exc
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    return ort.InferenceSession(onnx_bytes, so, providers=["CPUExecutionProvider"])
+
+
+def breakdown(vm, args, runs: int = 5) -> list:
+    """``[(function, ms per run)]`` of one VM, slowest first: wall time between the VM's
+    before/after instrument calls around every packed function it calls."""
+    totals, started = {}, {}
+
+    def instrument(func, name, before, ret, *rest):  # noqa: ARG001 (the VM's signature)
+        now = time.perf_counter()
+        if before:
+            started[name] = now
+        else:
+            totals[name] = totals.get(name, 0.0) + now - started.pop(name, now)
+        return 0
+
+    vm.set_instrument(instrument)
+    try:
+        for _ in range(runs):
+            vm["main"](*args)
+    finally:
+        vm.set_instrument(lambda *a: 0)
+    return sorted(((name, t / runs * 1e3) for name, t in totals.items()), key=lambda x: -x[1])
+
+
+def _vm(ex):
+    import tvm
+
+    return tvm.relax.VirtualMachine(ex, tvm.cpu())
+
+
+def _measure(label, contenders, ref, reps, tvm_reps, settle, vm_ours, args_ours, extra):
+    errors = {name: _rel_err(out, ref) for name, out in contenders.outputs.items()}
+    times = interleaved(contenders.fns, reps, settle, few=("tvm",), few_reps=tvm_reps)
+    row = {"model": label, "ms": {k: v * 1e3 for k, v in times.items()},
+           "rel_err": errors, **extra}
+    row["breakdown"] = breakdown(vm_ours, args_ours)
+    return row
+
+
+def bench_torch_model(spec: ModelSpec, threads: int, reps: int, tvm_reps: int, with_tvm: bool,
+                      settle: float, progress=print) -> list:
+    """Rows for one registry model: static shape, then each length of a dynamic build."""
+    import torch
+    import tvm
+
+    import tirbyoc
+    from . import examples
+
+    model = spec.build()
+    rows = []
+    builds = [("static", spec.static_seq, (spec.static_seq,))]
+    if spec.seqs:
+        builds.append(("dynamic", spec.static_seq, spec.seqs))
+    for kind, export_seq, seqs in builds:
+        example = torch.randn(*spec.shape(export_seq))
+        try:
+            mod = examples.import_torch(model, example, dynamic_seq=kind == "dynamic")
+        except Exception as exc:  # noqa: BLE001 (reported, not hidden)
+            progress(f"  {spec.name} ({kind}): torch.export failed: {exc}")
+            continue
+        report = tirbyoc.explain(mod)
+        ours = tirbyoc.compile(mod)
+        theirs = tvm.compile(mod, "llvm") if with_tvm else None
+        buf = io.BytesIO()
+        dims = None
+        if kind == "dynamic":
+            arg = examples._arg_names(model)[0]
+            dims = {arg: {1: torch.export.Dim("seq", min=2, max=512)}}
+        # NOTE: the torch.export-based exporter: the TorchScript one cannot trace
+        # nn.TransformerEncoderLayer's attention (is_causal becomes a tensor).
+        with torch.no_grad():
+            program = torch.onnx.export(model, (example,), input_names=["x"],
+                                        output_names=["y"], dynamic_shapes=dims, dynamo=True,
+                                        verbose=False)
+        program.save(buf)
+        sess = _ort_session(buf.getvalue(), threads)
+        vm_ours = _vm(ours)
+        vm_tvm = _vm(theirs) if theirs is not None else None
+        for seq in seqs:
+            x = torch.randn(*spec.shape(seq), generator=torch.Generator().manual_seed(seq))
+            xn = x.numpy()
+            with torch.no_grad():
+                ref = model(x).numpy().astype(np.float64)
+            xt = tvm.runtime.tensor(xn)
+            c = Contenders()
+            c.fns["tirbyoc"] = lambda: vm_ours["main"](xt)
+            c.fns["torch"] = lambda: _torch_call(model, x)
+            c.fns["ort"] = lambda: sess.run(None, {"x": xn})
+            if vm_tvm is not None:
+                c.fns["tvm"] = lambda: vm_tvm["main"](xt)
+            c.outputs = {"tirbyoc": _first(vm_ours["main"](xt)),
+                         "torch": ref.astype(np.float32),
+                         "ort": sess.run(None, {"x": xn})[0]}
+            if vm_tvm is not None:
+                c.outputs["tvm"] = _first(vm_tvm["main"](xt))
+            label = spec.name if kind == "static" else f"{spec.name} (dynamic seq)"
+            rows.append(_measure(label, c, ref, reps, tvm_reps, settle, vm_ours, [xt],
+                                 {"shape": list(spec.shape(seq)), "build": kind,
+                                  "offloaded": [r.intrinsic for r in report.offloaded]}))
+            progress(f"  measured {label} {spec.shape(seq)}")
+    return rows
+
+
+def _torch_call(model, x):
+    import torch
+
+    with torch.no_grad():
+        return model(x)
+
+
+def bench_onnx_file(path: str, shapes: dict, threads: int, reps: int, tvm_reps: int,
+                    with_tvm: bool, settle: float) -> list:
+    """One row for a user's ONNX model on random inputs of its declared shapes."""
+    import onnx
+    import tvm
+    from tvm.relax.frontend.onnx import from_onnx
+
+    import tirbyoc
+
+    if not os.path.isfile(path):
+        raise SystemExit(f"tirbyoc bench: no such file: {path}")
+    model = onnx.load(path)
+    inputs = {}
+    rng = np.random.default_rng(0)
+    init = {i.name for i in model.graph.initializer}
+    for inp in model.graph.input:
+        if inp.name in init:
+            continue
+        dims = [d.dim_value if d.HasField("dim_value") else None
+                for d in inp.type.tensor_type.shape.dim]
+        given = shapes.get(inp.name)
+        if given is not None:
+            if len(given) != len(dims):
+                raise SystemExit(f"--shape {inp.name}: {len(given)} dims, the model has "
+                                 f"{len(dims)}")
+            dims = given
+        dims = [d if d else 1 for d in dims]
+        elem = onnx.helper.tensor_dtype_to_np_dtype(inp.type.tensor_type.elem_type)
+        inputs[inp.name] = rng.standard_normal(dims).astype(elem)
+    try:
+        mod = from_onnx(model, shape_dict={k: v.shape for k, v in inputs.items()},
+                        keep_params_in_input=False)
+    except Exception as exc:  # noqa: BLE001 (the importer's own message is the useful part)
+        raise SystemExit(f"tirbyoc bench: TVM cannot import {path}: {exc}") from exc
+    report = tirbyoc.explain(mod)
+    ours = tirbyoc.compile(mod)
+    sess = _ort_session(model.SerializeToString(), threads)
+    ref = sess.run(None, inputs)[0].astype(np.float64)
+    vm_ours = _vm(ours)
+    args = [tvm.runtime.tensor(v) for v in inputs.values()]
+    c = Contenders()
+    c.fns["tirbyoc"] = lambda: vm_ours["main"](*args)
+    c.fns["ort"] = lambda: sess.run(None, inputs)
+    c.outputs = {"tirbyoc": _first(vm_ours["main"](*args)), "ort": ref.astype(np.float32)}
+    if with_tvm:
+        vm_tvm = _vm(tvm.compile(mod, "llvm"))
+        c.fns["tvm"] = lambda: vm_tvm["main"](*args)
+        c.outputs["tvm"] = _first(vm_tvm["main"](*args))
+    row = _measure(os.path.basename(path), c, ref, reps, tvm_reps, settle, vm_ours, args,
+                   {"shape": {k: list(v.shape) for k, v in inputs.items()}, "build": "onnx",
+                    "offloaded": [r.intrinsic for r in report.offloaded]})
+    return [row]
+
+
+def report(rows, threads) -> str:
+    peers = ("tirbyoc", "torch", "ort", "tvm")
+    lines = [f"{threads} threads each; median ms; ratio = peer time / tirbyoc time (> 1: "
+             "tirbyoc faster); error = max|x - reference| / max|reference|", ""]
+    head = (f"{'model':28s} {'shape':16s}" + "".join(f"{p:>9s}" for p in peers)
+            + f"{'vs ort':>8s}{'vs torch':>9s}  {'max error':>9s}  offloaded")
+    lines += [head, "-" * len(head)]
+    for r in rows:
+        ms = r["ms"]
+        shape = "x".join(str(d) for d in r["shape"]) if isinstance(r["shape"], list) else \
+            ",".join("x".join(map(str, s)) for s in r["shape"].values())
+        cells = "".join(f"{ms[p]:9.2f}" if p in ms else f"{'-':>9s}" for p in peers)
+        ratio = lambda p: f"{ms[p] / ms['tirbyoc']:.2f}x" if p in ms else "-"  # noqa: E731
+        err = max(r["rel_err"].values())
+        lines.append(f"{r['model']:28s} {shape:16s}{cells}{ratio('ort'):>8s}"
+                     f"{ratio('torch'):>9s}  {err:9.1e}  {len(r['offloaded'])}")
+    for r in rows:
+        total = sum(t for _, t in r["breakdown"])
+        lines += ["", f"where the time goes: {r['model']} {r['shape']} (instrumented: "
+                      f"{total:.2f} ms of calls per run)"]
+        for name, t in r["breakdown"][:12]:
+            lines.append(f"  {t:8.3f} ms {t / total:6.1%}  {name}")
+    return "\n".join(lines)
+
+
+def plot(rows, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    peers = [p for p in ("tirbyoc", "torch", "ort", "tvm") if any(p in r["ms"] for r in rows)
+             and p != "tvm"]
+    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(rows)), 4))
+    width = 0.8 / len(peers)
+    for i, p in enumerate(peers):
+        ax.bar([j + i * width for j in range(len(rows))],
+               [r["ms"].get(p, 0) for r in rows], width, label=p)
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(rows))])
+    ax.set_xticklabels([f"{r['model']}\n{r['shape']}" for r in rows], fontsize=7)
+    ax.set_ylabel("ms (median)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def write(rows, out, threads, name="models"):
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, f"{name}.json"), "w") as f:
+        json.dump({"threads": threads, "rows": rows}, f, indent=1)
+    plot(rows, os.path.join(out, f"{name}.png"))
+    return os.path.join(out, f"{name}.json"), os.path.join(out, f"{name}.png")
+
+
+def _set_threads(threads):
+    os.environ.setdefault("TIRBYOC_NUM_THREADS", str(threads))
+    os.environ.setdefault("TVM_NUM_THREADS", str(threads))
+    from . import kernels
+
+    kernels.set_num_threads(threads)
+    try:
+        import torch
+
+        torch.set_num_threads(threads)
+    except ImportError:
+        pass
+
+
+def run_models(names, threads=2, reps=20, tvm_reps=1, with_tvm=True, settle=SETTLE_SECONDS,
+               out="bench-results") -> int:
+    _set_threads(threads)
+    registry = _registry()
+    unknown = [n for n in names if n not in registry]
+    if unknown:
+        raise SystemExit(f"unknown model(s) {unknown}; known: {', '.join(registry)}")
+    rows = []
+    for name in names:
+        rows += bench_torch_model(registry[name], threads, reps, tvm_reps, with_tvm, settle,
+                                  progress=lambda s: print(s, file=sys.stderr))
+    print(report(rows, threads))
+    paths = write(rows, out, threads)
+    print(f"\nwrote {paths[0]} and {paths[1]}")
+    bad = [f"{r['model']} {p}: {e:.1e}" for r in rows for p, e in r["rel_err"].items()
+           if e > RTOL]
+    if bad:
+        print("NUMERICS OUT OF TOLERANCE:\n  " + "\n  ".join(bad))
+        return 1
+    return 0
