@@ -69,7 +69,10 @@ def matmul_arguments(region: Region) -> list:
     if region.layout == "packed":
         weight = [T.buffer_pointer(region.weight, "r"), i64(0), i64(0)]
     else:
-        weight = [T.buffer_pointer(region.weight, "r"), i64(d.ldw), i64(d.sw)]
+        # NOTE: the region passes may have replaced the weight (a transpose read in
+        # place): its row stride is the new buffer's, not the matched one's.
+        weight = [T.buffer_pointer(region.weight, "r"), i64(row_stride(region.weight, 1, an)),
+                  i64(d.sw)]
     batch = d.rows[:d.nbatch]
     lead = [it.var for it in batch]
     ldc = row_stride(region.out, nm, an) if nm else d.n

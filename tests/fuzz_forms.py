@@ -657,7 +657,15 @@ def expected_tir(L: Layer) -> tuple:
             cut = EXTRAS[L.extra](L)
         if L.strides.get("o") == "inner2" and L.second is None:
             cut = min(cut, len(L.steps) - 1)
+        one_row = all(r == 1 for r in L.rows)
         for st in L.steps[:max(cut, 0)]:
+            if st.kind == "bias" and st.form == "b_full":
+                # a tensor of the output's shape: a residual (over one row, a bias)
+                kinds.append("bias" if one_row and "bias" not in kinds else "residual")
+                continue
+            if st.kind == "tail" and st.form == "residual" and one_row and "bias" not in kinds:
+                kinds.append("bias")  # over one row a [1, N] residual is a column bias
+                continue
             if not st.valid:
                 break
             if st.kind in KERNEL_STEPS:
@@ -1024,12 +1032,18 @@ def relax_function(s: RelaxSpec, name: str, bb, rng_consts, nanprop=False):
 
 def expected_relax(s: RelaxSpec) -> tuple:
     """Like ``expected_tir``; the order of the layers does not matter."""
-    if s.core in ("f16", "matvec"):
+    if s.core == "f16":
         return (None,)
+    if s.core == "matvec":  # x[.., k] @ w[k]: a batched matrix-vector product
+        return ("dense",)
     if s.core == "shared_weight":
         return expected_relax(dataclasses.replace(s, core="ok")) + ("dense",)
     kinds = []
-    if s.bias:
+    if s.bias == "full" or (s.bias == "row" and s.n == 1):
+        # a tensor of the output's shape (a per-row bias over one column is one too): a
+        # residual, or over one row a bias
+        kinds.append("bias" if all(r == 1 for r in s.rows) else "residual")
+    elif s.bias:
         if not RELAX_BIAS_VALID[s.bias]:
             return ("dense",)
         kinds.append("bias")

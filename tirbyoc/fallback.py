@@ -114,7 +114,7 @@ def schedule_rules() -> list:
 
 def _rule_name(rule) -> str:
     name = type(rule).__name__
-    return f"tirbyoc {name}" if isinstance(rule, Injective) else f"dlight cpu.{name}"
+    return f"tirbyoc {name}" if isinstance(rule, (Injective, OuterParallel)) else f"dlight cpu.{name}"
 
 
 def describe(func, target) -> str:
