@@ -41,3 +41,22 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.section("tirbyoc reliability figures")
         for line in _lines:
             terminalreporter.write_line(line)
+
+
+@pytest.fixture(params=None)
+def isa(request):
+    """Runs the test with each instruction set this CPU has active, then restores it."""
+    from tirbyoc import kernels
+
+    saved = kernels.isa()
+    kernels.set_isa(request.param)
+    yield request.param
+    kernels.set_isa(saved)
+
+
+def pytest_generate_tests(metafunc):
+    """Parametrizes the ``isa`` fixture over ``tirbyoc.kernels.available_isas()``."""
+    if "isa" in metafunc.fixturenames:
+        from tirbyoc import kernels
+
+        metafunc.parametrize("isa", kernels.available_isas(), indirect=True)

@@ -56,15 +56,6 @@ def ffi_lib():
     return kernels.load()
 
 
-@pytest.fixture(params=ISAS)
-def isa(request):
-    """Runs the test with the given instruction set active, then restores it."""
-    saved = kernels.isa()
-    kernels.set_isa(request.param)
-    yield request.param
-    kernels.set_isa(saved)
-
-
 @pytest.fixture
 def threads():
     """Restores the thread count setting after the test."""

@@ -15,35 +15,8 @@ import pytest
 
 from tirbyoc import kernels
 
-ISAS = kernels.available_isas()
-
-
-@pytest.fixture(params=ISAS)
-def isa(request):
-    saved = kernels.isa()
-    kernels.set_isa(request.param)
-    yield request.param
-    kernels.set_isa(saved)
-
-
-def _erfc(x):
-    return np.vectorize(math.erfc, otypes=[float])(x)
-
-
-def _sigmoid(x):
-    with np.errstate(over="ignore"):
-        return 1.0 / (1.0 + np.exp(-x))
-
-
-UNARY = {
-    "relu": lambda x: np.maximum(x, 0.0),
-    "relu6": lambda x: np.clip(x, 0.0, 6.0),
-    "gelu_erf": lambda x: 0.5 * x * _erfc(-x / math.sqrt(2.0)),
-    "gelu_tanh": lambda x: x * _sigmoid(2 * math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)),
-    "silu": lambda x: x * _sigmoid(x),
-    "sigmoid": _sigmoid,
-    "tanh": np.tanh,
-}
+# the float64 references of the unary operations (stable forms), shared with the fuzz
+from .test_kernel_fuzz import CHAIN_REFERENCE as UNARY  # noqa: E402
 
 
 def reference(a, b, layout, ops, scale, bias, residual):
