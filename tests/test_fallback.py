@@ -116,3 +116,183 @@ def test_a_reduction_over_one_element_is_not_taken_for_elementwise():
     xs, ws = rng.standard_normal((1, 2, 1)).astype(np.float32), \
         rng.standard_normal((1, 1, 3)).astype(np.float32)
     assert_close(tirbyoc.run(tirbyoc.compile(bb.get()), xs, ws), np.clip(xs @ ws, 0, 6))
+
+
+# ---- fast math, row reductions, describe_schedules ----------------------------------
+
+def _float_sweep():
+    """Every 997th float32 bit pattern (all exponents, both signs) and the specials."""
+    bits = np.arange(0, 1 << 32, 997, dtype=np.uint64).astype(np.uint32)
+    specials = np.float32([0.0, -0.0, np.inf, -np.inf, np.nan, 1e-45, -1e-45, 88.72, 88.73,
+                           -87.33, -87.34, -103.9, -104.0, 9.0, -9.0, 3.9, 4.0, 0.625, 4e-4])
+    return np.concatenate([bits.view(np.float32), specials])
+
+
+def _erf64(x):
+    try:
+        from scipy.special import erf
+    except ImportError:  # pragma: no cover (math.erf per element: slower, same values)
+        import math
+        return np.vectorize(math.erf, otypes=[np.float64])(x)
+    return erf(x)
+
+
+@pytest.mark.parametrize("name", ["exp", "tanh", "erf"])
+def test_fast_math_is_accurate_over_the_float_range(name):
+    """Relative error within 1e-5 wherever the exact result is a normal float, below
+    FLT_MIN where it is subnormal, and the same infinities and NaNs."""
+    from tvm import te
+    from tirbyoc import fastmath
+
+    n = tirx.Var("n", "int32")
+    a = te.placeholder((n,), "float32", "a")
+    b = te.compute((n,), lambda i: getattr(tirx, name)(a[i]), "b")
+    func = fastmath.expand_math(te.create_prim_func([a, b]))
+    assert not fastmath.calls_math(func.body)
+    sch = tvm.s_tir.Schedule(func)
+    _, lanes = sch.split(sch.get_loops(sch.get_sblock("b"))[0], [None, 16])
+    sch.vectorize(lanes)
+    lib = tvm.compile(sch.mod, target=tirbyoc.host_target())
+    xs = _float_sweep()
+    out = tvm.runtime.tensor(np.empty_like(xs))
+    lib(tvm.runtime.tensor(xs), out)
+    with np.errstate(all="ignore"):  # signalling NaNs among the inputs
+        got = out.numpy().astype(np.float64)
+        ref = {"exp": np.exp, "tanh": np.tanh, "erf": _erf64}[name](xs.astype(np.float64))
+        ref32 = ref.astype(np.float32).astype(np.float64)
+    assert np.array_equal(np.isnan(got), np.isnan(ref))
+    inf = np.isinf(ref32)
+    assert np.array_equal(got[inf], ref32[inf])
+    finite = np.isfinite(ref32)
+    normal = finite & (np.abs(ref32) >= np.finfo(np.float32).tiny)
+    rel = np.abs(got[normal] - ref[normal]) / np.abs(ref[normal])
+    assert rel.max() < 1e-5, (rel.max(), xs[normal][np.argmax(rel)])
+    sub = finite & ~normal
+    assert np.abs(got[sub] - ref[sub]).max() <= np.finfo(np.float32).tiny
+
+
+def _one_op_module(shape, build, extra=()):
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType(shape, "float32"))
+    params = [x] + [relax.Var(name, relax.TensorType(s, d)) for name, s, d in extra]
+    with bb.function("main", params):
+        with bb.dataflow():
+            out = bb.emit_output(bb.emit(build(*params)))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def _layer_norm(x):
+    d = int(x.ty.shape[-1])
+    rng = np.random.default_rng(d)
+    gamma, beta = (relax.const(rng.standard_normal(d).astype(np.float32)) for _ in range(2))
+    return relax.op.nn.layer_norm(x, gamma, beta, axes=[-1])
+
+
+def _masked_softmax(x, mask):
+    neg = relax.const(float("-inf"), "float32")
+    return relax.op.nn.softmax(relax.op.where(mask, x, neg), axis=-1)
+
+
+def _mask_any(x):
+    """BERT's padding-mask check: any(not(x == -inf)) over each row, as int8 max."""
+    neg = relax.const(float("-inf"), "float32")
+    keep = relax.op.astype(relax.op.logical_not(relax.op.equal(x, neg)), "int8")
+    return relax.op.max(keep, axis=-1, keepdims=True)
+
+
+def _softmax(x):
+    return relax.op.nn.softmax(x, axis=-1)
+
+
+# name: (build, extra params (name, shape or None: the rows x row length, dtype), the rule
+# expected, row length: "rows" = as many as the rows, as attention scores are)
+ROW_OPS = {
+    "softmax": (_softmax, (), "RowReduction", 128),
+    "softmax_square": (_softmax, (), "RowReduction", "rows"),
+    "layer_norm": (_layer_norm, (), "RowReduction", 96),
+    "layer_norm_100": (_layer_norm, (), "RowReduction", 100),  # not a multiple of the lanes
+    "gelu": (relax.op.nn.gelu, (), "Injective", 96),
+    "gelu_tanh": (relax.op.nn.gelu_tanh, (), "Injective", 96),
+    "masked_softmax": (_masked_softmax, (("mask", None, "bool"),), "RowReduction", "rows"),
+    "mask_any": (_mask_any, (), "RowReduction", 128),
+}
+
+
+def _inputs(mod, rows, rng):
+    out = []
+    for p in mod["main"].params:
+        shape = [rows if not isinstance(s, tirx.IntImm) else int(s) for s in p.ty.shape]
+        if p.ty.dtype == "bool":
+            out.append(np.tril(np.ones(shape, bool)))
+        else:
+            out.append((rng.standard_normal(shape) * 4).astype(np.float32))
+    return out
+
+
+@pytest.mark.parametrize("rows", [128, 37, "n"])
+@pytest.mark.parametrize("op", sorted(ROW_OPS))
+def test_row_rules_match_tvms_unscheduled_build(op, rows):
+    """softmax / layer_norm / gelu (erf and tanh) / masked softmax / a mask reduction:
+    the fallback rule that takes each, and numerics within 1e-5 of TVM's default build."""
+    build, extra, rule, width = ROW_OPS[op]
+    lead = tirx.Var("n", "int64") if rows == "n" else rows
+    width = lead if width == "rows" else width
+    shape = (2, lead, width)
+    extra = tuple((name, (lead, width) if s is None else s, d) for name, s, d in extra)
+    mod = _one_op_module(shape, build, extra)
+    how = fallback.describe_schedules(
+        tvm.transform.Sequential(tvm.relax.backend.cpu_generic.pipeline.legalize_passes(None))(mod))
+    assert f"schedule: tirbyoc {rule}" in how.values(), how
+    assert not any(h.startswith("unscheduled") for h in how.values()), how
+    rng = np.random.default_rng(3)
+    xs = _inputs(mod, 53 if rows == "n" else rows, rng)
+    if op == "mask_any":  # some rows entirely masked, some partly
+        xs[0][:, ::3, :] = -np.inf
+        xs[0][:, 1::3, ::2] = -np.inf
+    ref = tirbyoc.run(tvm.compile(mod, target="llvm"), *xs)
+    for target in (None, "llvm"):
+        got = tirbyoc.run(tirbyoc.compile(mod, target), *xs)
+        np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_row_reduction_vectorizes_the_row_sums():
+    """A softmax row of 128: parallel rows, and the max / sum accumulated in vector lanes
+    (rfactor) with no exp call left."""
+    from tirbyoc import fastmath
+
+    mod = _one_op_module((2, 64, 128), lambda x: relax.op.nn.softmax(x, axis=-1))
+    with TARGET:
+        mod = tvm.transform.Sequential(
+            tvm.relax.backend.cpu_generic.pipeline.legalize_passes(None))(mod)
+        func = next(f for _, f in mod.functions_items() if isinstance(f, tirx.PrimFunc))
+        sch = fallback.RowReduction().apply(func, TARGET)
+    assert sch is not None
+    scheduled = sch.mod["main"]
+    assert not fastmath.calls_math(scheduled.body)
+    names, kinds = [], set()
+    tvm_ffi.structural_walk(scheduled, [(tvm.s_tir.SBlock, lambda b: names.append(b.name_hint))])
+    tvm_ffi.structural_walk(scheduled, [(tirx.For, lambda f: kinds.add(int(f.kind)))])
+    assert any(n.endswith("_rf_update") for n in names), names
+    assert {int(tirx.ForKind.PARALLEL), int(tirx.ForKind.VECTORIZED)} <= kinds
+
+
+def test_describe_schedules_says_how_every_prim_func_runs():
+    mod, _, _ = _block()
+    with TARGET:
+        offloaded = tirbyoc.apply_tir_byoc(mod, fuse=True)
+    how = fallback.describe_schedules(offloaded, TARGET)
+    assert set(how) == {gv.name_hint for gv, f in offloaded.functions_items()
+                        if isinstance(f, tirx.PrimFunc)}
+    values = sorted(how.values())
+    assert sum(v.startswith("kernel tirbyoc_matmul_f32") for v in values) == 1, how
+    assert "schedule: tirbyoc RowReduction" in values, how  # softmax, layer norm
+    assert all(v.startswith(("kernel ", "schedule: ")) for v in values), how
+    # a function already scheduled, and one no rule takes
+    func = next(f for f in offloaded.functions.values()
+                if isinstance(f, tirx.PrimFunc) and not tirbyoc.offloaded_kernels(f))
+    assert fallback.describe(func.with_attr("tirx.is_scheduled", True), TARGET) \
+        == "already scheduled"
+    assert fallback.describe(func, tvm.target.Target("c")).startswith("unscheduled")
+    # explain prints it for every PrimFunc
+    assert "how each PrimFunc runs:" in str(tirbyoc.explain(mod, target=TARGET))

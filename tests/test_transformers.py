@@ -91,7 +91,8 @@ def test_explain_says_how_every_primfunc_runs(name):
     assert report.schedules
     how = report.schedules.values()
     assert all(h.startswith(("kernel ", "schedule: ")) for h in how), report.schedules
-    # the attention and Linear layers are kernels; softmax and layer norm a dlight rule
+    # the attention and Linear layers are kernels; softmax and layer norm tirbyoc's
+    # row-reduction rule
     assert sum(h.startswith("kernel ") for h in how) == len(report.offloaded)
-    assert report.schedules["layer_norm"] == "schedule: dlight cpu.Reduction"
+    assert report.schedules["layer_norm"] == "schedule: tirbyoc RowReduction"
     assert "how each PrimFunc runs:" in str(report)

@@ -87,6 +87,24 @@ def const(value, dtype: str):
     return tirx.const(value, dtype)
 
 
+# Scalar TIR expression builders (tirbyoc.fastmath).
+structural_map = tvm_ffi.structural_map
+select = tirx.Select
+let = tirx.Let
+isnan = tirx.isnan
+reinterpret = tirx.reinterpret
+shift_left = tirx.shift_left
+shift_right = tirx.shift_right
+floor = tirx.floor
+abs = tirx.abs  # noqa: A001 (TIR's abs, for callers that name it T.abs)
+min_value = tirx.min
+max_value = tirx.max
+
+
+def cast(value, dtype: str):
+    return tirx.Cast(dtype, value)
+
+
 def decl_buffer(shape, dtype: str, name: str):
     return tirx.decl_buffer(shape, dtype, name)
 
@@ -165,9 +183,20 @@ def tvm_compile(mod, target, relax_pipeline="default"):
 
 
 def as_target(target):
+    """A Target from a Target, a string or a dict; None: this machine (``host_target``)."""
+    if target is None:
+        return host_target()
     if isinstance(target, tvm.target.Target):
         return target
     return tvm.target.Target(target)
+
+
+def host_target():
+    """LLVM for this machine's CPU (``mcpu`` = LLVM's name of the host CPU), so that TVM's
+    code uses its vector ISA (AVX2/AVX-512, FMA); a bare "llvm" is baseline x86-64 (SSE2)."""
+    from tvm.target import codegen
+
+    return tvm.target.Target({"kind": "llvm", "mcpu": codegen.llvm_get_system_cpu()})
 
 
 def call_tir_op():

@@ -197,8 +197,10 @@ def explain(mod, *, fuse="auto", intrinsics=None, region_passes=None, target=Non
 def pipeline(target=None, *, intrinsics=None, region_passes=None):
     """A Relax pipeline for ``tvm.compile(..., relax_pipeline=tirbyoc.pipeline(target))``:
     TVM's default CPU pipeline with tirbyoc's offload after legalization and fusion, and
-    CPU schedules for the rest (``tirbyoc.fallback``)."""
-    target = T.as_target(target or "llvm")
+    CPU schedules for the rest (``tirbyoc.fallback``). ``target``: default this machine's
+    CPU (``tirbyoc.host_target()``); a bare "llvm" gives TVM's code only baseline x86-64
+    vectors (SSE2: the fallback schedules run about 5x slower than with AVX-512)."""
+    target = T.as_target(target)
 
     @T.module_pass(opt_level=0, name="tirbyoc.pipeline")
     def _pipeline(mod, _ctx):
@@ -217,10 +219,17 @@ def pipeline(target=None, *, intrinsics=None, region_passes=None):
     return _pipeline
 
 
-def compile(mod, target="llvm", *, intrinsics=None, region_passes=None):  # noqa: A001
+def host_target():
+    """The default target of ``compile`` and ``pipeline``: LLVM for this machine's CPU."""
+    return T.host_target()
+
+
+def compile(mod, target=None, *, intrinsics=None, region_passes=None):  # noqa: A001
     """``tvm.compile`` with tirbyoc's offload; the result runs in process, may be shared
     by any number of threads, and survives ``export_library`` +
-    ``tvm.runtime.load_module`` in a fresh process."""
+    ``tvm.runtime.load_module`` in a fresh process. ``target``: default this machine's
+    CPU (``tirbyoc.host_target()``, so an exported library needs a CPU with the same
+    vector ISA; pass "llvm" for a portable baseline x86-64 build, slower)."""
     target = T.as_target(target)
     if relax_prep.has_relax_functions(mod):
         ex = T.tvm_compile(mod, target, relax_pipeline=pipeline(

@@ -6,16 +6,26 @@ runs as its naive, single-threaded loop nest. ``tirbyoc.pipeline`` (and so
 every PrimFunc that is not scheduled yet (offloaded ones are):
 
     dl.cpu.GEMV()        matrix-vector products (TVM's)
-    dl.cpu.Reduction()   row reductions with elementwise steps: softmax, layer norm (TVM's)
+    RowReduction()       row reductions with elementwise steps: softmax, masked softmax,
+                         layer norm, a mask's "any" over rows: rows in parallel, row sums
+                         and maxima in vector lanes (rfactor), elementwise steps vectorized
+    dl.cpu.Reduction()   other row reductions (TVM's: rows in parallel, scalar sums)
     Injective()          elementwise / layout ops: parallel outer loops, vectorized inner
     OuterParallel()      any other function: each block's leading spatial loops in parallel
 
-A function no rule takes stays as it was; ``schedule_rules()`` is the list.
+Before RowReduction, dl.cpu.Reduction and Injective schedule a function, its float32
+exp/tanh/erf calls are expanded to vectorizable expressions (``tirbyoc.fastmath``; LLVM
+makes a vector exp a scalar libm call per lane). A function no rule takes stays as it
+was; ``schedule_rules()`` is the list, ``describe_schedules`` says which rule takes what.
+
+The code is as fast as the target's vector ISA: ``tirbyoc.compile`` defaults to this
+machine's CPU; a bare "llvm" target is baseline x86-64 (SSE2, no FMA).
 """
 
 from __future__ import annotations
 
 from . import _tvm as T
+from . import fastmath
 
 # Below this many iterations of the outer loops the parallel launch costs more than it
 # saves: the loop stays on the calling thread.
@@ -33,7 +43,7 @@ class Injective(T.DlightScheduleRule):
             return None
         if _has_reduction(func):
             return None
-        sch = T.Schedule(func)
+        sch = T.Schedule(fastmath.expand_math(func))
         blocks = T.dlight_blocks(sch)
         if not blocks or not all(b.is_injective() for b in blocks):
             return None
@@ -42,22 +52,158 @@ class Injective(T.DlightScheduleRule):
         return sch
 
     @staticmethod
-    def _schedule_block(sch, block_rv):
-        loops = sch.get_loops(block_rv)
-        if not loops:
-            return
-        inner = loops[-1]
+    def _vectorize(sch, inner):
+        """Vectorize a loop: split into VECTOR_LANES lanes when longer (or symbolic)."""
         extent = T.dlight_extent(sch, inner)
         if not isinstance(extent, int) or extent > VECTOR_LANES:
             _, lanes = sch.split(inner, [None, VECTOR_LANES])
             sch.vectorize(lanes)
         elif extent > 1:
             sch.vectorize(inner)
+
+    @staticmethod
+    def _schedule_block(sch, block_rv):
+        loops = sch.get_loops(block_rv)
+        if not loops:
+            return
+        Injective._vectorize(sch, loops[-1])
         if len(loops) > 1:
             outer = sch.fuse(*loops[:-1])
             iters = T.dlight_extent(sch, outer)
             if not isinstance(iters, int) or iters >= PARALLEL_MIN_ITERS:
                 sch.parallel(outer)
+
+
+class RowReduction(T.DlightScheduleRule):
+    """Row reductions with elementwise steps (softmax, masked softmax, layer norm, RMS
+    norm): the leading spatial ("row") loops fused and run in parallel, every block
+    computed inside them, elementwise steps vectorized, and each sum / max over the row
+    accumulated in ``VECTOR_LANES`` vector lanes (rfactor) when the row length is a
+    static multiple of them (otherwise a scalar loop, as dlight's cpu.Reduction does).
+    exp/tanh/erf are expanded to vectorizable forms (``tirbyoc.fastmath``).
+
+    Only spatial loops are split over threads and each row is reduced by one thread, so
+    a result does not depend on the thread count."""
+
+    def apply(self, func, target, tunable=False):  # noqa: ARG002 (dlight's signature)
+        if not isinstance(func, T.PrimFunc) or target is None or target.kind.name != "llvm":
+            return None
+        try:
+            return self._schedule(func)
+        except Exception:  # noqa: BLE001 (a shape this rule does not know: the next rule's)
+            # NOTE: dlight's ApplyDefaultSchedule does not catch a rule's errors; a layout
+            # that compute_at or rfactor rejects must not fail the whole compile.
+            return None
+
+    def _schedule(self, func):
+        costly = _blocks_with_math(func)
+        sch = T.Schedule(fastmath.expand_math(func))
+        infos = T.dlight_blocks(sch)
+        if not infos or len(infos) < 2:
+            return None
+        reductions = [b for b in infos if not b.is_injective()]
+        # NOTE: dlight calls a reduction over an extent of 1 spatial (see _has_reduction):
+        # its count of reductions must be the function's.
+        if not reductions or len(reductions) != _count_reductions(func):
+            return None
+        kinds = [b.dom_kind() for b in infos]
+        if any(not k or k[0] != "S" for k in kinds):
+            return None
+        lead = min(len(k) - len(k.lstrip("S")) for k in kinds)
+        for b, k in zip(infos, kinds):
+            # a reduction: the rows, then only reduced loops
+            if not b.is_injective() and k[lead:].strip("R"):
+                return None
+        tail = infos[-1]
+        if tail.is_injective() and len(kinds[-1]) <= lead:
+            # the output has no loop inside the rows (e.g. matmul + bias: every output
+            # element a "row"): not a row reduction
+            return None
+        # NOTE: elementwise producers that are cheap are inlined into their consumers; one
+        # that calls exp/tanh/erf (softmax's exp) is kept, not computed once per consumer.
+        rest = []
+        for b in infos[:-1]:
+            name = sch.get(b.block_rv).name_hint
+            if b.is_injective() and len(b.iters) > lead and name not in costly:
+                try:
+                    sch.compute_inline(b.block_rv)
+                    continue
+                except Exception:  # noqa: BLE001 (not inlinable: kept as a block)
+                    pass
+            rest.append(b)
+        # rfactor needs each reduction alone in its loop nest: before compute_at
+        blocks = []
+        for b in rest:
+            if b.is_injective():
+                blocks.append((b.block_rv, "S"))
+            else:
+                blocks.extend(self._vector_reduce(sch, b.block_rv, lead))
+        # the last block (the output) holds the row loop; the rest is computed under it
+        if tail.is_injective():
+            last, last_kind = tail.block_rv, "S"
+        else:  # a reduction that is the output (e.g. "any" over a mask row)
+            *body, (last, last_kind) = blocks + self._vector_reduce(sch, tail.block_rv, lead)
+            blocks = body
+        loops = sch.get_loops(last)
+        rows = sch.fuse(*loops[:lead]) if lead > 1 else loops[0]
+        for block_rv, _ in reversed(blocks):
+            sch.compute_at(block_rv, rows, preserve_unit_loops=True)
+        blocks.append((last, last_kind))
+        # NOTE: parallel before decompose_reduction: it checks every block under the loop
+        # is a complete or reduction block, which a decomposed update block is not.
+        iters = T.dlight_extent(sch, rows)
+        if not isinstance(iters, int) or iters > 1:
+            sch.parallel(rows)
+        for block_rv, kind in blocks:
+            if kind == "S":
+                self._vectorize_inner(sch, block_rv)
+            elif kind == "V":  # lanes of partial sums: initialized, then accumulated
+                # compute_at made the loops in the block's iterator order, lanes first
+                loops = sch.get_loops(block_rv)[1:]
+                sch.reorder(loops[-1], loops[0])
+                sch.vectorize(sch.get_loops(block_rv)[-1])  # the init's copy is vectorized too
+                sch.decompose_reduction(block_rv, sch.get_loops(block_rv)[1])
+            elif kind == "R":  # a scalar reduction over a row: unrolled, as dlight does
+                self._unroll_inner(sch, block_rv)
+        return sch
+
+    @staticmethod
+    def _vector_reduce(sch, block_rv, lead):
+        """rfactor a row reduction over VECTOR_LANES lanes: [(block, kind)] in order,
+        "V" a vectorized partial reduction, "W" the write-back over the lanes."""
+        loops = sch.get_loops(block_rv)
+        red = loops[lead:]
+        inner = sch.fuse(*red) if len(red) > 1 else red[0]
+        extent = T.dlight_extent(sch, inner)
+        if not isinstance(extent, int) or extent < 2 * VECTOR_LANES or extent % VECTOR_LANES:
+            return [(block_rv, "R")]
+        outer, lanes = sch.split(inner, [None, VECTOR_LANES])
+        try:
+            # the lanes are the last dimension of the partial sums' buffer: contiguous
+            ndim = len(sch.get(block_rv).writes[0].region)
+            partial = sch.rfactor(lanes, factor_axis=ndim)
+        except Exception:  # noqa: BLE001 (not a reducer rfactor knows: a scalar loop)
+            return [(block_rv, "R")]
+        return [(partial, "V"), (block_rv, "W")]
+
+    @staticmethod
+    def _vectorize_inner(sch, block_rv):
+        loops = sch.get_loops(block_rv)
+        if len(loops) > 1:  # never the row loop itself, which holds the other blocks
+            Injective._vectorize(sch, loops[-1])
+
+    @staticmethod
+    def _unroll_inner(sch, block_rv):
+        loops = sch.get_loops(block_rv)
+        if len(loops) < 2:
+            return
+        inner = loops[-1]
+        extent = T.dlight_extent(sch, inner)
+        if isinstance(extent, int) and extent <= VECTOR_LANES:
+            return
+        _, inner = sch.split(inner, [None, VECTOR_LANES])
+        sch.annotate(inner, "pragma_auto_unroll_max_step", VECTOR_LANES)
+        sch.annotate(inner, "pragma_unroll_explicit", 1)
 
 
 class OuterParallel(T.DlightScheduleRule):
@@ -97,6 +243,10 @@ def _has_reduction(func) -> bool:
     # NOTE: dlight's block analysis calls a reduction over an extent of 1 spatial, and
     # inlining or vectorizing such a block as elementwise gave wrong results (found by the
     # matcher fuzzer: a [.., M, 1] x [.., 1, N] matmul).
+    return _count_reductions(func) > 0
+
+
+def _count_reductions(func) -> int:
     found = []
 
     def visit(block):
@@ -104,22 +254,59 @@ def _has_reduction(func) -> bool:
             found.append(block)
 
     T.structural_walk(func.body, [(T.SBlock, visit)], order="pre")
-    return bool(found)
+    return len(found)
+
+
+def _blocks_with_math(func) -> set:
+    """Names of the blocks whose body calls exp/tanh/erf (``tirbyoc.fastmath``)."""
+    names = set()
+
+    def visit(block):
+        if fastmath.calls_math(block.body):
+            names.add(block.name_hint)
+
+    T.structural_walk(func.body, [(T.SBlock, visit)], order="pre")
+    return names
+
+
+class WithFastMath(T.DlightScheduleRule):
+    """``rule`` applied to the function with its exp/tanh/erf expanded (``fastmath``)."""
+
+    def __init__(self, rule):
+        self.rule = rule
+
+    def apply(self, func, target, tunable=False):
+        if not isinstance(func, T.PrimFunc):
+            return None
+        return self.rule.apply(fastmath.expand_math(func), target, tunable)
 
 
 def schedule_rules() -> list:
     """The rules ``tirbyoc.pipeline`` applies after offloading, in order."""
-    return [T.dlight_cpu_gemv(), T.dlight_cpu_reduction(), Injective(), OuterParallel()]
+    return [T.dlight_cpu_gemv(), RowReduction(), WithFastMath(T.dlight_cpu_reduction()),
+            Injective(), OuterParallel()]
 
 
 def _rule_name(rule) -> str:
+    if isinstance(rule, WithFastMath):
+        rule = rule.rule
     name = type(rule).__name__
-    return f"tirbyoc {name}" if isinstance(rule, (Injective, OuterParallel)) else f"dlight cpu.{name}"
+    ours = (Injective, RowReduction, OuterParallel)
+    return f"tirbyoc {name}" if isinstance(rule, ours) else f"dlight cpu.{name}"
 
 
-def describe(func, target) -> str:
-    """How one PrimFunc will run in ``tirbyoc.pipeline``: its kernels, the fallback rule
-    that schedules it, or "unscheduled" and why. Cheap: rules are tried, nothing is built.
+def describe(func, target=None) -> str:
+    """How one PrimFunc will run in ``tirbyoc.pipeline(target)``, one line:
+
+    - ``"kernel <symbol>[, ...]"``: offloaded (and what else stays in the function);
+    - ``"schedule: tirbyoc RowReduction"`` (or ``tirbyoc Injective``, ``tirbyoc
+      OuterParallel``, ``dlight cpu.GEMV``, ``dlight cpu.Reduction``): the first fallback
+      rule that takes it (``schedule_rules``);
+    - ``"already scheduled"``: marked ``tirx.is_scheduled``, left alone;
+    - ``"unscheduled: <reason>"``: runs as its naive loop nest.
+
+    Cheap: the rules are tried on a schedule of the function, nothing is built.
+    ``target``: default this machine's CPU, as ``tirbyoc.compile``.
     """
     from .normalize import normalize
 
@@ -134,7 +321,7 @@ def describe(func, target) -> str:
         return text
     if func.attrs and "tirx.is_scheduled" in func.attrs:
         return "already scheduled"
-    target = T.as_target(target or "llvm")
+    target = T.as_target(target)
     with target:
         for rule in schedule_rules():
             try:
@@ -149,6 +336,7 @@ def describe(func, target) -> str:
 
 
 def describe_schedules(mod, target=None) -> dict:
-    """``{PrimFunc name: how it runs}`` for every PrimFunc of ``mod`` (see ``describe``)."""
+    """``{global name: how it runs}`` for every PrimFunc of ``mod`` (an IRModule after
+    offloading; one line each, see ``describe``). ``tirbyoc.explain`` prints it."""
     return {gv.name_hint: describe(f, target) for gv, f in mod.functions_items()
             if isinstance(f, T.PrimFunc)}

@@ -1,0 +1,154 @@
+"""Vectorizable float32 ``exp``, ``tanh`` and ``erf`` for the fallback schedules.
+
+LLVM lowers TIR's ``exp``/``tanh``/``erf`` on a vector to one scalar libm call per lane
+(``expf@PLT`` twice per ``tanh`` element), so a vectorized loop that calls them runs at
+scalar speed. ``expand_math(func)`` replaces every float32 call with an expression of
+adds, multiplies, a division, comparisons and integer bit operations, which LLVM keeps in
+vector registers.
+
+Accuracy (tests/test_fallback.py checks it over the whole float range against float64):
+relative error below 1e-6 wherever the exact result is a normal float (below 1e-5 for
+``erf``), an absolute error below FLT_MIN where it is subnormal (``exp`` flushes those to
+0), exact limits (``exp``: inf above 88.73; ``tanh``/``erf``: +-1), and NaN in gives NaN
+out. Other dtypes are left as they are.
+"""
+
+from __future__ import annotations
+
+from . import _tvm as T
+
+F32 = "float32"
+
+# exp: Cody-Waite reduction x = n ln2 + r, |r| <= ln2/2, then Cephes' expf polynomial.
+_LOG2E = 1.44269504088896341
+# Below this exp is subnormal: it returns 0 (flushed), which keeps subnormal numbers out of
+# the arithmetic (an x86 microcode assist each: a softmax over a mask of -inf ran 2x
+# slower); the absolute error is below FLT_MIN (1.2e-38).
+_EXP_MIN = -87.33654
+_EXP_BIAS = 256  # makes xc / ln 2 positive before truncation
+_LN2_HI = 0.693359375
+_LN2_LO = -2.12194440e-4
+_EXP_POLY = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2,
+             1.6666665459e-1, 5.0000001201e-1)
+# tanh: a rational approximation x P(x^2) / Q(x^2) (Eigen's), clamped where tanh rounds to
+# +-1 in float32; x itself below 4e-4.
+_TANH_CLAMP = 7.90531110763549805
+_TANH_TINY = 0.0004
+_TANH_NUM = (-2.76076847742355e-16, 2.00018790482477e-13, -8.60467152213735e-11,
+             5.12229709037114e-08, 1.48572235717979e-05, 6.37261928875436e-04,
+             4.89352455891786e-03)
+_TANH_DEN = (1.19825839466702e-06, 1.18534705686654e-04, 2.26843463243900e-03,
+             4.89352518554385e-03)
+# erf: a rational approximation x P(x^2) / Q(x^2) on [-4, 4] (Eigen's); +-1 beyond.
+_ERF_CLAMP = 4.0
+_ERF_NUM = (-2.72614225801306e-10, 2.77068142495902e-08, -2.10102402082508e-06,
+            -5.69250639462346e-05, -7.34990630326855e-04, -2.95459980854025e-03,
+            -1.60960333262415e-02)
+_ERF_DEN = (-1.45660718464996e-05, -2.13374055278905e-04, -1.68282697438203e-03,
+            -7.37332916720468e-03, -1.42647390514189e-02)
+
+
+def _c(value):
+    return T.const(value, F32)
+
+
+def _horner(x, coeffs):
+    acc = _c(coeffs[0])
+    for c in coeffs[1:]:
+        acc = acc * x + _c(c)
+    return acc
+
+
+def _let(name, value, body):
+    """``body(v)`` with ``v`` bound to ``value`` once (a Let: the expression stays a DAG
+    through lowering instead of growing into a tree with ``value`` copied at every use)."""
+    var = T.Var(name, T.dtype_of(value))
+    return T.let(var, value, body(var))
+
+
+def _keep_nan(x, value):
+    return T.select(T.isnan(x), x, value)
+
+
+def _pow2(k):
+    """2**k as a float32 for an int32 k in [-126, 127]: the exponent field written
+    (exp uses k in [-63, 64])."""
+    return T.reinterpret(F32, T.shift_left(k + T.const(127, "int32"), T.const(23, "int32")))
+
+
+def exp(x):
+    return _let("exp_x", x, _exp)
+
+
+def _exp(x):
+    xc = T.min_value(T.max_value(x, _c(_EXP_MIN)), _c(89.0))
+    # n = round(xc / ln 2) in [-126, 128], by truncating a positive number: a float to
+    # int conversion, which vectorizes everywhere (floor is a floorf call per lane on
+    # x86-64 without SSE4.1, target "llvm"; TVM's simplifier folds (t + c) - c).
+    bias = T.const(_EXP_BIAS, "int32")
+    k = T.cast(xc * _c(_LOG2E) + _c(_EXP_BIAS + 0.5), "int32") - bias
+    return _let("exp_k", k, lambda ni: _let("exp_n", T.cast(ni, F32), lambda n: _let(
+        "exp_r", xc - n * _c(_LN2_HI) - n * _c(_LN2_LO), lambda r: _keep_nan(
+            x, T.select(x < _c(_EXP_MIN), _c(0.0), (
+                _horner(r, _EXP_POLY) * r * r + r + _c(1.0))
+                # 2**n in two factors, so that n = 128 (overflow to inf) stays in the
+                # exponent range of each.
+                * _pow2(T.shift_right(ni, T.const(1, "int32")))
+                * _pow2(ni - T.shift_right(ni, T.const(1, "int32"))))))))
+
+
+def tanh(x):
+    return _let("tanh_x", x, _tanh)
+
+
+def _tanh(x):
+    # NaN does not survive the clamp (max/min are compare-selects): checked separately.
+    xc = T.min_value(T.max_value(x, _c(-_TANH_CLAMP)), _c(_TANH_CLAMP))
+
+    def body(z):
+        value = xc * _horner(z, _TANH_NUM) / _horner(z, _TANH_DEN)
+        return _keep_nan(x, T.select(T.abs(x) < _c(_TANH_TINY), x, value))
+
+    return _let("tanh_z", xc * xc, body)
+
+
+def erf(x):
+    return _let("erf_x", x, _erf)
+
+
+def _erf(x):
+    xc = T.min_value(T.max_value(x, _c(-_ERF_CLAMP)), _c(_ERF_CLAMP))
+    return _let("erf_c", xc, lambda c: _let("erf_z", c * c, lambda z: _keep_nan(
+        x, c * _horner(z, _ERF_NUM) / _horner(z, _ERF_DEN))))
+
+
+_EXPANSIONS = {"tirx.exp": exp, "tirx.tanh": tanh, "tirx.erf": erf}
+
+
+def _is_math_call(call) -> bool:
+    op = getattr(call, "op", None)
+    return getattr(op, "name", None) in _EXPANSIONS and T.dtype_of(call) == F32
+
+
+def calls_math(node) -> bool:
+    """Whether a TIR statement or expression calls float32 exp/tanh/erf."""
+    found = []
+    T.structural_walk(node, [(T.Call, lambda c: found.append(c) if _is_math_call(c) else None)],
+                      order="pre")
+    return bool(found)
+
+
+def expand_math(func):
+    """``func`` with every float32 exp/tanh/erf call expanded (``func`` itself when there
+    is none)."""
+    if not calls_math(func.body):
+        return func
+
+    def rewrite(call):
+        op = getattr(call, "op", None)
+        name = getattr(op, "name", None)
+        if name in _EXPANSIONS and T.dtype_of(call) == F32:
+            return _EXPANSIONS[name](call.args[0])
+        return call
+
+    return T.structural_map(func, [(T.Call, rewrite)], order="post")
