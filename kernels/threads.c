@@ -172,8 +172,14 @@ static void *worker_main(void *p)
             while ((gen = __atomic_load_n(&pool->slot[id].gen,
                                           __ATOMIC_ACQUIRE)) == seen) {
                 cpu_relax();
-                if (++spins % 64 == 0 && now_ns() > until)
-                    break;
+                /* Yield now and then: a spinning worker must not keep another
+                 * runnable thread off its core (TVM's own workers run the
+                 * code between two kernel calls, often pinned to one core). */
+                if (++spins % 16 == 0) {
+                    if (now_ns() > until)
+                        break;
+                    sched_yield();
+                }
             }
         }
         if (gen == seen) {

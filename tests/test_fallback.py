@@ -296,3 +296,36 @@ def test_describe_schedules_says_how_every_prim_func_runs():
     assert fallback.describe(func, tvm.target.Target("c")).startswith("unscheduled")
     # explain prints it for every PrimFunc
     assert "how each PrimFunc runs:" in str(tirbyoc.explain(mod, target=TARGET))
+
+
+def _causal_mask(x):
+    """GPT-2's mask on a symbolic sequence: where(j - i <= 0, x, -inf)."""
+    n = x.ty.shape[-1]
+    i = relax.op.arange(relax.prim_value(0), relax.prim_value(n), dtype="int64")
+    keep = relax.op.less_equal(relax.op.subtract(relax.op.expand_dims(i, 0),
+                                                 relax.op.expand_dims(i, 1)),
+                               relax.const(0, "int64"))
+    return relax.op.where(keep, x, relax.const(float("-inf"), "float32"))
+
+
+@pytest.mark.parametrize("length", [1, 15, 16, 17, 53])
+def test_symbolic_rows_vectorize_without_lane_predicates(length):
+    """An elementwise op over a symbolic row length: the chunk loop over the vectorized
+    lanes carries LoopPartition's hint (the partial last chunk is split off, so the rest
+    runs as vectors), and every length around a chunk boundary is right."""
+    n = tirx.Var("n", "int64")
+    mod = _one_op_module((2, n, n), _causal_mask)
+    legal = tvm.transform.Sequential(
+        tvm.relax.backend.cpu_generic.pipeline.legalize_passes(None))(mod)
+    func = next(f for _, f in legal.functions_items() if isinstance(f, tirx.PrimFunc))
+    with TARGET:
+        sch = fallback.Injective().apply(func, TARGET)
+    loops = []
+    tvm_ffi.structural_walk(sch.mod["main"], [(tirx.For, loops.append)])
+    hints = [f for f in loops if "pragma_loop_partition_hint" in f.annotations]
+    vectorized = [f for f in loops if int(f.kind) == int(tirx.ForKind.VECTORIZED)]
+    assert len(hints) == 1 and len(vectorized) == 1
+    x = np.random.default_rng(length).standard_normal((2, length, length)).astype(np.float32)
+    got = tirbyoc.run(tirbyoc.compile(mod), x)
+    np.testing.assert_array_equal(got, np.where(np.tril(np.ones((length, length), bool)),
+                                                x, -np.inf))

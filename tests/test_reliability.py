@@ -251,3 +251,24 @@ def test_test_extra_declares_what_the_tests_need():
                  if "extra ==" not in r]
     needed = {"cloudpickle", "torch", "onnx", "nbclient", "pytest", "numpy", "cffi"}
     assert needed <= wanted, f"not installed by `pip install -e .[test]`: {needed - wanted}"
+
+
+@pytest.mark.parametrize("preset", [None, "TVM_NUM_THREADS", "OMP_NUM_THREADS"])
+def test_tvm_runs_on_as_many_threads_as_the_kernels(preset):
+    """Importing tirbyoc sets TVM_NUM_THREADS to the kernel library's thread count (TVM
+    would use half the CPUs), unless the user set TVM's count already."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("TVM_NUM_THREADS", "OMP_NUM_THREADS")}
+    env["TIRBYOC_NUM_THREADS"] = "2"  # TVM would take 1 on a 2-CPU machine
+    if preset:
+        env[preset] = "1"
+    code = ("import os, tvm, tirbyoc, tirbyoc.kernels\n"
+            "print(os.environ.get('TVM_NUM_THREADS'), "
+            "tvm.get_global_func('runtime.NumThreads')(), tirbyoc.kernels.num_threads())")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                         text=True, timeout=120, check=True).stdout.split()
+    cpus = min(2, len(os.sched_getaffinity(0)))  # TVM uses no more workers than cores
+    if preset is None:
+        assert out == ["2", str(cpus), "2"]
+    else:  # the user's setting stands
+        assert out[1:] == ["1", "2"]

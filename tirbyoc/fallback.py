@@ -56,8 +56,15 @@ class Injective(T.DlightScheduleRule):
         """Vectorize a loop: split into VECTOR_LANES lanes when longer (or symbolic)."""
         extent = T.dlight_extent(sch, inner)
         if not isinstance(extent, int) or extent > VECTOR_LANES:
-            _, lanes = sch.split(inner, [None, VECTOR_LANES])
+            outer, lanes = sch.split(inner, [None, VECTOR_LANES])
             sch.vectorize(lanes)
+            if not isinstance(extent, int):
+                # a symbolic length: LoopPartition splits off the partial last chunk, so
+                # that the other chunks run as vectors with no lane predicate (a
+                # predicated vector loop is scalarized, with an integer division per
+                # element). NOTE: not for a static length: LoopPartition then fails with
+                # "mismatched types int32 vs int64" in 0.27.
+                sch.annotate(outer, "pragma_loop_partition_hint", 1)
         elif extent > 1:
             sch.vectorize(inner)
 
@@ -199,7 +206,9 @@ class RowReduction(T.DlightScheduleRule):
             return
         inner = loops[-1]
         extent = T.dlight_extent(sch, inner)
-        if isinstance(extent, int) and extent <= VECTOR_LANES:
+        if not isinstance(extent, int) or extent <= VECTOR_LANES:
+            # NOTE: a symbolic length stays one plain loop: split, it would carry a lane
+            # predicate; plain, LLVM vectorizes an integer reduction (a mask's max) itself
             return
         _, inner = sch.split(inner, [None, VECTOR_LANES])
         sch.annotate(inner, "pragma_auto_unroll_max_step", VECTOR_LANES)
