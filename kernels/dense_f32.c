@@ -125,11 +125,15 @@ static void accumulate_plain(tb_wlayout layout, int64_t m, int64_t n,
 }
 
 /* The blocked algorithm for C[0:m, 0:n]; w, bias and c already offset.
- * acc: C holds values to add to (every K block accumulates). */
-static void blocked(const tb_isa *isa, tb_wlayout layout, int epi, int acc,
-                    int64_t m, int64_t n, int64_t k, const float *a,
-                    int64_t lda, const float *w, int64_t ldw,
-                    const float *bias, float *c, int64_t ldc)
+ * acc: C holds values to add to (every K block accumulates). chain (or NULL):
+ * applied to each row group of a column block as soon as its last K block is
+ * done, while it is in L1; C[0, 0] is the output at row ci0, column cj0 of
+ * its matrix. Returns whether the chain was applied (not without scratch). */
+static int blocked(const tb_isa *isa, tb_wlayout layout, int epi, int acc,
+                   int64_t m, int64_t n, int64_t k, const float *a,
+                   int64_t lda, const float *w, int64_t ldw,
+                   const float *bias, float *c, int64_t ldc,
+                   const tb_chain *chain, int64_t ci0, int64_t cj0)
 {
     float *scratch = tb_scratch();
     float *wbuf, *abuf;
@@ -142,7 +146,7 @@ static void blocked(const tb_isa *isa, tb_wlayout layout, int epi, int acc,
         else
             small_blocked(isa, layout, m, n, k, a, lda, w, ldw, bias, c, ldc,
                           epi);
-        return;
+        return 0;
     }
     wbuf = scratch;
     abuf = scratch + (size_t)TB_KC_MAX * TB_NC_MAX;
@@ -186,9 +190,13 @@ static void blocked(const tb_isa *isa, tb_wlayout layout, int epi, int acc,
                                  c + i0 * ldc + jc + jr, ldc, mr,
                                  (int)min_i64(isa->nr, nc - jr), flags | pf,
                                  bias != NULL ? bias + jc + jr : NULL, epi);
+                if (chain != NULL && kb == kblocks - 1)
+                    isa->chain(chain, c + i0 * ldc + jc, ldc, mr, nc, ci0 + i0,
+                               cj0 + jc);
             }
         }
     }
+    return 1;
 }
 
 static int use_direct(const tb_isa *isa, tb_wlayout layout, int accumulate,
@@ -199,12 +207,14 @@ static int use_direct(const tb_isa *isa, tb_wlayout layout, int accumulate,
            (size_t)k * (size_t)isa->direct_rows <= TB_SCRATCH_FLOATS;
 }
 
-static void run_part_product(const job_t *job, int64_t i0, int64_t i1,
-                             int64_t j0, int64_t j1, const float *w,
-                             const float *bias, const float *a, float *c);
+static int run_part_product(const job_t *job, int64_t i0, int64_t i1,
+                            int64_t j0, int64_t j1, const float *w,
+                            const float *bias, const float *a, float *c,
+                            const tb_chain *chain);
 
 /* C[i0:i1, j0:j1]: the product (bias and relu in registers), then the rest of
- * the epilogue chain while the part is still in cache. */
+ * the epilogue chain while the part (the blocked path: each row group of it)
+ * is still in cache. */
 static void run_part(const job_t *job, int64_t i0, int64_t i1, int64_t j0,
                      int64_t j1)
 {
@@ -212,16 +222,20 @@ static void run_part(const job_t *job, int64_t i0, int64_t i1, int64_t j0,
     const float *bias = job->bias != NULL ? job->bias + j0 : NULL;
     const float *a = job->a + i0 * job->lda;
     float *c = job->c + i0 * job->ldc + j0;
+    const tb_chain *chain =
+        job->chain != NULL && job->chain->ops != 0 ? job->chain : NULL;
     if (i1 <= i0 || j1 <= j0)
         return;
-    run_part_product(job, i0, i1, j0, j1, w, bias, a, c);
-    if (job->chain != NULL && job->chain->ops != 0)
-        job->isa->chain(job->chain, c, job->ldc, i1 - i0, j1 - j0, i0, j0);
+    if (!run_part_product(job, i0, i1, j0, j1, w, bias, a, c, chain) &&
+        chain != NULL)
+        job->isa->chain(chain, c, job->ldc, i1 - i0, j1 - j0, i0, j0);
 }
 
-static void run_part_product(const job_t *job, int64_t i0, int64_t i1,
-                             int64_t j0, int64_t j1, const float *w,
-                             const float *bias, const float *a, float *c)
+/* Returns whether it applied the chain itself. */
+static int run_part_product(const job_t *job, int64_t i0, int64_t i1,
+                            int64_t j0, int64_t j1, const float *w,
+                            const float *bias, const float *a, float *c,
+                            const tb_chain *chain)
 {
     if (job->alg == TB_ALG_DIRECT) {
         float *ap = tb_scratch();
@@ -230,15 +244,17 @@ static void run_part_product(const job_t *job, int64_t i0, int64_t i1,
         if (ap != NULL) {
             job->isa->nt_direct(i1 - i0, j1 - j0, job->k, a, job->lda, w,
                                 job->ldw, bias, c, job->ldc, job->epi, ap);
-            return;
+            return 0;
         }
     }
-    if (job->alg == TB_ALG_SMALL)
+    if (job->alg == TB_ALG_SMALL) {
         small_blocked(job->isa, job->layout, i1 - i0, j1 - j0, job->k, a,
                       job->lda, w, job->ldw, bias, c, job->ldc, job->epi);
-    else
-        blocked(job->isa, job->layout, job->epi, job->accumulate, i1 - i0,
-                j1 - j0, job->k, a, job->lda, w, job->ldw, bias, c, job->ldc);
+        return 0;
+    }
+    return blocked(job->isa, job->layout, job->epi, job->accumulate, i1 - i0,
+                   j1 - j0, job->k, a, job->lda, w, job->ldw, bias, c,
+                   job->ldc, chain, i0, j0);
 }
 
 static void task(void *arg, int tid, int nt)

@@ -101,6 +101,34 @@ def test_matmul_results_do_not_depend_on_threads(isa):
     assert all(np.array_equal(outs[0], o) for o in outs[1:])
 
 
+@pytest.mark.parametrize("layout", ["nn", "nt", "packed"])
+def test_chain_on_row_groups_across_k_and_column_blocks(isa, layout):
+    """The blocked path applies the chain to each row group of a column block after its
+    last K block: several K blocks (K > 512), several column blocks (N > 512), a partial
+    last row group, bias and residual indexed by the absolute row and column; the same
+    bits on any thread count."""
+    rng = np.random.default_rng(5)
+    m, n, k = 45, 1100, 1100
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    w = rng.standard_normal((n, k) if layout != "nn" else (k, n)).astype(np.float32)
+    b = kernels.pack_weight(w, "nt") if layout == "packed" else w
+    bias = rng.standard_normal(n).astype(np.float32)
+    res = rng.standard_normal((m, n)).astype(np.float32)
+    chain = ("bias", "gelu_tanh", "residual", "scale")
+    saved = kernels.num_threads()
+    try:
+        outs = []
+        for threads in (1, 2, 3):
+            kernels.set_num_threads(threads)
+            outs.append(kernels.matmul(a, b, b_layout=layout, epilogue=chain, scale=0.5,
+                                       bias=bias, residual=res, n=n))
+    finally:
+        kernels.set_num_threads(saved)
+    want, tol = reference(a, w, "nn" if layout == "nn" else "nt", chain, 0.5, bias, res)
+    assert np.all(np.abs(outs[0] - want) <= tol)
+    assert all(np.array_equal(outs[0], o) for o in outs[1:])
+
+
 def test_matmul_errors_name_the_problem():
     ffi, lib = kernels.load()
     a = np.ones((4, 4), np.float32)
