@@ -240,4 +240,65 @@ static void tb_unary_row(int op, int64_t n, const float *x, float *y)
     }
 }
 
+/* One vector register of floats of the including file's instruction set
+ * (GCC vector extension; the target pragma defines __AVX512F__ / __AVX__),
+ * for the row reductions of tb_softmax_row: the compiler does not vectorize
+ * a float max or sum over a loop by itself (it would reorder the operations).
+ * The lanes, and so the order of a row's additions, depend on the ISA. */
+#if defined(__AVX512F__)
+#define CH_VBYTES 64
+#elif defined(__AVX__)
+#define CH_VBYTES 32
+#else
+#define CH_VBYTES 16
+#endif
+#define CH_LANES (CH_VBYTES / 4)
+typedef float ch_vf __attribute__((vector_size(CH_VBYTES), aligned(4)));
+typedef int32_t ch_vi __attribute__((vector_size(CH_VBYTES), aligned(4)));
+
+/* Lanewise a > b ? a : b (NaN never wins a compare). */
+CH_INLINE ch_vf ch_vmax(ch_vf a, ch_vf b)
+{
+    const ch_vi gt = a > b;
+    return (ch_vf)((gt & (ch_vi)a) | (~gt & (ch_vi)b));
+}
+
+/* y[0:n] = softmax(x[0:n]) (x == y allowed): the row maximum in CH_LANES
+ * lanes, y = e^(x - max) (a loop the compiler vectorizes), its sum in
+ * CH_LANES lanes, then y / sum. A NaN in the row never becomes the maximum;
+ * it comes back through e^(NaN - max). Every row goes through the same
+ * operations whatever the thread split. */
+static void tb_softmax_row(int64_t n, const float *x, float *y)
+{
+    const int64_t full = n / CH_LANES * CH_LANES;
+    ch_vf acc;
+    float mx, sum, tail;
+    int64_t j;
+    int l;
+    for (l = 0; l < CH_LANES; ++l)
+        acc[l] = -__builtin_inff();
+    for (j = 0; j < full; j += CH_LANES)
+        acc = ch_vmax(*(const ch_vf *)(x + j), acc);
+    mx = acc[0];
+    for (l = 1; l < CH_LANES; ++l)
+        mx = acc[l] > mx ? acc[l] : mx;
+    for (j = full; j < n; ++j)
+        mx = x[j] > mx ? x[j] : mx;
+    for (j = 0; j < n; ++j)
+        y[j] = ch_exp(x[j] - mx);
+    for (l = 0; l < CH_LANES; ++l)
+        acc[l] = 0.0f;
+    for (j = 0; j < full; j += CH_LANES)
+        acc += *(const ch_vf *)(y + j);
+    tail = 0.0f;
+    for (j = full; j < n; ++j)
+        tail += y[j];
+    sum = 0.0f;
+    for (l = 0; l < CH_LANES; ++l)
+        sum += acc[l];
+    sum += tail;
+    for (j = 0; j < n; ++j)
+        y[j] = y[j] / sum;
+}
+
 #endif /* TIRBYOC_CHAIN_F32_H */

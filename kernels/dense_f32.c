@@ -600,6 +600,53 @@ int32_t tirbyoc_unary_f32(int32_t op, int64_t n, const float *x, float *y)
     return TIRBYOC_OK;
 }
 
+/* ---- softmax over rows ---- */
+
+typedef struct {
+    int64_t rows, n, ldx, ldy;
+    const float *x;
+    float *y;
+} softmax_job_t;
+
+/* Elements per thread unit of the softmax (whole rows of at least this). */
+#define TB_SOFTMAX_UNIT 16384
+
+static void softmax_task(void *arg, int tid, int nt)
+{
+    const softmax_job_t *s = (const softmax_job_t *)arg;
+    const tb_softmax_fn row = tb_active_isa()->softmax;
+    const int64_t lo = s->rows * tid / nt, hi = s->rows * (tid + 1) / nt;
+    int64_t i;
+    for (i = lo; i < hi; ++i)
+        row(s->n, s->x + i * s->ldx, s->y + i * s->ldy);
+}
+
+int32_t tirbyoc_softmax_f32(int64_t rows, int64_t n, const float *x,
+                            int64_t ldx, float *y, int64_t ldy)
+{
+    softmax_job_t s;
+    int64_t want;
+    if (rows < 0 || n < 0)
+        return TIRBYOC_ESIZE;
+    if (ldx < n || ldy < n)
+        return TIRBYOC_ESTRIDE;
+    if (rows == 0 || n == 0)
+        return TIRBYOC_OK;
+    if (x == NULL || y == NULL)
+        return TIRBYOC_ENULL;
+    s.rows = rows;
+    s.n = n;
+    s.x = x;
+    s.ldx = ldx;
+    s.y = y;
+    s.ldy = ldy;
+    want = min_i64(tb_num_threads(), rows);
+    if ((double)rows * (double)n < (double)want * TB_SOFTMAX_UNIT)
+        want = (int64_t)((double)rows * (double)n / TB_SOFTMAX_UNIT);
+    tb_parallel(softmax_task, &s, want < 1 ? 1 : (int)want);
+    return TIRBYOC_OK;
+}
+
 /* ---- pre-packed weights (layout documented in tirbyoc_kernels.h) ---- */
 
 int64_t tirbyoc_packed_weight_size_f32(int64_t n, int64_t k)

@@ -118,6 +118,8 @@ typedef void (*tb_chain_fn)(const tb_chain *ch, float *c, int64_t ldc,
                             int64_t m, int64_t n, int64_t i0, int64_t j0);
 /* y[0:n] = op(x[0:n]) for one unary epilogue operation; x == y allowed. */
 typedef void (*tb_unary_fn)(int op, int64_t n, const float *x, float *y);
+/* y[0:n] = softmax(x[0:n]); x == y allowed. */
+typedef void (*tb_softmax_fn)(int64_t n, const float *x, float *y);
 
 typedef struct tb_isa {
     const char *name;
@@ -134,6 +136,7 @@ typedef struct tb_isa {
     int direct_rows;        /* rows of A packed at a time by nt_direct */
     tb_chain_fn chain;      /* the epilogue chain, compiled for this ISA */
     tb_unary_fn unary;
+    tb_softmax_fn softmax;
 } tb_isa;
 
 TB_INTERNAL extern const tb_isa tb_isa_generic;

@@ -199,6 +199,16 @@ int32_t tirbyoc_matmul_f32(int64_t batch, int64_t m, int64_t n, int64_t k, const
 int32_t tirbyoc_unary_f32(int32_t op, int64_t n, const float *x, float *y);
 
 /*
+ * Softmax over each row: y[i, j] = e^(x[i, j] - max_j x[i, :]) / sum_j of
+ * those, for i < rows, j < n; rows at x + i * ldx and y + i * ldy (ldx, ldy
+ * >= n). x == y is allowed (in place). A row holding NaN, or +inf, or only
+ * -inf gives NaN everywhere, as PyTorch and TVM's softmax do. The row sums
+ * are accumulated in vector lanes. Errors: TIRBYOC_ESIZE (a negative size),
+ * TIRBYOC_ESTRIDE, TIRBYOC_ENULL.
+ */
+int32_t tirbyoc_softmax_f32(int64_t rows, int64_t n, const float *x, int64_t ldx, float *y, int64_t ldy);
+
+/*
  * Settings (process-wide; every kernel reads them when it starts).
  *
  * Instruction set: "avx512" (AVX512F), "avx2" (AVX2 + FMA) or "generic"

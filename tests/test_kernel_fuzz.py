@@ -361,6 +361,12 @@ class Operands:
         return buf
 
     @functools.cached_property
+    def x(self):
+        """A softmax input [M, N] (its rows the output's), with its own row padding."""
+        c = self.case
+        return self._input("x", c.m, c.n, c.n + c.pads[0], c.offsets[0])
+
+    @functools.cached_property
     def residual(self):
         """A residual [M, N] input (matmul chains), with its own row padding."""
         c = self.case
@@ -504,6 +510,14 @@ def matmul_args(ops):
             *res, Arg("sr", 0)]
 
 
+def softmax_args(ops):
+    """tirbyoc_softmax_f32 over the case's M rows of N (K is not used)."""
+    c = ops.case
+    return [_size("rows", c.m), _size("n", c.n),
+            _matrix(ops, "x", ops.x, c.m * c.n > 0), _stride("ldx", ops.x, c.n),
+            _matrix(ops, "c", ops.c, c.m * c.n > 0), _stride("ldy", ops.c, c.n)]
+
+
 def make_invalid(args, rng):
     """One argument replaced by an invalid value: (new args, description)."""
     choices = [i for i, arg in enumerate(args)
@@ -624,6 +638,16 @@ def matmul_expected(ops, groups):
     return v, np.where(finite_in, tol, 0.0)
 
 
+def softmax_expected(ops, groups):
+    """float64 softmax per row; numpy's max propagates NaN, and a +inf or an all -inf
+    row gives NaN (inf - inf), as the kernel, PyTorch and TVM do."""
+    x = ops.x.view.astype(np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        e = np.exp(x - x.max(axis=1, keepdims=True)) if x.size else x
+        v = e / e.sum(axis=1, keepdims=True) if x.size else x
+    return v, np.where(np.isfinite(v), 1e-7, 0.0)
+
+
 def dense_expected(ops, groups):
     return _dense_expected(ops, groups.get("epi"))
 
@@ -665,6 +689,7 @@ FAMILIES = (
     Family(r"tirbyoc_pack_weight_f32_(?P<layout>nt|nn)", pack_args, pack_expected,
            output="packed_out"),
     Family(r"tirbyoc_matmul_f32", matmul_args, matmul_expected),
+    Family(r"tirbyoc_softmax_f32", softmax_args, softmax_expected),
 )
 # Exported functions that are not kernels, and where they are exercised.
 NOT_KERNELS = {
@@ -717,6 +742,9 @@ def algorithm(case):
     kind = case.symbol.rsplit("_", 1)[1]
     if "pack_weight" in case.symbol:
         return "pack"
+    if "softmax" in case.symbol:
+        return "empty" if case.m * case.n == 0 else \
+            "rows+threads" if case.m > 1 and case.m * case.n >= 32768 else "rows"
     if case.m == 0 or case.n == 0 or case.k == 0:
         return "empty_or_k0"  # nothing to sum: bias (or C) only
     acc = "_acc_" in case.symbol

@@ -192,3 +192,84 @@ def test_unary_special_values_follow_pytorch(isa, op):
     assert np.array_equal(np.isnan(ours), np.isnan(theirs))
     keep = ~np.isnan(theirs)
     np.testing.assert_allclose(ours[keep], theirs[keep], rtol=1e-6, atol=0)
+
+
+# ---- tirbyoc_softmax_f32 ----------------------------------------------------------
+
+def softmax_reference(x):
+    """float64 softmax over the last axis (NaN for a row with NaN, +inf or only -inf)."""
+    x = x.astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        e = np.exp(x - x.max(axis=-1, keepdims=True))
+        return e / e.sum(axis=-1, keepdims=True)
+
+
+def _assert_softmax_close(got, want):
+    assert np.array_equal(np.isnan(got), np.isnan(want))
+    ok = ~np.isnan(want)
+    # float32 exp within 2 ulp, a sum of n terms: 1e-6 relative plus a small absolute floor
+    assert np.all(np.abs(got[ok] - want[ok]) <= 1e-6 * np.abs(want[ok]) + 1e-8)
+
+
+@pytest.mark.parametrize("n", [1, 7, 15, 16, 17, 31, 33, 100, 381, 384, 1000])
+def test_softmax_matches_float64(isa, n):
+    """Row lengths on every vector width's edges, strided rows in and out, values over a
+    wide range (rows of +-80 and of 1e-3), and a masked (-inf) column."""
+    rng = np.random.default_rng(n)
+    rows = 37
+    x = np.empty((rows, n + 5), np.float32)[:, :n]
+    x[:] = rng.standard_normal((rows, n)) * rng.choice([1e-3, 1.0, 30.0], size=(rows, 1))
+    if n > 1:
+        x[::4, n // 2] = -np.inf
+    out = np.full((rows, n + 3), np.float32(7.0))
+    got = kernels.softmax(x, out[:, :n])
+    _assert_softmax_close(got, softmax_reference(x))
+    assert np.all(out[:, n:] == 7.0)  # the padding of y is untouched
+    again = x.copy()
+    kernels.softmax(again, again)  # in place: the same bits
+    assert np.array_equal(again, got)
+
+
+def test_softmax_special_rows_follow_pytorch(isa):
+    """NaN anywhere, +inf, or only -inf in a row: NaN across it; -inf entries of a row
+    that has finite ones: 0; huge finite values: no overflow."""
+    torch = pytest.importorskip("torch")
+    x = np.array([[1.0, np.nan, 2.0, 3.0],
+                  [1.0, np.inf, 2.0, 3.0],
+                  [-np.inf] * 4,
+                  [-np.inf, 0.0, -np.inf, 1.0],
+                  [3e38, -3e38, 3e38, 0.0],
+                  [-1e30, -1e30, -1e30, -1e30]], np.float32)
+    got = kernels.softmax(x)
+    want = torch.softmax(torch.from_numpy(x), dim=-1).numpy()
+    assert np.array_equal(np.isnan(got), np.isnan(want))
+    ok = ~np.isnan(want)
+    np.testing.assert_allclose(got[ok], want[ok], rtol=1e-6, atol=0)
+
+
+def test_softmax_results_do_not_depend_on_threads(isa):
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((12 * 129, 129)).astype(np.float32)
+    saved = kernels.num_threads()
+    try:
+        outs = []
+        for threads in (1, 2, 3):
+            kernels.set_num_threads(threads)
+            outs.append(kernels.softmax(x))
+    finally:
+        kernels.set_num_threads(saved)
+    assert all(np.array_equal(outs[0], o) for o in outs[1:])
+    _assert_softmax_close(outs[0], softmax_reference(x))
+
+
+def test_softmax_errors_name_the_problem():
+    ffi, lib = kernels.load()
+    call = lib.tirbyoc_softmax_f32
+    assert call(-1, 4, ffi.NULL, 4, ffi.NULL, 4) == kernels.TIRBYOC_ESIZE
+    assert call(2, 4, ffi.NULL, 3, ffi.NULL, 4) == kernels.TIRBYOC_ESTRIDE
+    assert call(2, 4, ffi.NULL, 4, ffi.NULL, 4) == kernels.TIRBYOC_ENULL
+    assert call(0, 4, ffi.NULL, 4, ffi.NULL, 4) == kernels.TIRBYOC_OK  # empty: fine
+    with pytest.raises(ValueError, match="float32"):
+        kernels.softmax(np.zeros((2, 3), np.float64))
+    with pytest.raises(ValueError, match="C-contiguous"):
+        kernels.softmax(np.zeros((2, 3, 4), np.float32)[:, :, ::2])

@@ -30,15 +30,16 @@ def _first(out):
 # block q @ k^T fuses its "/ sqrt(d_head)"), projection + residual, fc + GELU, out +
 # residual. The encoder layer scales q and k before the product, so both attention
 # matmuls are plain; with a static sequence of 16 (= d_head) they share one PrimFunc.
+# The attention softmax is the softmax kernel (R.nn.softmax over the last axis).
 LINEARS = {"gpt2_block": ["dense_bias", "dense_bias_gelu_tanh", "dense_bias_residual",
                           "dense_bias_residual"],
            "encoder_layer": ["dense_bias", "dense_bias_gelu_erf", "dense_bias_residual",
                              "dense_bias_residual"]}
 MODELS = {
-    ("gpt2_block", False): ["batch_matmul", "batch_matmul_divide"],
-    ("gpt2_block", True): ["batch_matmul", "batch_matmul_divide"],
-    ("encoder_layer", False): ["batch_matmul"],
-    ("encoder_layer", True): ["batch_matmul", "batch_matmul"],
+    ("gpt2_block", False): ["batch_matmul", "batch_matmul_divide", "softmax"],
+    ("gpt2_block", True): ["batch_matmul", "batch_matmul_divide", "softmax"],
+    ("encoder_layer", False): ["batch_matmul", "softmax"],
+    ("encoder_layer", True): ["batch_matmul", "batch_matmul", "softmax"],
 }
 BUILD = {"gpt2_block": lambda: examples.gpt2_block_torch(D, HEADS),
          "encoder_layer": lambda: examples.encoder_layer_torch(D, HEADS, FF)}
@@ -91,8 +92,9 @@ def test_explain_says_how_every_primfunc_runs(name):
     assert report.schedules
     how = report.schedules.values()
     assert all(h.startswith(("kernel ", "schedule: ")) for h in how), report.schedules
-    # the attention and Linear layers are kernels; softmax and layer norm tirbyoc's
+    # the attention, its softmax and the Linear layers are kernels; layer norm tirbyoc's
     # row-reduction rule
     assert sum(h.startswith("kernel ") for h in how) == len(report.offloaded)
+    assert report.schedules["tirbyoc_softmax_rank4"] == "kernel tirbyoc_softmax_f32"
     assert report.schedules["layer_norm"] == "schedule: tirbyoc RowReduction"
     assert "how each PrimFunc runs:" in str(report)

@@ -225,6 +225,11 @@ def dtype_of(expr) -> str:
     return str(expr.ty.dtype)
 
 
+def prim_func_of(params, body):
+    """A new PrimFunc of buffer ``params`` (from ``decl_buffer``) and ``body``."""
+    return tirx.PrimFunc(list(params), body)
+
+
 def make_prim_func(func, params, body):
     """``func`` with new params and body, keeping its attributes."""
     return tirx.PrimFunc(params, body, func.ret_type, func.attrs, func.span)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import _tvm as T
-from . import fallback, relax_prep, weights
+from . import fallback, relax_prep, softmax, weights
 from .matcher import Region
 from .normalize import INTRINSIC_ATTR, normalize
 from .schedule_rule import ScheduleRule, registry
@@ -45,7 +45,9 @@ def _attach_kernels(mod):
 
 def _transform(mod, fuse, intrinsics, passes=None):
     """Shared by ``apply_tir_byoc`` and ``explain``: (new module, report rows)."""
-    mod, scope = relax_prep.prepare(mod, fuse)
+    # NOTE: the softmax kernel comes with the default intrinsics only; a caller that
+    # names its intrinsics gets those and nothing else.
+    mod, scope = relax_prep.prepare(mod, fuse, softmax=intrinsics is None)
     srcs = weights.sources(mod)
     out = mod.clone()
     rows, rerouted = [], {}
@@ -139,7 +141,10 @@ def _show(expr) -> str:
 def _already_offloaded_rows(func_name, func):
     normal = normalize(func)
     return [ExplainRow(func_name, n.name, True, str(n.block.annotations[INTRINSIC_ATTR]),
-                       n.offloaded_kernel, n.name, "offloaded earlier")
+                       n.offloaded_kernel, n.name,
+                       "R.nn.softmax over the last axis"
+                       if str(n.block.annotations[INTRINSIC_ATTR]) == softmax.INTRINSIC
+                       else "offloaded earlier")
             for n in normal.nests if n.offloaded_kernel is not None]
 
 

@@ -408,3 +408,31 @@ def unary(op, x, out=None):
     _check("tirbyoc_unary_f32", lib.tirbyoc_unary_f32(
         code, x.size, ffi.cast("float *", x.ctypes.data), ffi.cast("float *", out.ctypes.data)))
     return out
+
+
+def softmax(x, out=None):
+    """Softmax over the last axis of ``x`` via ``tirbyoc_softmax_f32``: float32, 2-D with
+    contiguous rows (a row stride larger than the rows is fine) or any shape C-contiguous;
+    ``out`` likewise, may be ``x``."""
+    if not isinstance(x, np.ndarray) or x.dtype != np.float32 or x.ndim < 1:
+        raise ValueError("x must be a float32 array with at least one dimension")
+    if out is None:
+        out = np.empty(x.shape, np.float32)
+    if not isinstance(out, np.ndarray) or out.shape != x.shape or out.dtype != np.float32:
+        raise ValueError("out must be a float32 array of x's shape")
+    n = x.shape[-1]
+
+    def rows(arr, name):
+        if arr.ndim == 2:
+            return arr
+        if not arr.flags.c_contiguous:
+            raise ValueError(f"{name} must be 2-D or C-contiguous")
+        return arr.reshape(-1, n)
+
+    xr, yr = rows(x, "x"), rows(out, "out")
+    ldx, ldy = _row_stride(xr, "x"), _row_stride(yr, "out")
+    ffi, lib = load()
+    _check("tirbyoc_softmax_f32", lib.tirbyoc_softmax_f32(
+        xr.shape[0], n, ffi.cast("float *", xr.ctypes.data), ldx,
+        ffi.cast("float *", yr.ctypes.data), ldy))
+    return out

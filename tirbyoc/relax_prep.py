@@ -72,7 +72,7 @@ def is_legalized(mod) -> bool:
     return T.structural_equal(R.transform.LegalizeOps()(mod), mod)
 
 
-def prepare(mod, fuse="auto"):
+def prepare(mod, fuse="auto", softmax=True):
     """Legalize and fuse a Relax module like the default CPU pipeline: ``(module, Scope)``.
 
     Functions with a ``Codegen`` attribute (another codegen's) come back as they were.
@@ -82,6 +82,9 @@ def prepare(mod, fuse="auto"):
     module. ``False``: only legalize. A module the graph level partitioned is not fused
     further; its composites (tirbyoc's and other codegens' alike) become PrimFuncs by
     ``FuseTIR`` as TVM would make them.
+
+    ``softmax``: before legalization, float32 ``R.nn.softmax`` over the last axis becomes
+    a kernel call (``tirbyoc.softmax``); not in a module the graph level partitioned.
     """
     if not has_relax_functions(mod):
         return mod, Scope()
@@ -96,6 +99,10 @@ def prepare(mod, fuse="auto"):
         fuse = False  # the graph level already chose what goes together
     if not legalized and not scope.chosen:
         mod = sink_reshapes(mod)
+        if softmax:
+            from .softmax import offload_softmax
+
+            mod = offload_softmax(mod)
     if fuse:
         mod = T.Sequential(T.relax_default_prepare_passes())(mod)
     elif not legalized:

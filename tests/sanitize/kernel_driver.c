@@ -833,6 +833,59 @@ static void matmul_chain_case(uint64_t *rng, int64_t batch, int64_t m, int64_t n
     buf_free(&ba); buf_free(&bb); buf_free(&bc); buf_free(&bbias); buf_free(&bres);
 }
 
+/* tirbyoc_softmax_f32: row lengths on every vector width's edges, strided rows,
+ * in place, a masked (-inf) column, threads as set by the caller. */
+static void softmax_rows(uint64_t *rng)
+{
+    static const int64_t shapes[][2] = {
+        {1, 1}, {3, 7}, {5, 15}, {4, 16}, {6, 17}, {9, 33}, {40, 100}, {700, 129},
+    };
+    size_t si;
+    for (si = 0; si < sizeof(shapes) / sizeof(shapes[0]); ++si) {
+        const int64_t rows = shapes[si][0], n = shapes[si][1];
+        const int64_t ldx = n + rng_int(rng, 0, 3), ldy = n + rng_int(rng, 0, 3);
+        buf_t bx, by;
+        float *x = buf_alloc(&bx, span(rows, n, ldx), 1);
+        float *y = buf_alloc(&by, span(rows, n, ldy), 3);
+        double worst = 0;
+        int64_t i, j;
+        size_t t;
+        for (t = 0; t < bx.n; ++t)
+            x[t] = rng_float(rng) * 8;
+        for (i = 0; i < rows; i += 3)
+            if (n > 1)
+                x[i * ldx + n / 2] = -INFINITY;
+        check(tirbyoc_softmax_f32(rows, n, x, ldx, y, ldy) == TIRBYOC_OK, "status",
+              "tirbyoc_softmax_f32", rows, n, 0, NULL);
+        for (i = 0; i < rows; ++i) {
+            double mx = -INFINITY, sum = 0;
+            for (j = 0; j < n; ++j)
+                mx = x[i * ldx + j] > mx ? x[i * ldx + j] : mx;
+            for (j = 0; j < n; ++j)
+                sum += exp(x[i * ldx + j] - mx);
+            for (j = 0; j < n; ++j) {
+                const double want = exp(x[i * ldx + j] - mx) / sum;
+                const double err = fabs(y[i * ldy + j] - want);
+                if (err > 1e-5 * want + 1e-7 && err > worst)
+                    worst = err;
+            }
+        }
+        check(worst == 0, "softmax result", "tirbyoc_softmax_f32", rows, n, 0, NULL);
+        if (ldx == n && ldy == n) {
+            check(tirbyoc_softmax_f32(rows, n, x, n, x, n) == TIRBYOC_OK, "in place",
+                  "tirbyoc_softmax_f32", rows, n, 0, NULL);
+            check(memcmp(x, y, sizeof(float) * (size_t)(rows * n)) == 0, "in place result",
+                  "tirbyoc_softmax_f32", rows, n, 0, NULL);
+        }
+        buf_free(&bx);
+        buf_free(&by);
+    }
+    check(tirbyoc_softmax_f32(2, 4, NULL, 4, NULL, 4) == TIRBYOC_ENULL, "NULL refused",
+          "tirbyoc_softmax_f32", 2, 4, 0, NULL);
+    check(tirbyoc_softmax_f32(2, 4, NULL, 3, NULL, 4) == TIRBYOC_ESTRIDE, "stride refused",
+          "tirbyoc_softmax_f32", 2, 4, 0, NULL);
+}
+
 static void matmul_chains(uint64_t *rng, int threaded)
 {
     /* every operation once, in chains of up to 4; sizes on tile edges */
@@ -859,6 +912,7 @@ static void matmul_chains(uint64_t *rng, int threaded)
             matmul_chain_case(rng, shapes[si][0], shapes[si][1], shapes[si][2], shapes[si][3],
                               (int)((ci + si) % 2), ops, (int)(si % 2));
         }
+    softmax_rows(rng);
     if (threaded)
         return;
     {   /* tirbyoc_unary_f32: tails of every vector width, in place too */

@@ -1,0 +1,85 @@
+"""Softmax over the last axis as one kernel call (``tirbyoc_softmax_f32``).
+
+``R.nn.softmax(x, axis=-1)`` on float32 (the attention scores of every transformer) is
+replaced, before legalization, by a ``call_tir`` of a PrimFunc whose only block calls
+the kernel: the rows' maxima and sums in vector lanes, ``exp`` vectorized, rows over
+the kernel library's threads, for any sequence length (a symbolic one included, where
+TVM's own schedule has to keep the row sums scalar). The semantics are the operator's
+own, so nothing is matched from loops: softmax over another axis, or another dtype,
+stays with TVM. Ops around the softmax (a mask before it, a fix-up after it) are fused
+and scheduled as usual.
+
+The PrimFunc's block carries the same annotation as the kernel blocks of matched
+regions, so ``offloaded_kernels``, ``explain`` and the fallback rules treat it alike.
+"""
+
+from __future__ import annotations
+
+from . import _tvm as T
+from .normalize import INTRINSIC_ATTR, OFFLOADED_ATTR
+
+R = T.relax_ns
+SYMBOL = "tirbyoc_softmax_f32"
+INTRINSIC = "softmax"
+
+
+def _kernel_func(rank: int):
+    """PrimFunc ``(X, Y)`` for a rank-``rank`` float32 tensor of any (symbolic) shape:
+    ``Y = softmax(X, axis=-1)`` through the kernel."""
+    from .rewrite import status_checks
+
+    dims = [T.Var(f"d{i}", "int64") for i in range(rank)]
+    x = T.decl_buffer(dims, "float32", "x")
+    y = T.decl_buffer(dims, "float32", "y")
+    rows = T.const(1, "int64")
+    for d in dims[:-1]:
+        rows = rows * d
+    n = dims[-1]
+    call = T.call_extern("int32", SYMBOL, [rows, n, T.buffer_pointer(x, "r"), n,
+                                            T.buffer_pointer(y, "w"), n])
+    block = T.make_block("tirbyoc_softmax", status_checks(SYMBOL, call),
+                         reads=[T.full_region(x)], writes=[T.full_region(y)],
+                         annotations={OFFLOADED_ATTR: SYMBOL, INTRINSIC_ATTR: INTRINSIC})
+    root = T.make_block("root", T.make_realize(block), reads=[], writes=[], annotations={})
+    func = T.prim_func_of([x, y], T.make_realize(root))
+    return func.with_attr("tirx.noalias", True)
+
+
+def _softmax_rank(call) -> int | None:
+    """The rank of a float32 softmax over the last axis, else None."""
+    ty = getattr(call.args[0], "ty", None)
+    if not isinstance(ty, R.TensorType) or ty.dtype != "float32" or ty.ndim < 1:
+        return None
+    axis = int(call.attrs.axis)
+    return ty.ndim if axis in (-1, ty.ndim - 1) else None
+
+
+def offload_softmax(mod):
+    """``mod`` with every float32 ``R.nn.softmax`` over the last axis a kernel call (a
+    new module; one PrimFunc per rank, shared by every call of that rank)."""
+    dpl = T.dpl()
+    pattern = dpl.is_op("relax.nn.softmax")(dpl.wildcard())
+    builder = R.BlockBuilder(mod)
+    gvars = {}
+
+    def rewriter(expr, _matches):
+        # NOTE: rewrite_call also hands over the variables bound to matches it left
+        rank = _softmax_rank(expr) if isinstance(expr, R.Call) else None
+        if rank is None:
+            return expr
+        if rank not in gvars:  # a typed GlobalVar, as call_tir needs
+            gvars[rank] = builder.add_func(_kernel_func(rank), f"tirbyoc_softmax_rank{rank}")
+        return R.call_tir(gvars[rank], [expr.args[0]], expr.args[0].ty)
+
+    rewritten = {}
+    for gv, func in mod.functions_items():
+        if isinstance(func, R.Function) and not (func.attrs and "Codegen" in func.attrs):
+            new = dpl.rewrite_call(pattern, rewriter, func)
+            if not new.same_as(func):
+                rewritten[gv] = new
+    if not rewritten:
+        return mod
+    out = builder.get()
+    for gv, func in rewritten.items():
+        out.update_func(gv, func)
+    return out
