@@ -545,10 +545,13 @@ int32_t tirbyoc_matmul_f32(int64_t batch, int64_t m, int64_t n, int64_t k,
     bj.rest.residual = residual;
     bj.rest.ldr = ldr;
 
-    /* Batches that are each too small to split go to threads whole. */
+    /* Batches go to threads whole when each is too small to split, or when
+     * they spread evenly enough (attention's heads): one launch instead of one
+     * per batch, and each thread on data of its own. */
     want = tb_num_threads();
     if (batch > 1 && want > 1 &&
-        2.0 * (double)m * (double)n * (double)k < TB_PAR_FLOPS) {
+        (2.0 * (double)m * (double)n * (double)k < TB_PAR_FLOPS ||
+         batch % want == 0 || batch >= 4 * (int64_t)want)) {
         if (want > batch)
             want = (int)batch;
         tb_parallel(batch_task, &bj, want);

@@ -186,8 +186,9 @@ int32_t tirbyoc_dense_acc_f32_nn(int64_t m, int64_t n, int64_t k, const float *a
  * residual the chain uses), TIRBYOC_EEPILOGUE (an invalid chain).
  * A leading bias and a relu / relu6 after it are applied in registers by the
  * micro-kernels; the rest of the chain to each thread's block of C as soon
- * as it is computed, while it is in cache. Small batches are spread over
- * threads whole.
+ * as it is computed, while it is in cache. Batches are spread over threads
+ * whole when each is small, or when there are enough of them to spread
+ * evenly (a multiple of the thread count, or four per thread).
  */
 int32_t tirbyoc_matmul_f32(int64_t batch, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, int64_t stride_a, const float *b, int64_t ldb, int64_t stride_b, int32_t b_layout, float *c, int64_t ldc, int64_t stride_c, int64_t epilogue, float scale, const float *bias, const float *residual, int64_t ldr, int64_t stride_r);
 

@@ -129,6 +129,28 @@ def test_chain_on_row_groups_across_k_and_column_blocks(isa, layout):
     assert all(np.array_equal(outs[0], o) for o in outs[1:])
 
 
+@pytest.mark.parametrize("batch", [4, 6, 7])
+def test_large_batches_on_threads_whole_or_split_give_the_same_bits(isa, batch):
+    """Batches above the split threshold (8 MFLOP each) go to threads whole when they
+    spread evenly (4 and 6 on 2 threads, 6 on 3) and are split otherwise (7 on 2 or
+    3, 4 on 3): the same bits as one thread, and right."""
+    rng = np.random.default_rng(batch)
+    a = rng.standard_normal((batch, 256, 64)).astype(np.float32)
+    b = rng.standard_normal((batch, 256, 64)).astype(np.float32)
+    saved = kernels.num_threads()
+    try:
+        outs = []
+        for threads in (1, 2, 3):
+            kernels.set_num_threads(threads)
+            outs.append(kernels.matmul(a, b, b_layout="nt", epilogue=("divide", "tanh"),
+                                       scale=8.0))
+    finally:
+        kernels.set_num_threads(saved)
+    assert all(np.array_equal(outs[0], o) for o in outs[1:])
+    want, tol = reference(a, b, "nt", ("divide", "tanh"), 8.0, None, None)
+    assert np.all(np.abs(outs[0] - want) <= tol)
+
+
 def test_matmul_errors_name_the_problem():
     ffi, lib = kernels.load()
     a = np.ones((4, 4), np.float32)
