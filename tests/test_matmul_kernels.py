@@ -85,20 +85,32 @@ def test_matmul_strided_operands_and_packed_weight(isa):
     assert np.all(np.abs(got - want) <= tol)
 
 
-def test_matmul_results_do_not_depend_on_threads(isa):
-    rng = np.random.default_rng(4)
-    a = rng.standard_normal((12, 128, 64)).astype(np.float32)
-    b = rng.standard_normal((12, 128, 64)).astype(np.float32)
+def on_each_thread_count(fn, counts=(1, 2, 3)):
+    """[fn() with the kernels on each thread count]; the setting is restored."""
     saved = kernels.num_threads()
     try:
         outs = []
-        for threads in (1, 2, 3):
+        for threads in counts:
             kernels.set_num_threads(threads)
-            outs.append(kernels.matmul(a, b, b_layout="nt", epilogue=("divide", "tanh"),
-                                       scale=8.0))
+            outs.append(fn())
     finally:
         kernels.set_num_threads(saved)
+    return outs
+
+
+@pytest.mark.parametrize("batch,m", [(12, 128), (4, 256), (6, 256), (7, 256)])
+def test_matmul_results_do_not_depend_on_threads(isa, batch, m):
+    """Small batches (2 MFLOP each) go to threads whole; batches above the split
+    threshold (8 MFLOP) too when they spread evenly (4 and 6 on 2 threads, 6 on 3), and
+    are split otherwise (7 on 2 or 3, 4 on 3): the same bits as one thread, and right."""
+    rng = np.random.default_rng(batch)
+    a = rng.standard_normal((batch, m, 64)).astype(np.float32)
+    b = rng.standard_normal((batch, m, 64)).astype(np.float32)
+    outs = on_each_thread_count(lambda: kernels.matmul(
+        a, b, b_layout="nt", epilogue=("divide", "tanh"), scale=8.0))
     assert all(np.array_equal(outs[0], o) for o in outs[1:])
+    want, tol = reference(a, b, "nt", ("divide", "tanh"), 8.0, None, None)
+    assert np.all(np.abs(outs[0] - want) <= tol)
 
 
 @pytest.mark.parametrize("layout", ["nn", "nt", "packed"])
@@ -115,40 +127,11 @@ def test_chain_on_row_groups_across_k_and_column_blocks(isa, layout):
     bias = rng.standard_normal(n).astype(np.float32)
     res = rng.standard_normal((m, n)).astype(np.float32)
     chain = ("bias", "gelu_tanh", "residual", "scale")
-    saved = kernels.num_threads()
-    try:
-        outs = []
-        for threads in (1, 2, 3):
-            kernels.set_num_threads(threads)
-            outs.append(kernels.matmul(a, b, b_layout=layout, epilogue=chain, scale=0.5,
-                                       bias=bias, residual=res, n=n))
-    finally:
-        kernels.set_num_threads(saved)
+    outs = on_each_thread_count(lambda: kernels.matmul(
+        a, b, b_layout=layout, epilogue=chain, scale=0.5, bias=bias, residual=res, n=n))
     want, tol = reference(a, w, "nn" if layout == "nn" else "nt", chain, 0.5, bias, res)
     assert np.all(np.abs(outs[0] - want) <= tol)
     assert all(np.array_equal(outs[0], o) for o in outs[1:])
-
-
-@pytest.mark.parametrize("batch", [4, 6, 7])
-def test_large_batches_on_threads_whole_or_split_give_the_same_bits(isa, batch):
-    """Batches above the split threshold (8 MFLOP each) go to threads whole when they
-    spread evenly (4 and 6 on 2 threads, 6 on 3) and are split otherwise (7 on 2 or
-    3, 4 on 3): the same bits as one thread, and right."""
-    rng = np.random.default_rng(batch)
-    a = rng.standard_normal((batch, 256, 64)).astype(np.float32)
-    b = rng.standard_normal((batch, 256, 64)).astype(np.float32)
-    saved = kernels.num_threads()
-    try:
-        outs = []
-        for threads in (1, 2, 3):
-            kernels.set_num_threads(threads)
-            outs.append(kernels.matmul(a, b, b_layout="nt", epilogue=("divide", "tanh"),
-                                       scale=8.0))
-    finally:
-        kernels.set_num_threads(saved)
-    assert all(np.array_equal(outs[0], o) for o in outs[1:])
-    want, tol = reference(a, b, "nt", ("divide", "tanh"), 8.0, None, None)
-    assert np.all(np.abs(outs[0] - want) <= tol)
 
 
 def test_matmul_errors_name_the_problem():
@@ -272,14 +255,7 @@ def test_softmax_special_rows_follow_pytorch(isa):
 def test_softmax_results_do_not_depend_on_threads(isa):
     rng = np.random.default_rng(6)
     x = rng.standard_normal((12 * 129, 129)).astype(np.float32)
-    saved = kernels.num_threads()
-    try:
-        outs = []
-        for threads in (1, 2, 3):
-            kernels.set_num_threads(threads)
-            outs.append(kernels.softmax(x))
-    finally:
-        kernels.set_num_threads(saved)
+    outs = on_each_thread_count(lambda: kernels.softmax(x))
     assert all(np.array_equal(outs[0], o) for o in outs[1:])
     _assert_softmax_close(outs[0], softmax_reference(x))
 
