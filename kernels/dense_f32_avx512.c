@@ -282,6 +282,41 @@ ALWAYS_INLINE void dots(const int MM, const int JB, int64_t k,
         }
 }
 
+/* nt, one row of A: the rows of W one after another, each a dot product
+ * with four accumulators, so that W streams as one sequential read (what
+ * the hardware prefetcher follows best) instead of JB rows at once. */
+static void dots_stream(int64_t n, int64_t k, const float *restrict a,
+                        const float *restrict w, int64_t ldw,
+                        const float *restrict bias, float *restrict c, int epi)
+{
+    int64_t j, p;
+    for (j = 0; j < n; ++j) {
+        const float *restrict wr = w + j * ldw;
+        __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+        __m512 s2 = _mm512_setzero_ps(), s3 = _mm512_setzero_ps();
+        float v;
+        for (p = 0; p + 64 <= k; p += 64) {
+            s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + p), _mm512_loadu_ps(wr + p), s0);
+            s1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + p + 16),
+                                 _mm512_loadu_ps(wr + p + 16), s1);
+            s2 = _mm512_fmadd_ps(_mm512_loadu_ps(a + p + 32),
+                                 _mm512_loadu_ps(wr + p + 32), s2);
+            s3 = _mm512_fmadd_ps(_mm512_loadu_ps(a + p + 48),
+                                 _mm512_loadu_ps(wr + p + 48), s3);
+        }
+        for (; p < k; p += 16) {
+            const __mmask16 mk = mask_n(k - p);
+            s0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mk, a + p),
+                                 _mm512_maskz_loadu_ps(mk, wr + p), s0);
+        }
+        v = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1),
+                                               _mm512_add_ps(s2, s3)));
+        if (bias != NULL)
+            v += bias[j];
+        c[j] = tb_epi_scalar(v, epi);
+    }
+}
+
 #define DOTS_FN(MM, JB)                                                       \
     static void dots_##MM##_##JB(int64_t k, const float *a, int64_t lda,      \
                                  const float *w, int64_t ldw,                 \
@@ -431,7 +466,9 @@ static void small_cols(tb_wlayout layout, int64_t m, int64_t n, int64_t k,
         const int mm = (int)min_i64(4, m - i0);
         const float *ai = a + i0 * lda;
         float *ci = c + i0 * ldc;
-        if (layout == TB_W_NT) {
+        if (layout == TB_W_NT && mm == 1) {
+            dots_stream(n, k, ai, w, ldw, bias, ci, epi);
+        } else if (layout == TB_W_NT) {
             const int jb = mm <= 2 ? 8 : 4;
             for (j = 0; j + jb <= n; j += jb)
                 dots_wide[mm](k, ai, lda, w + j * ldw, ldw,
