@@ -257,13 +257,21 @@ static int run_part_product(const job_t *job, int64_t i0, int64_t i1,
                    job->ldc, chain, i0, j0);
 }
 
+/* Thread tid's share [*lo, *hi) of total items split over nt threads in
+ * whole units of `unit` items (the last unit may be partial). */
+static void share(int64_t total, int64_t unit, int tid, int nt, int64_t *lo,
+                  int64_t *hi)
+{
+    const int64_t units = cdiv(total, unit);
+    *lo = min_i64(total, units * tid / nt * unit);
+    *hi = min_i64(total, units * (tid + 1) / nt * unit);
+}
+
 static void task(void *arg, int tid, int nt)
 {
     const job_t *job = (const job_t *)arg;
-    const int64_t total = job->split_n ? job->n : job->m;
-    const int64_t units = cdiv(total, job->unit);
-    const int64_t lo = min_i64(total, units * tid / nt * job->unit);
-    const int64_t hi = min_i64(total, units * (tid + 1) / nt * job->unit);
+    int64_t lo, hi;
+    share(job->split_n ? job->n : job->m, job->unit, tid, nt, &lo, &hi);
     if (job->split_n)
         run_part(job, 0, job->m, lo, hi);
     else
@@ -472,8 +480,8 @@ static void run_batch(const batch_job_t *bj, int64_t q, int max_threads)
 static void batch_task(void *arg, int tid, int nt)
 {
     const batch_job_t *bj = (const batch_job_t *)arg;
-    const int64_t lo = bj->batch * tid / nt, hi = bj->batch * (tid + 1) / nt;
-    int64_t q;
+    int64_t lo, hi, q;
+    share(bj->batch, 1, tid, nt, &lo, &hi);
     for (q = lo; q < hi; ++q)
         run_batch(bj, q, 1);
 }
@@ -577,9 +585,8 @@ typedef struct {
 static void unary_task(void *arg, int tid, int nt)
 {
     const unary_job_t *u = (const unary_job_t *)arg;
-    const int64_t units = cdiv(u->n, TB_UNARY_UNIT);
-    const int64_t lo = min_i64(u->n, units * tid / nt * TB_UNARY_UNIT);
-    const int64_t hi = min_i64(u->n, units * (tid + 1) / nt * TB_UNARY_UNIT);
+    int64_t lo, hi;
+    share(u->n, TB_UNARY_UNIT, tid, nt, &lo, &hi);
     if (hi > lo)
         tb_active_isa()->unary(u->op, hi - lo, u->x + lo, u->y + lo);
 }
@@ -618,8 +625,8 @@ static void softmax_task(void *arg, int tid, int nt)
 {
     const softmax_job_t *s = (const softmax_job_t *)arg;
     const tb_softmax_fn row = tb_active_isa()->softmax;
-    const int64_t lo = s->rows * tid / nt, hi = s->rows * (tid + 1) / nt;
-    int64_t i;
+    int64_t lo, hi, i;
+    share(s->rows, 1, tid, nt, &lo, &hi);
     for (i = lo; i < hi; ++i)
         row(s->n, s->x + i * s->ldx, s->y + i * s->ldy);
 }

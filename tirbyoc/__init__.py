@@ -7,9 +7,9 @@
 
 Threads: TVM's runtime runs parallel loops on half of the logical CPUs by default (it
 assumes two hardware threads per core), the kernel library on all of them. On import,
-tirbyoc sets ``TVM_NUM_THREADS`` to the kernel library's count (``TIRBYOC_NUM_THREADS``,
-else the CPUs this process may use) unless ``TVM_NUM_THREADS`` or ``OMP_NUM_THREADS`` is
-set already, so that the code TVM compiles around the kernels uses as many threads as
+tirbyoc sets ``TVM_NUM_THREADS`` to the kernel library's count (``kernels.num_threads``:
+``TIRBYOC_NUM_THREADS``, else the CPUs this process may use) unless ``TVM_NUM_THREADS``
+or ``OMP_NUM_THREADS`` is set already, so that the code TVM compiles around the kernels uses as many threads as
 the kernels do.
 """
 
@@ -19,12 +19,14 @@ import os as _os
 def _default_tvm_threads():
     if "TVM_NUM_THREADS" in _os.environ or "OMP_NUM_THREADS" in _os.environ:
         return
-    count = _os.environ.get("TIRBYOC_NUM_THREADS", "")
-    if not (count.isdigit() and int(count) >= 1):
-        count = str(len(_os.sched_getaffinity(0)) if hasattr(_os, "sched_getaffinity")
-                    else (_os.cpu_count() or 1))
+    from . import kernels
+
+    try:
+        count = kernels.num_threads()
+    except kernels.KernelLibraryError:  # not built: nothing to match TVM's count to
+        return
     # NOTE: read by TVM when a thread first runs a parallel loop (its pool is per thread).
-    _os.environ["TVM_NUM_THREADS"] = count
+    _os.environ["TVM_NUM_THREADS"] = str(count)
 
 
 _default_tvm_threads()
