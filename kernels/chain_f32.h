@@ -1,14 +1,19 @@
 /*
- * chain_f32.h - the elementwise epilogue chain (tirbyoc_epilogue_op) over a
- * block of finished outputs, and the float32 math it needs.
+ * chain_f32.h - the elementwise epilogue chain (tirbyoc_epilogue_op) on
+ * vector registers, the float32 math it needs, and the row routines built on
+ * it (unary operations, softmax).
  *
  * Included once by each per-instruction-set file (dense_f32_generic.c,
  * dense_f32_avx2.c, dense_f32_avx512.c) after its target pragma, so the same
- * source is compiled for each instruction set: every function here is
- * branch-free (selects, not branches) so that the compiler vectorizes the
- * row loops of tb_chain_block with that file's vector width. The driver
- * (dense_f32.c) applies the chain to each thread's part of C right after the
- * part is computed, while it is still in cache.
+ * source is compiled for each instruction set with that file's vector width:
+ * ch_vf is one vector register of floats (GCC vector extension). Every
+ * function is branch-free over the lanes (selects, not branches), and each
+ * lane goes through the same operations whatever the width, so results do
+ * not depend on which path (micro-kernel, few-rows routine, row routine) or
+ * which lane an output takes.
+ *
+ * The micro-kernels hand each finished register tile to tb_chain_tile
+ * before storing it: C is written once, with the chain applied.
  *
  * Accuracy (float32, against a float64 reference, measured over the float
  * range): tanh, sigmoid and silu within 5e-7 relative; both GELUs within
@@ -26,76 +31,127 @@
 
 #define CH_INLINE static inline __attribute__((always_inline))
 
-CH_INLINE float ch_from_bits(int32_t i)
+/* The including file's vector width (its target pragma defines __AVX512F__
+ * or __AVX__; baseline x86-64 has 16-byte SSE registers). */
+#if defined(__AVX512F__)
+#define CH_VBYTES 64
+#elif defined(__AVX__)
+#define CH_VBYTES 32
+#else
+#define CH_VBYTES 16
+#endif
+#define CH_LANES (CH_VBYTES / 4)
+/* Naturally aligned (memory is read and written through ch_loadu /
+ * ch_storeu, never through a ch_vf pointer). */
+typedef float ch_vf __attribute__((vector_size(CH_VBYTES)));
+typedef int32_t ch_vi __attribute__((vector_size(CH_VBYTES)));
+
+CH_INLINE ch_vf ch_splat(float x)
 {
-    union { int32_t i; float f; } u;
-    u.i = i;
-    return u.f;
+    ch_vf v;
+    int l;
+    for (l = 0; l < CH_LANES; ++l)
+        v[l] = x;
+    return v;
 }
 
-CH_INLINE int32_t ch_bits(float f)
+CH_INLINE ch_vf ch_loadu(const float *p)
 {
-    union { int32_t i; float f; } u;
-    u.f = f;
-    return u.i;
+    ch_vf v;
+    __builtin_memcpy(&v, p, sizeof(v));
+    return v;
 }
 
-CH_INLINE float ch_abs(float x) { return ch_from_bits(ch_bits(x) & 0x7FFFFFFF); }
+CH_INLINE void ch_storeu(float *p, ch_vf v) { __builtin_memcpy(p, &v, sizeof(v)); }
 
-CH_INLINE float ch_copysign(float mag, float sgn)
+/* Lanes l < lanes of p[l * stride] (stride 0: p[0] in every lane); the other
+ * lanes are 0 and no memory past the last real lane is read. */
+CH_INLINE ch_vf ch_gather(const float *p, int64_t stride, int lanes)
 {
-    return ch_from_bits((ch_bits(mag) & 0x7FFFFFFF) | (ch_bits(sgn) & (int32_t)0x80000000));
+    ch_vf v = ch_splat(0.0f);
+    int l;
+    if (stride == 1 && lanes >= CH_LANES)
+        return ch_loadu(p);
+    if (stride == 0)
+        return ch_splat(p[0]);
+    for (l = 0; l < lanes && l < CH_LANES; ++l)
+        v[l] = p[l * stride];
+    return v;
+}
+
+/* Lanewise m ? a : b (m: all ones or all zeros per lane). */
+CH_INLINE ch_vf ch_sel(ch_vi m, ch_vf a, ch_vf b)
+{
+    return (ch_vf)((m & (ch_vi)a) | (~m & (ch_vi)b));
+}
+
+/* Lanewise a > b ? a : b (NaN never wins a compare). */
+CH_INLINE ch_vf ch_vmax(ch_vf a, ch_vf b) { return ch_sel(a > b, a, b); }
+
+CH_INLINE ch_vf ch_abs(ch_vf x) { return (ch_vf)((ch_vi)x & 0x7FFFFFFF); }
+
+CH_INLINE ch_vf ch_copysign(ch_vf mag, ch_vf sgn)
+{
+    return (ch_vf)(((ch_vi)mag & 0x7FFFFFFF) | ((ch_vi)sgn & (int32_t)0x80000000));
 }
 
 /* e^x: x = n ln2 + r with |r| <= ln2 / 2 (Cody-Waite split of ln2), e^r by its
  * degree-6 Taylor polynomial (error below 2e-8 relative), times 2^n applied in
  * two halves so that results near the overflow and denormal ends stay exact. */
-CH_INLINE float ch_exp(float x)
+CH_INLINE ch_vf ch_exp(ch_vf x)
 {
     /* the selects send NaN to the low end; the last line gives it back */
-    float xc = x > -104.0f ? x : -104.0f;
-    float t, nf, r, p;
-    int32_t n, n1;
-    xc = xc < 88.7228f ? xc : 88.7228f;
+    const ch_vf lo = ch_splat(-104.0f), hi = ch_splat(88.7228f);
+    ch_vf xc = ch_sel(x > lo, x, lo), t, nf, r, p;
+    ch_vi n, n1;
+    xc = ch_sel(xc < hi, xc, hi);
     t = xc * 1.44269504f + 12582912.0f; /* round to nearest by the 1.5 * 2^23 shift */
     nf = t - 12582912.0f;
-    n = ch_bits(t) - 0x4B400000;
+    n = (ch_vi)t - 0x4B400000;
     r = xc - nf * 0.693145751953125f;
     r = r - nf * 1.428606765330187e-06f;
     p = 1.0f + r * (1.0f + r * (0.5f + r * (1.0f / 6 + r * (1.0f / 24 + r * (1.0f / 120 +
                                                                            r * (1.0f / 720))))));
     n1 = n >> 1;
-    p = p * ch_from_bits((n1 + 127) << 23) * ch_from_bits((n - n1 + 127) << 23);
-    p = x > 88.72284f ? ch_from_bits(0x7F800000) : p;
-    return x != x ? x : p;
+    p = p * (ch_vf)((n1 + 127) << 23) * (ch_vf)((n - n1 + 127) << 23);
+    p = ch_sel(x > ch_splat(88.72284f), ch_splat(__builtin_inff()), p);
+    return ch_sel(x != x, x, p);
 }
 
 /* e^y - 1 for y >= 0: its Taylor series below 0.35 (no cancellation), else
  * e^y - 1. */
-CH_INLINE float ch_expm1_pos(float y)
+CH_INLINE ch_vf ch_expm1_pos(ch_vf y)
 {
-    const float small = y * (1.0f + y * (1.0f / 2 + y * (1.0f / 6 + y * (1.0f / 24 + y * (
+    const ch_vf small = y * (1.0f + y * (1.0f / 2 + y * (1.0f / 6 + y * (1.0f / 24 + y * (
         1.0f / 120 + y * (1.0f / 720 + y * (1.0f / 5040 + y * (1.0f / 40320))))))));
-    return y < 0.35f ? small : ch_exp(y) - 1.0f;
+    return ch_sel(y < ch_splat(0.35f), small, ch_exp(y) - 1.0f);
 }
 
 /* tanh(x) = sign(x) * m / (m + 2), m = e^(2|x|) - 1; |x| >= 9 gives +-1. */
-CH_INLINE float ch_tanh(float x)
+CH_INLINE ch_vf ch_tanh(ch_vf x)
 {
-    float a = ch_abs(x), m;
-    a = a < 9.0f ? a : 9.0f;
+    const ch_vf nine = ch_splat(9.0f);
+    ch_vf a = ch_abs(x), m;
+    a = ch_sel(a < nine, a, nine);
     m = ch_expm1_pos(2.0f * a);
-    return x != x ? x : ch_copysign(m / (m + 2.0f), x);
+    return ch_sel(x != x, x, ch_copysign(m / (m + 2.0f), x));
 }
 
-CH_INLINE float ch_sigmoid(float x) { return 1.0f / (1.0f + ch_exp(-x)); }
+/* 1 / (1 + e^-x). Below -87, e^-x would be a denormal, and 1 + e^-x is 1 for
+ * any e^-x under 6e-8: -x is clamped there, which gives the same result
+ * without the slow denormal arithmetic (NaN passes the clamp). */
+CH_INLINE ch_vf ch_sigmoid(ch_vf x)
+{
+    const ch_vf lo = ch_splat(-87.0f), nx = -x;
+    return 1.0f / (1.0f + ch_exp(ch_sel(nx < lo, lo, nx)));
+}
 
 /* erfc(z) * e^(z^2) for 0 <= z <= 10 as a degree-10 polynomial in
  * t = 1 / (1 + z / 2), fitted to relative error (3e-7 in float32). */
-CH_INLINE float ch_erfcx(float z)
+CH_INLINE ch_vf ch_erfcx(ch_vf z)
 {
-    const float t = 1.0f / (1.0f + 0.5f * z);
-    float q = 0.024967344477772713f;
+    const ch_vf t = 1.0f / (1.0f + 0.5f * z);
+    ch_vf q = ch_splat(0.024967344477772713f);
     q = q * t - 0.19512882828712463f;
     q = q * t + 0.6065481305122375f;
     q = q * t - 0.9214478135108948f;
@@ -111,26 +167,29 @@ CH_INLINE float ch_erfcx(float z)
 /* Phi(x) = P(N(0, 1) <= x) = erfc(-x / sqrt 2) / 2, with e^(-z^2) taken as
  * e^(-zh^2) e^(-(z - zh)(z + zh)), zh = z with 12 significant bits (zh^2 is
  * exact), so the relative error stays small far into the lower tail. */
-CH_INLINE float ch_phi(float x)
+CH_INLINE ch_vf ch_phi(ch_vf x)
 {
-    float z = ch_abs(x) * 0.70710678f, zh, half_erfc;
-    z = z < 10.0f ? z : 10.0f;
-    zh = ch_from_bits(ch_bits(z) & (int32_t)0xFFFFF000);
+    const ch_vf ten = ch_splat(10.0f);
+    ch_vf z = ch_abs(x) * 0.70710678f, zh, half_erfc;
+    z = ch_sel(z < ten, z, ten);
+    zh = (ch_vf)((ch_vi)z & (int32_t)0xFFFFF000);
     half_erfc = 0.5f * ch_erfcx(z) * ch_exp(-(zh * zh)) * ch_exp(-((z - zh) * (z + zh)));
     /* below x = -14, Phi is under the smallest float: 0 (so gelu(-inf) is NaN,
      * as 0.5 x (1 + erf(x / sqrt 2)) gives in PyTorch and TVM) */
-    half_erfc = z < 9.9f ? half_erfc : 0.0f;
-    return x < 0.0f ? half_erfc : 1.0f - half_erfc;
+    half_erfc = ch_sel(z < ch_splat(9.9f), half_erfc, ch_splat(0.0f));
+    return ch_sel(x < ch_splat(0.0f), half_erfc, 1.0f - half_erfc);
 }
 
-/* One unary operation (tirbyoc_epilogue_op); any other code leaves v as is. */
-CH_INLINE float ch_unary(float v, int op)
+/* One unary operation (RELU .. TANH of tirbyoc_epilogue_op); any other code
+ * leaves v as is. */
+CH_INLINE ch_vf ch_unary(ch_vf v, int op)
 {
+    const ch_vf zero = ch_splat(0.0f), six = ch_splat(6.0f);
     switch (op) {
     case TIRBYOC_EPI_RELU:
-        return v < 0.0f ? 0.0f : v; /* NaN passes */
+        return ch_sel(v < zero, zero, v); /* NaN and -0.0 pass */
     case TIRBYOC_EPI_RELU6:
-        return v < 0.0f ? 0.0f : (v > 6.0f ? 6.0f : v);
+        return ch_sel(v < zero, zero, ch_sel(v > six, six, v));
     case TIRBYOC_EPI_GELU_ERF:
         return v * ch_phi(v);
     case TIRBYOC_EPI_GELU_TANH:
@@ -147,85 +206,109 @@ CH_INLINE float ch_unary(float v, int op)
     }
 }
 
-/* Rows of one unary operation: the switch is outside the loop, so each loop
- * body is straight-line code the compiler vectorizes. */
-#define CH_UNARY_ROW(OP)                                                      \
-    for (j = 0; j < n; ++j)                                                   \
-        row[j] = ch_unary(row[j], OP)
+/*
+ * The chain ops (ch->ops, or what is left of it) on a finished register tile t (ch_vf registers; the
+ * micro-kernels hand over their accumulators this way and store what comes
+ * back, so C is written once, with finished outputs). t[o * nv + q] holds,
+ * in lane l:
+ *   cols == 0: the output at row ci + o, column cj + q * CH_LANES + l;
+ *   cols == 1: the output at row ci + q * CH_LANES + l, column cj + o
+ *              (kernels whose registers run down C's columns).
+ * Only lanes below extent - q * CH_LANES are outputs (registers with none
+ * are skipped); the others are computed on and must not be stored, and no
+ * bias or residual element past the last output is read. The operations go
+ * one at a time over the whole tile, so the registers' independent
+ * computations overlap in the pipeline. Not inlined: one copy per ISA.
+ */
+static __attribute__((noinline)) void
+tb_chain_tile(const tb_chain *ch, int64_t ops, ch_vf *t, int outer, int nv,
+              int64_t ci, int64_t cj, int64_t extent, int cols)
+{
+    const int n = outer * nv;
+    int o, q, x;
+    for (; ops != 0; ops >>= 4) {
+        const int op = (int)(ops & 15);
+        switch (op) {
+        case TIRBYOC_EPI_BIAS:
+        case TIRBYOC_EPI_RESIDUAL:
+            for (o = 0; o < outer; ++o)
+                for (q = 0; q < nv && q * CH_LANES < extent; ++q) {
+                    const int lanes = (int)(extent - q * CH_LANES);
+                    const int64_t i = cols ? ci + q * CH_LANES : ci + o;
+                    const int64_t j = cols ? cj + o : cj + q * CH_LANES;
+                    t[o * nv + q] +=
+                        op == TIRBYOC_EPI_BIAS
+                            ? ch_gather(ch->bias + j, cols ? 0 : 1, lanes)
+                            : ch_gather(ch->residual + i * ch->ldr + j,
+                                        cols ? ch->ldr : 1, lanes);
+                }
+            break;
+        case TIRBYOC_EPI_SCALE:
+            for (x = 0; x < n; ++x)
+                t[x] *= ch->scale;
+            break;
+        case TIRBYOC_EPI_DIVIDE:
+            for (x = 0; x < n; ++x)
+                t[x] /= ch->scale;
+            break;
+/* the switch outside the loop: each loop body is straight-line code */
+#define CH_TILE_UNARY(OP)                                                     \
+    case OP:                                                                  \
+        for (x = 0; x < n; ++x)                                               \
+            t[x] = ch_unary(t[x], OP);                                        \
+        break;
+            CH_TILE_UNARY(TIRBYOC_EPI_RELU)
+            CH_TILE_UNARY(TIRBYOC_EPI_RELU6)
+            CH_TILE_UNARY(TIRBYOC_EPI_GELU_ERF)
+            CH_TILE_UNARY(TIRBYOC_EPI_GELU_TANH)
+            CH_TILE_UNARY(TIRBYOC_EPI_SILU)
+            CH_TILE_UNARY(TIRBYOC_EPI_SIGMOID)
+            CH_TILE_UNARY(TIRBYOC_EPI_TANH)
+#undef CH_TILE_UNARY
+        default:
+            break; /* codes were validated by the caller */
+        }
+    }
+}
 
-/* Applies the chain ch->ops to C[0:m, 0:n] (row stride ldc), whose element
- * (i, j) is the output at row i0 + i, column j0 + j of its matrix. */
+/* Registers per call of tb_chain_tile from the row routines below. */
+#define CH_ROW_REGS 16
+
+/* Applies the chain to outputs already in C[0:m, 0:n] (row stride ldc),
+ * whose element (i, j) is the output at row i0 + i, column j0 + j of its
+ * matrix (an empty product's zeros, or sums accumulated in memory): up to
+ * CH_ROW_REGS registers of a row at a time. */
 static void tb_chain_block(const tb_chain *ch, float *c, int64_t ldc, int64_t m,
                            int64_t n, int64_t i0, int64_t j0)
 {
-    int64_t i, j;
-    for (i = 0; i < m; ++i) {
-        float *restrict row = c + i * ldc;
-        int64_t ops = ch->ops;
-        for (; ops != 0; ops >>= 4) {
-            const int op = (int)(ops & 15);
-            switch (op) {
-            case TIRBYOC_EPI_BIAS: {
-                const float *restrict b = ch->bias + j0;
-                for (j = 0; j < n; ++j)
-                    row[j] += b[j];
-                break;
-            }
-            case TIRBYOC_EPI_RESIDUAL: {
-                const float *restrict r = ch->residual + (i0 + i) * ch->ldr + j0;
-                for (j = 0; j < n; ++j)
-                    row[j] += r[j];
-                break;
-            }
-            case TIRBYOC_EPI_SCALE: {
-                const float s = ch->scale;
-                for (j = 0; j < n; ++j)
-                    row[j] *= s;
-                break;
-            }
-            case TIRBYOC_EPI_DIVIDE: {
-                const float s = ch->scale;
-                for (j = 0; j < n; ++j)
-                    row[j] /= s;
-                break;
-            }
-            case TIRBYOC_EPI_RELU:
-                CH_UNARY_ROW(TIRBYOC_EPI_RELU);
-                break;
-            case TIRBYOC_EPI_RELU6:
-                CH_UNARY_ROW(TIRBYOC_EPI_RELU6);
-                break;
-            case TIRBYOC_EPI_GELU_ERF:
-                CH_UNARY_ROW(TIRBYOC_EPI_GELU_ERF);
-                break;
-            case TIRBYOC_EPI_GELU_TANH:
-                CH_UNARY_ROW(TIRBYOC_EPI_GELU_TANH);
-                break;
-            case TIRBYOC_EPI_SILU:
-                CH_UNARY_ROW(TIRBYOC_EPI_SILU);
-                break;
-            case TIRBYOC_EPI_SIGMOID:
-                CH_UNARY_ROW(TIRBYOC_EPI_SIGMOID);
-                break;
-            case TIRBYOC_EPI_TANH:
-                CH_UNARY_ROW(TIRBYOC_EPI_TANH);
-                break;
-            default:
-                break; /* validated by the caller */
-            }
+    ch_vf t[CH_ROW_REGS];
+    int64_t i, j, jb;
+    int q;
+    for (i = 0; i < m; ++i)
+        for (jb = 0; jb < n; jb += CH_ROW_REGS * CH_LANES) {
+            float *row = c + i * ldc + jb;
+            const int64_t nb = n - jb < CH_ROW_REGS * CH_LANES
+                                   ? n - jb
+                                   : CH_ROW_REGS * CH_LANES;
+            for (q = 0; q * CH_LANES < nb; ++q)
+                t[q] = ch_gather(row + q * CH_LANES, 1, (int)(nb - q * CH_LANES));
+            tb_chain_tile(ch, ch->ops, t, 1, q, i0 + i, j0 + jb, nb, 0);
+            for (q = 0; q * CH_LANES < nb; ++q)
+                for (j = 0; j < CH_LANES && q * CH_LANES + j < nb; ++j)
+                    row[q * CH_LANES + j] = t[q][j];
         }
-    }
 }
 
 /* y[0:n] = op(x[0:n]) for one unary operation (x == y allowed). */
 static void tb_unary_row(int op, int64_t n, const float *x, float *y)
 {
     int64_t j;
+    int l;
     switch (op) {
 #define CH_UNARY_CASE(OP)                                                     \
     case OP:                                                                  \
-        for (j = 0; j < n; ++j)                                               \
-            y[j] = ch_unary(x[j], OP);                                        \
+        for (j = 0; j + CH_LANES <= n; j += CH_LANES)                         \
+            ch_storeu(y + j, ch_unary(ch_loadu(x + j), OP));                  \
         break;
         CH_UNARY_CASE(TIRBYOC_EPI_RELU)
         CH_UNARY_CASE(TIRBYOC_EPI_RELU6)
@@ -236,68 +319,54 @@ static void tb_unary_row(int op, int64_t n, const float *x, float *y)
         CH_UNARY_CASE(TIRBYOC_EPI_TANH)
 #undef CH_UNARY_CASE
     default:
-        break;
+        return;
+    }
+    if (j < n) {
+        const ch_vf v = ch_unary(ch_gather(x + j, 1, (int)(n - j)), op);
+        for (l = 0; j + l < n; ++l)
+            y[j + l] = v[l];
     }
 }
 
-/* One vector register of floats of the including file's instruction set
- * (GCC vector extension; the target pragma defines __AVX512F__ / __AVX__),
- * for the row reductions of tb_softmax_row: the compiler does not vectorize
- * a float max or sum over a loop by itself (it would reorder the operations).
- * The lanes, and so the order of a row's additions, depend on the ISA. */
-#if defined(__AVX512F__)
-#define CH_VBYTES 64
-#elif defined(__AVX__)
-#define CH_VBYTES 32
-#else
-#define CH_VBYTES 16
-#endif
-#define CH_LANES (CH_VBYTES / 4)
-typedef float ch_vf __attribute__((vector_size(CH_VBYTES), aligned(4)));
-typedef int32_t ch_vi __attribute__((vector_size(CH_VBYTES), aligned(4)));
-
-/* Lanewise a > b ? a : b (NaN never wins a compare). */
-CH_INLINE ch_vf ch_vmax(ch_vf a, ch_vf b)
-{
-    const ch_vi gt = a > b;
-    return (ch_vf)((gt & (ch_vi)a) | (~gt & (ch_vi)b));
-}
-
 /* y[0:n] = softmax(x[0:n]) (x == y allowed): the row maximum in CH_LANES
- * lanes, y = e^(x - max) (a loop the compiler vectorizes), its sum in
- * CH_LANES lanes, then y / sum. A NaN in the row never becomes the maximum;
- * it comes back through e^(NaN - max). Every row goes through the same
- * operations whatever the thread split. */
+ * lanes, y = e^(x - max), its sum in CH_LANES lanes, then y / sum. A NaN in
+ * the row never becomes the maximum; it comes back through e^(NaN - max).
+ * The lanes, and so the order of a row's additions, depend on the ISA; every
+ * row goes through the same operations whatever the thread split. */
 static void tb_softmax_row(int64_t n, const float *x, float *y)
 {
     const int64_t full = n / CH_LANES * CH_LANES;
-    ch_vf acc;
-    float mx, sum, tail;
+    const int rest = (int)(n - full);
+    ch_vf acc = ch_splat(-__builtin_inff()), e;
+    float mx, sum;
     int64_t j;
     int l;
-    for (l = 0; l < CH_LANES; ++l)
-        acc[l] = -__builtin_inff();
     for (j = 0; j < full; j += CH_LANES)
-        acc = ch_vmax(*(const ch_vf *)(x + j), acc);
+        acc = ch_vmax(ch_loadu(x + j), acc);
     mx = acc[0];
     for (l = 1; l < CH_LANES; ++l)
         mx = acc[l] > mx ? acc[l] : mx;
     for (j = full; j < n; ++j)
         mx = x[j] > mx ? x[j] : mx;
-    for (j = 0; j < n; ++j)
-        y[j] = ch_exp(x[j] - mx);
-    for (l = 0; l < CH_LANES; ++l)
-        acc[l] = 0.0f;
-    for (j = 0; j < full; j += CH_LANES)
-        acc += *(const ch_vf *)(y + j);
-    tail = 0.0f;
-    for (j = full; j < n; ++j)
-        tail += y[j];
+    acc = ch_splat(0.0f);
+    for (j = 0; j < full; j += CH_LANES) {
+        e = ch_exp(ch_loadu(x + j) - mx);
+        ch_storeu(y + j, e);
+        acc += e;
+    }
     sum = 0.0f;
     for (l = 0; l < CH_LANES; ++l)
         sum += acc[l];
-    sum += tail;
-    for (j = 0; j < n; ++j)
+    if (rest > 0) {
+        e = ch_exp(ch_gather(x + full, 1, rest) - mx);
+        for (l = 0; l < rest; ++l) {
+            y[full + l] = e[l];
+            sum += e[l];
+        }
+    }
+    for (j = 0; j < full; j += CH_LANES)
+        ch_storeu(y + j, ch_loadu(y + j) / sum);
+    for (j = full; j < n; ++j)
         y[j] = y[j] / sum;
 }
 

@@ -20,8 +20,11 @@
  *   uses the same panel format) and kept in L2; for each group of mr rows,
  *   A is packed into a small L1-resident panel and the register-tiled
  *   micro-kernel sweeps it over all W panels of the block. Partial sums
- *   live in C between K blocks; the last K block adds bias and applies the
- *   epilogue while the tile is still in registers.
+ *   live in C between K blocks.
+ *
+ * Every path applies the epilogue chain (bias, activations, scale,
+ * residual, ...) to each register of finished outputs before storing it,
+ * through the same per-ISA function (tb_chain_tile in chain_f32.h).
  *
  * Threads split N (or M when N is narrow), never K, and every output
  * element is computed by the same sequence of operations whatever the
@@ -59,17 +62,15 @@ typedef struct {
     const tb_isa *isa;
     tb_algorithm alg;
     tb_wlayout layout;
-    int epi;
     int64_t m, n, k;
     const float *a;
     int64_t lda;
     const float *w;
     int64_t ldw; /* for TB_W_PACKED: floats between panels (16 * K) */
-    const float *bias;
     float *c;
     int64_t ldc;
-    int accumulate; /* C += A @ op(W): no bias, no epilogue */
-    const tb_chain *chain; /* applied to each part once computed, or NULL */
+    int accumulate; /* C += A @ op(W): no epilogue */
+    const tb_chain *chain; /* NULL: none */
     int split_n;  /* threads take column ranges (else row ranges) */
     int64_t unit; /* granularity of that split */
 } job_t;
@@ -91,8 +92,8 @@ static const float *w_at_column(const job_t *job, int64_t j0)
  * through it in column blocks of about 256 KiB that stay in L2 meanwhile. */
 static void small_blocked(const tb_isa *isa, tb_wlayout layout, int64_t m,
                           int64_t n, int64_t k, const float *a, int64_t lda,
-                          const float *w, int64_t ldw, const float *bias,
-                          float *c, int64_t ldc, int epi)
+                          const float *w, int64_t ldw, float *c, int64_t ldc,
+                          const tb_chain *ch, int64_t ci, int64_t cj)
 {
     int64_t blk = m <= 4 ? n : (65536 / (k > 0 ? k : 1)) / 64 * 64;
     int64_t j0;
@@ -103,7 +104,7 @@ static void small_blocked(const tb_isa *isa, tb_wlayout layout, int64_t m,
                           : layout == TB_W_NN ? w + j0
                                               : w + (j0 / TB_NR) * ldw;
         isa->small(layout, m, min_i64(blk, n - j0), k, a, lda, wj, ldw,
-                   bias != NULL ? bias + j0 : NULL, c + j0, ldc, epi);
+                   c + j0, ldc, ch, ci, cj + j0);
     }
 }
 
@@ -124,16 +125,13 @@ static void accumulate_plain(tb_wlayout layout, int64_t m, int64_t n,
         }
 }
 
-/* The blocked algorithm for C[0:m, 0:n]; w, bias and c already offset.
- * acc: C holds values to add to (every K block accumulates). chain (or NULL):
- * applied to each row group of a column block as soon as its last K block is
- * done, while it is in L1; C[0, 0] is the output at row ci0, column cj0 of
- * its matrix. Returns whether the chain was applied (not without scratch). */
-static int blocked(const tb_isa *isa, tb_wlayout layout, int epi, int acc,
-                   int64_t m, int64_t n, int64_t k, const float *a,
-                   int64_t lda, const float *w, int64_t ldw,
-                   const float *bias, float *c, int64_t ldc,
-                   const tb_chain *chain, int64_t ci0, int64_t cj0)
+/* The blocked algorithm for C[0:m, 0:n]; w and c already offset, C[0, 0]
+ * is the output at row ci0, column cj0 of its matrix. acc: C holds values
+ * to add to (every K block accumulates). */
+static void blocked(const tb_isa *isa, tb_wlayout layout, int acc, int64_t m,
+                    int64_t n, int64_t k, const float *a, int64_t lda,
+                    const float *w, int64_t ldw, float *c, int64_t ldc,
+                    const tb_chain *chain, int64_t ci0, int64_t cj0)
 {
     float *scratch = tb_scratch();
     float *wbuf, *abuf;
@@ -144,9 +142,9 @@ static int blocked(const tb_isa *isa, tb_wlayout layout, int epi, int acc,
         if (acc)
             accumulate_plain(layout, m, n, k, a, lda, w, ldw, c, ldc);
         else
-            small_blocked(isa, layout, m, n, k, a, lda, w, ldw, bias, c, ldc,
-                          epi);
-        return 0;
+            small_blocked(isa, layout, m, n, k, a, lda, w, ldw, c, ldc, chain,
+                          ci0, cj0);
+        return;
     }
     wbuf = scratch;
     abuf = scratch + (size_t)TB_KC_MAX * TB_NC_MAX;
@@ -189,14 +187,10 @@ static int blocked(const tb_isa *isa, tb_wlayout layout, int epi, int acc,
                     isa->ukernel(kc, abuf, wblk + (jr / TB_NR) * wps, wps,
                                  c + i0 * ldc + jc + jr, ldc, mr,
                                  (int)min_i64(isa->nr, nc - jr), flags | pf,
-                                 bias != NULL ? bias + jc + jr : NULL, epi);
-                if (chain != NULL && kb == kblocks - 1)
-                    isa->chain(chain, c + i0 * ldc + jc, ldc, mr, nc, ci0 + i0,
-                               cj0 + jc);
+                                 chain, ci0 + i0, cj0 + jc + jr);
             }
         }
     }
-    return 1;
 }
 
 static int use_direct(const tb_isa *isa, tb_wlayout layout, int accumulate,
@@ -207,54 +201,33 @@ static int use_direct(const tb_isa *isa, tb_wlayout layout, int accumulate,
            (size_t)k * (size_t)isa->direct_rows <= TB_SCRATCH_FLOATS;
 }
 
-static int run_part_product(const job_t *job, int64_t i0, int64_t i1,
-                            int64_t j0, int64_t j1, const float *w,
-                            const float *bias, const float *a, float *c,
-                            const tb_chain *chain);
-
-/* C[i0:i1, j0:j1]: the product (bias and relu in registers), then the rest of
- * the epilogue chain while the part (the blocked path: each row group of it)
- * is still in cache. */
+/* C[i0:i1, j0:j1]: the product, and the epilogue chain on each register of
+ * finished outputs. */
 static void run_part(const job_t *job, int64_t i0, int64_t i1, int64_t j0,
                      int64_t j1)
 {
     const float *w = w_at_column(job, j0);
-    const float *bias = job->bias != NULL ? job->bias + j0 : NULL;
     const float *a = job->a + i0 * job->lda;
     float *c = job->c + i0 * job->ldc + j0;
-    const tb_chain *chain =
-        job->chain != NULL && job->chain->ops != 0 ? job->chain : NULL;
     if (i1 <= i0 || j1 <= j0)
         return;
-    if (!run_part_product(job, i0, i1, j0, j1, w, bias, a, c, chain) &&
-        chain != NULL)
-        job->isa->chain(chain, c, job->ldc, i1 - i0, j1 - j0, i0, j0);
-}
-
-/* Returns whether it applied the chain itself. */
-static int run_part_product(const job_t *job, int64_t i0, int64_t i1,
-                            int64_t j0, int64_t j1, const float *w,
-                            const float *bias, const float *a, float *c,
-                            const tb_chain *chain)
-{
     if (job->alg == TB_ALG_DIRECT) {
         float *ap = tb_scratch();
         /* Without scratch memory this thread takes the blocked path, which
          * has its own fallback. */
         if (ap != NULL) {
             job->isa->nt_direct(i1 - i0, j1 - j0, job->k, a, job->lda, w,
-                                job->ldw, bias, c, job->ldc, job->epi, ap);
-            return 0;
+                                job->ldw, c, job->ldc, job->chain, i0, j0, ap);
+            return;
         }
     }
     if (job->alg == TB_ALG_SMALL) {
         small_blocked(job->isa, job->layout, i1 - i0, j1 - j0, job->k, a,
-                      job->lda, w, job->ldw, bias, c, job->ldc, job->epi);
-        return 0;
+                      job->lda, w, job->ldw, c, job->ldc, job->chain, i0, j0);
+        return;
     }
-    return blocked(job->isa, job->layout, job->epi, job->accumulate, i1 - i0,
-                   j1 - j0, job->k, a, job->lda, w, job->ldw, bias, c,
-                   job->ldc, chain, i0, j0);
+    blocked(job->isa, job->layout, job->accumulate, i1 - i0, j1 - j0, job->k,
+            a, job->lda, w, job->ldw, c, job->ldc, job->chain, i0, j0);
 }
 
 /* Thread tid's share [*lo, *hi) of total items split over nt threads in
@@ -278,10 +251,11 @@ static void task(void *arg, int tid, int nt)
         run_part(job, lo, hi, 0, job->n);
 }
 
-static int32_t dense_run(tb_wlayout layout, tb_epilogue epi, int accumulate,
-                         int64_t m, int64_t n, int64_t k, const float *a,
-                         int64_t lda, const float *w, int64_t ldw,
-                         const float *bias, float *c, int64_t ldc,
+/* C (+)= A @ op(W), then the chain (NULL or empty: none; not with
+ * accumulate). */
+static int32_t dense_run(tb_wlayout layout, int accumulate, int64_t m,
+                         int64_t n, int64_t k, const float *a, int64_t lda,
+                         const float *w, int64_t ldw, float *c, int64_t ldc,
                          const tb_chain *chain, int max_threads)
 {
     job_t job;
@@ -292,20 +266,20 @@ static int32_t dense_run(tb_wlayout layout, tb_epilogue epi, int accumulate,
         return TIRBYOC_OK;
     if (k == 0 && accumulate)
         return TIRBYOC_OK; /* nothing to add */
+    if (chain != NULL && (chain->ops == 0 || accumulate))
+        chain = NULL;
     if (k == 0) {
-        /* Empty reduction: the result is the bias (or 0), activated. */
+        /* Empty reduction: the chain on zeros. */
         for (i = 0; i < m; ++i)
             for (j = 0; j < n; ++j)
-                c[i * ldc + j] =
-                    tb_epi_scalar(bias != NULL ? bias[j] : 0.0f, (int)epi);
-        if (chain != NULL && chain->ops != 0)
+                c[i * ldc + j] = 0.0f;
+        if (chain != NULL)
             tb_active_isa()->chain(chain, c, ldc, m, n, 0, 0);
         return TIRBYOC_OK;
     }
 
     job.isa = tb_active_isa();
     job.layout = layout;
-    job.epi = (int)epi;
     job.accumulate = accumulate;
     job.m = m;
     job.n = n;
@@ -314,7 +288,6 @@ static int32_t dense_run(tb_wlayout layout, tb_epilogue epi, int accumulate,
     job.lda = lda;
     job.w = w;
     job.ldw = layout == TB_W_PACKED ? k * TB_NR : ldw;
-    job.bias = bias;
     job.c = c;
     job.ldc = ldc;
     job.chain = chain;
@@ -364,19 +337,28 @@ static int32_t check_args(tb_wlayout layout, int64_t m, int64_t n, int64_t k,
     return TIRBYOC_OK;
 }
 
-static int32_t dense_f32(tb_wlayout layout, tb_epilogue epi, int64_t m,
-                         int64_t n, int64_t k, const float *a, int64_t lda,
+/* The dense entry points: act is TIRBYOC_EPI_RELU, TIRBYOC_EPI_RELU6 or
+ * TIRBYOC_EPI_END (none), after the bias if there is one. */
+static int32_t dense_f32(tb_wlayout layout, int act, int64_t m, int64_t n,
+                         int64_t k, const float *a, int64_t lda,
                          const float *w, int64_t ldw, const float *bias,
                          float *c, int64_t ldc)
 {
     const int32_t status = check_args(layout, m, n, k, a, lda, w, ldw, c, ldc);
+    tb_chain ch = {0, 1.0f, NULL, NULL, 0};
     if (status != TIRBYOC_OK)
         return status;
-    return dense_run(layout, epi, 0, m, n, k, a, lda, w, ldw, bias, c, ldc,
-                     NULL, INT32_MAX);
+    if (bias != NULL) {
+        ch.ops = TIRBYOC_EPI_BIAS | (int64_t)act << 4;
+        ch.bias = bias;
+    } else {
+        ch.ops = act;
+    }
+    return dense_run(layout, 0, m, n, k, a, lda, w, ldw, c, ldc, &ch,
+                     INT32_MAX);
 }
 
-/* One exported dense entry point per (epilogue, weight layout). */
+/* One exported dense entry point per (activation, weight layout). */
 #define TB_DENSE_UNPACKED(NAME, LAYOUT, EPI)                                  \
     int32_t NAME(int64_t m, int64_t n, int64_t k, const float *a,            \
                  int64_t lda, const float *w, int64_t ldw, const float *bias, \
@@ -393,15 +375,15 @@ static int32_t dense_f32(tb_wlayout layout, tb_epilogue epi, int64_t m,
                          c, ldc);                                             \
     }
 
-TB_DENSE_UNPACKED(tirbyoc_dense_f32_nt, TB_W_NT, TB_EPI_NONE)
-TB_DENSE_UNPACKED(tirbyoc_dense_f32_nn, TB_W_NN, TB_EPI_NONE)
-TB_DENSE_PACKED(tirbyoc_dense_f32_packed, TB_EPI_NONE)
-TB_DENSE_UNPACKED(tirbyoc_dense_relu_f32_nt, TB_W_NT, TB_EPI_RELU)
-TB_DENSE_UNPACKED(tirbyoc_dense_relu_f32_nn, TB_W_NN, TB_EPI_RELU)
-TB_DENSE_PACKED(tirbyoc_dense_relu_f32_packed, TB_EPI_RELU)
-TB_DENSE_UNPACKED(tirbyoc_dense_relu6_f32_nt, TB_W_NT, TB_EPI_RELU6)
-TB_DENSE_UNPACKED(tirbyoc_dense_relu6_f32_nn, TB_W_NN, TB_EPI_RELU6)
-TB_DENSE_PACKED(tirbyoc_dense_relu6_f32_packed, TB_EPI_RELU6)
+TB_DENSE_UNPACKED(tirbyoc_dense_f32_nt, TB_W_NT, TIRBYOC_EPI_END)
+TB_DENSE_UNPACKED(tirbyoc_dense_f32_nn, TB_W_NN, TIRBYOC_EPI_END)
+TB_DENSE_PACKED(tirbyoc_dense_f32_packed, TIRBYOC_EPI_END)
+TB_DENSE_UNPACKED(tirbyoc_dense_relu_f32_nt, TB_W_NT, TIRBYOC_EPI_RELU)
+TB_DENSE_UNPACKED(tirbyoc_dense_relu_f32_nn, TB_W_NN, TIRBYOC_EPI_RELU)
+TB_DENSE_PACKED(tirbyoc_dense_relu_f32_packed, TIRBYOC_EPI_RELU)
+TB_DENSE_UNPACKED(tirbyoc_dense_relu6_f32_nt, TB_W_NT, TIRBYOC_EPI_RELU6)
+TB_DENSE_UNPACKED(tirbyoc_dense_relu6_f32_nn, TB_W_NN, TIRBYOC_EPI_RELU6)
+TB_DENSE_PACKED(tirbyoc_dense_relu6_f32_packed, TIRBYOC_EPI_RELU6)
 
 static int32_t dense_acc(tb_wlayout layout, int64_t m, int64_t n, int64_t k,
                          const float *a, int64_t lda, const float *w,
@@ -410,8 +392,8 @@ static int32_t dense_acc(tb_wlayout layout, int64_t m, int64_t n, int64_t k,
     const int32_t status = check_args(layout, m, n, k, a, lda, w, ldw, c, ldc);
     if (status != TIRBYOC_OK)
         return status;
-    return dense_run(layout, TB_EPI_NONE, 1, m, n, k, a, lda, w, ldw, NULL, c,
-                     ldc, NULL, INT32_MAX);
+    return dense_run(layout, 1, m, n, k, a, lda, w, ldw, c, ldc, NULL,
+                     INT32_MAX);
 }
 
 int32_t tirbyoc_dense_acc_f32_nt(int64_t m, int64_t n, int64_t k,
@@ -460,21 +442,19 @@ typedef struct {
     tb_wlayout layout;
     float *c;
     int64_t ldc, sc;
-    tb_epilogue epi;     /* relu / relu6 applied in registers, or none */
-    const float *bias;   /* added in registers (the chain's first op), or NULL */
-    tb_chain rest;       /* what follows, applied to each finished part */
+    tb_chain chain; /* residual at batch 0 */
     int64_t sr;
     int threads_per_batch;
 } batch_job_t;
 
 static void run_batch(const batch_job_t *bj, int64_t q, int max_threads)
 {
-    tb_chain ch = bj->rest;
+    tb_chain ch = bj->chain;
     if (ch.residual != NULL)
         ch.residual += q * bj->sr;
-    dense_run(bj->layout, bj->epi, 0, bj->m, bj->n, bj->k, bj->a + q * bj->sa,
-              bj->lda, bj->b + q * bj->sb, bj->ldb, bj->bias, bj->c + q * bj->sc,
-              bj->ldc, &ch, max_threads);
+    dense_run(bj->layout, 0, bj->m, bj->n, bj->k, bj->a + q * bj->sa, bj->lda,
+              bj->b + q * bj->sb, bj->ldb, bj->c + q * bj->sc, bj->ldc, &ch,
+              max_threads);
 }
 
 static void batch_task(void *arg, int tid, int nt)
@@ -497,7 +477,7 @@ int32_t tirbyoc_matmul_f32(int64_t batch, int64_t m, int64_t n, int64_t k,
     static const tb_wlayout layouts[] = {TB_W_NN, TB_W_NT, TB_W_PACKED};
     batch_job_t bj;
     int uses_bias, uses_residual, len, want;
-    int64_t ops, q;
+    int64_t q;
     int32_t status;
 
     if (b_layout < 0 || b_layout > 2)
@@ -534,24 +514,11 @@ int32_t tirbyoc_matmul_f32(int64_t batch, int64_t m, int64_t n, int64_t k,
     bj.ldc = ldc;
     bj.sc = stride_c;
     bj.sr = stride_r;
-    /* A leading bias, and a relu / relu6 right after it (or first), go to
-     * the micro-kernels' own epilogue; the rest to the chain. */
-    ops = epilogue;
-    bj.bias = NULL;
-    bj.epi = TB_EPI_NONE;
-    if ((ops & 15) == TIRBYOC_EPI_BIAS) {
-        bj.bias = bias;
-        ops >>= 4;
-    }
-    if ((ops & 15) == TIRBYOC_EPI_RELU || (ops & 15) == TIRBYOC_EPI_RELU6) {
-        bj.epi = (ops & 15) == TIRBYOC_EPI_RELU ? TB_EPI_RELU : TB_EPI_RELU6;
-        ops >>= 4;
-    }
-    bj.rest.ops = ops;
-    bj.rest.scale = scale;
-    bj.rest.bias = bias;
-    bj.rest.residual = residual;
-    bj.rest.ldr = ldr;
+    bj.chain.ops = epilogue;
+    bj.chain.scale = scale;
+    bj.chain.bias = bias;
+    bj.chain.residual = residual;
+    bj.chain.ldr = ldr;
 
     /* Batches go to threads whole when each is too small to split, or when
      * they spread evenly enough (attention's heads): one launch instead of one

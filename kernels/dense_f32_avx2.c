@@ -34,28 +34,12 @@ ALWAYS_INLINE __m256i mask_n(int64_t n)
                               _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
 
-ALWAYS_INLINE __m256 epi256(__m256 v, int epi)
-{
-    switch (epi) {
-    case TB_EPI_RELU:
-        /* vmaxps returns its second source for NaN and +-0, like
-         * tb_epi_scalar. */
-        return _mm256_max_ps(_mm256_setzero_ps(), v);
-    case TB_EPI_RELU6:
-        /* Both steps return their second source for NaN: NaN passes. */
-        return _mm256_min_ps(_mm256_set1_ps(6.0f),
-                             _mm256_max_ps(_mm256_setzero_ps(), v));
-    default:
-        return v;
-    }
-}
-
 /* ---- micro-kernel ---- */
 
 ALWAYS_INLINE void tile(const int MR, const int FULL, int64_t kc,
                         const float *restrict ap, const float *restrict wp,
                         float *restrict c, int64_t ldc, int nr, int flags,
-                        const float *restrict bias, int epi)
+                        const tb_chain *ch, int64_t ci, int64_t cj)
 {
     __m256 acc0[Y_MR], acc1[Y_MR];
     const __m256i k0 = mask_n(nr), k1 = mask_n(nr - 8);
@@ -79,53 +63,102 @@ ALWAYS_INLINE void tile(const int MR, const int FULL, int64_t kc,
             acc1[i] = _mm256_fmadd_ps(x, b1, acc1[i]);
         }
     }
-    {
-        const int last = flags & TB_LAST;
-        __m256 bias0 = _mm256_setzero_ps(), bias1 = _mm256_setzero_ps();
-        if (last && bias != NULL) {
-            bias0 = FULL ? _mm256_loadu_ps(bias) : _mm256_maskload_ps(bias, k0);
-            bias1 = FULL ? _mm256_loadu_ps(bias + 8)
-                         : _mm256_maskload_ps(bias + 8, k1);
-        }
+    if (flags & TB_ACCUMULATE) {
 #pragma GCC unroll 16
         for (i = 0; i < MR; ++i) {
-            float *restrict row = c + i * ldc;
-            __m256 v0 = acc0[i], v1 = acc1[i];
-            if (flags & TB_ACCUMULATE) {
-                v0 = _mm256_add_ps(v0, FULL ? _mm256_loadu_ps(row)
-                                            : _mm256_maskload_ps(row, k0));
-                v1 = _mm256_add_ps(v1, FULL ? _mm256_loadu_ps(row + 8)
-                                            : _mm256_maskload_ps(row + 8, k1));
-            }
-            if (last) {
-                if (bias != NULL) {
-                    v0 = _mm256_add_ps(v0, bias0);
-                    v1 = _mm256_add_ps(v1, bias1);
+            const float *row = c + i * ldc;
+            acc0[i] = _mm256_add_ps(acc0[i], FULL ? _mm256_loadu_ps(row)
+                                                  : _mm256_maskload_ps(row, k0));
+            acc1[i] = _mm256_add_ps(acc1[i], FULL ? _mm256_loadu_ps(row + 8)
+                                                  : _mm256_maskload_ps(row + 8, k1));
+        }
+    }
+    if ((flags & TB_LAST) && ch != NULL) {
+        /* The chain's leading arithmetic operations on the accumulators
+         * themselves (as in dense_f32_avx512.c), the rest through
+         * tb_chain_tile. */
+        int64_t ops = ch->ops;
+        for (; ops != 0; ops >>= 4) {
+            const int op = (int)(ops & 15);
+            if (op == TIRBYOC_EPI_BIAS || op == TIRBYOC_EPI_RESIDUAL) {
+#pragma GCC unroll 16
+                for (i = 0; i < MR; ++i) {
+                    const float *r = op == TIRBYOC_EPI_BIAS
+                                         ? ch->bias + cj
+                                         : ch->residual + (ci + i) * ch->ldr + cj;
+                    acc0[i] = _mm256_add_ps(acc0[i], FULL ? _mm256_loadu_ps(r)
+                                                          : _mm256_maskload_ps(r, k0));
+                    acc1[i] = _mm256_add_ps(acc1[i], FULL ? _mm256_loadu_ps(r + 8)
+                                                          : _mm256_maskload_ps(r + 8, k1));
                 }
-                v0 = epi256(v0, epi);
-                v1 = epi256(v1, epi);
-            }
-            if (FULL) {
-                _mm256_storeu_ps(row, v0);
-                _mm256_storeu_ps(row + 8, v1);
+            } else if (op == TIRBYOC_EPI_SCALE) {
+                const __m256 s = _mm256_set1_ps(ch->scale);
+#pragma GCC unroll 16
+                for (i = 0; i < MR; ++i) {
+                    acc0[i] = _mm256_mul_ps(acc0[i], s);
+                    acc1[i] = _mm256_mul_ps(acc1[i], s);
+                }
+            } else if (op == TIRBYOC_EPI_DIVIDE) {
+                const __m256 s = _mm256_set1_ps(ch->scale);
+#pragma GCC unroll 16
+                for (i = 0; i < MR; ++i) {
+                    acc0[i] = _mm256_div_ps(acc0[i], s);
+                    acc1[i] = _mm256_div_ps(acc1[i], s);
+                }
+            } else if (op == TIRBYOC_EPI_RELU || op == TIRBYOC_EPI_RELU6) {
+                /* vmaxps / vminps return their second source for NaN and
+                 * +-0: NaN and -0.0 pass, as in ch_unary */
+                const __m256 z = _mm256_setzero_ps();
+                const __m256 hi = _mm256_set1_ps(op == TIRBYOC_EPI_RELU6
+                                                     ? 6.0f
+                                                     : __builtin_inff());
+#pragma GCC unroll 16
+                for (i = 0; i < MR; ++i) {
+                    acc0[i] = _mm256_min_ps(hi, _mm256_max_ps(z, acc0[i]));
+                    acc1[i] = _mm256_min_ps(hi, _mm256_max_ps(z, acc1[i]));
+                }
             } else {
-                _mm256_maskstore_ps(row, k0, v0);
-                _mm256_maskstore_ps(row + 8, k1, v1);
+                break;
             }
+        }
+        if (ops != 0) {
+            ch_vf t[2 * Y_MR];
+#pragma GCC unroll 16
+            for (i = 0; i < MR; ++i) {
+                t[2 * i] = (ch_vf)acc0[i];
+                t[2 * i + 1] = (ch_vf)acc1[i];
+            }
+            tb_chain_tile(ch, ops, t, MR, 2, ci, cj, nr, 0);
+#pragma GCC unroll 16
+            for (i = 0; i < MR; ++i) {
+                acc0[i] = (__m256)t[2 * i];
+                acc1[i] = (__m256)t[2 * i + 1];
+            }
+        }
+    }
+#pragma GCC unroll 16
+    for (i = 0; i < MR; ++i) {
+        float *restrict row = c + i * ldc;
+        if (FULL) {
+            _mm256_storeu_ps(row, acc0[i]);
+            _mm256_storeu_ps(row + 8, acc1[i]);
+        } else {
+            _mm256_maskstore_ps(row, k0, acc0[i]);
+            _mm256_maskstore_ps(row + 8, k1, acc1[i]);
         }
     }
 }
 
 typedef void (*tile_fn)(int64_t, const float *, const float *, float *,
-                        int64_t, int, int, const float *, int);
+                        int64_t, int, int, const tb_chain *, int64_t, int64_t);
 
 #define TILE_FN(MR, FULL)                                                     \
     static void tile_##MR##_##FULL(int64_t kc, const float *ap,               \
                                    const float *wp, float *c, int64_t ldc,    \
-                                   int nr, int flags, const float *bias,      \
-                                   int epi)                                   \
+                                   int nr, int flags, const tb_chain *ch,     \
+                                   int64_t ci, int64_t cj)                    \
     {                                                                         \
-        tile(MR, FULL, kc, ap, wp, c, ldc, nr, flags, bias, epi);             \
+        tile(MR, FULL, kc, ap, wp, c, ldc, nr, flags, ch, ci, cj);            \
     }
 #define TILE_FNS(MR) TILE_FN(MR, 0) TILE_FN(MR, 1)
 TILE_FNS(1) TILE_FNS(2) TILE_FNS(3) TILE_FNS(4) TILE_FNS(5) TILE_FNS(6)
@@ -137,10 +170,10 @@ static const tile_fn tiles[2][Y_MR + 1] = {
 
 static void ukernel(int64_t kc, const float *ap, const float *wp, int64_t wps,
                     float *c, int64_t ldc, int mr, int nr, int flags,
-                    const float *bias, int epi)
+                    const tb_chain *ch, int64_t ci, int64_t cj)
 {
     (void)wps; /* one panel: nr <= 16 */
-    tiles[nr == 16][mr](kc, ap, wp, c, ldc, nr, flags, bias, epi);
+    tiles[nr == 16][mr](kc, ap, wp, c, ldc, nr, flags, ch, ci, cj);
 }
 
 /* ---- packing ---- */
@@ -257,8 +290,8 @@ ALWAYS_INLINE float hsum(__m256 v)
 ALWAYS_INLINE void dots(const int MM, const int JB, int64_t k,
                         const float *restrict a, int64_t lda,
                         const float *restrict w, int64_t ldw,
-                        const float *restrict bias, float *restrict c,
-                        int64_t ldc, int epi)
+                        float *restrict c, int64_t ldc, const tb_chain *ch,
+                        int64_t ci, int64_t cj)
 {
     __m256 acc[4][4];
     int64_t p;
@@ -277,28 +310,36 @@ ALWAYS_INLINE void dots(const int MM, const int JB, int64_t k,
                 acc[i][j] = _mm256_fmadd_ps(x[i], y, acc[i][j]);
         }
     }
-    for (i = 0; i < MM; ++i)
-        for (j = 0; j < JB; ++j) {
-            float v = hsum(acc[i][j]);
-            if (bias != NULL)
-                v += bias[j];
-            c[i * ldc + j] = tb_epi_scalar(v, epi);
+    {
+        /* each row's JB outputs in one register, for the chain */
+        ch_vf t[4];
+        for (i = 0; i < MM; ++i) {
+            t[i] = ch_splat(0.0f);
+            for (j = 0; j < JB; ++j)
+                t[i][j] = hsum(acc[i][j]);
         }
+        if (ch != NULL)
+            tb_chain_tile(ch, ch->ops, t, MM, 1, ci, cj, JB, 0);
+        for (i = 0; i < MM; ++i)
+            for (j = 0; j < JB; ++j)
+                c[i * ldc + j] = t[i][j];
+    }
 }
 
 #define DOTS_FN(MM, JB)                                                       \
     static void dots_##MM##_##JB(int64_t k, const float *a, int64_t lda,      \
-                                 const float *w, int64_t ldw,                 \
-                                 const float *bias, float *c, int64_t ldc,    \
-                                 int epi)                                     \
+                                 const float *w, int64_t ldw, float *c,       \
+                                 int64_t ldc, const tb_chain *ch, int64_t ci, \
+                                 int64_t cj)                                  \
     {                                                                         \
-        dots(MM, JB, k, a, lda, w, ldw, bias, c, ldc, epi);                   \
+        dots(MM, JB, k, a, lda, w, ldw, c, ldc, ch, ci, cj);                  \
     }
 DOTS_FN(1, 4) DOTS_FN(2, 4) DOTS_FN(3, 4) DOTS_FN(4, 3)
 DOTS_FN(1, 1) DOTS_FN(2, 1) DOTS_FN(3, 1) DOTS_FN(4, 1)
 
 typedef void (*dots_fn)(int64_t, const float *, int64_t, const float *,
-                        int64_t, const float *, float *, int64_t, int);
+                        int64_t, float *, int64_t, const tb_chain *, int64_t,
+                        int64_t);
 static const dots_fn dots_wide[5] = {NULL, dots_1_4, dots_2_4, dots_3_4,
                                      dots_4_3};
 static const int dots_jb[5] = {0, 4, 4, 4, 3};
@@ -309,8 +350,8 @@ static const dots_fn dots_one[5] = {NULL, dots_1_1, dots_2_1, dots_3_1,
 ALWAYS_INLINE void panels(const int MM, const int PB, int64_t k,
                           const float *restrict a, int64_t lda,
                           const float *restrict w, int64_t pstride,
-                          const float *restrict bias, float *restrict c,
-                          int64_t ldc, int64_t nb, int epi)
+                          float *restrict c, int64_t ldc, int64_t nb,
+                          const tb_chain *ch, int64_t ci, int64_t cj)
 {
     __m256 acc[4][8];
     int64_t p;
@@ -329,33 +370,38 @@ ALWAYS_INLINE void panels(const int MM, const int PB, int64_t k,
                 acc[i][q] = _mm256_fmadd_ps(x[i], y, acc[i][q]);
         }
     }
+    if (ch != NULL) {
+        ch_vf t[4 * 8];
+        for (i = 0; i < MM; ++i)
+            for (q = 0; q < 2 * PB; ++q)
+                t[i * 2 * PB + q] = (ch_vf)acc[i][q];
+        tb_chain_tile(ch, ch->ops, t, MM, 2 * PB, ci, cj, nb, 0);
+        for (i = 0; i < MM; ++i)
+            for (q = 0; q < 2 * PB; ++q)
+                acc[i][q] = (__m256)t[i * 2 * PB + q];
+    }
     for (q = 0; q < 2 * PB; ++q) {
         const __m256i mk = mask_n(nb - q * 8);
-        const __m256 bv = bias != NULL ? _mm256_maskload_ps(bias + q * 8, mk)
-                                       : _mm256_setzero_ps();
-        for (i = 0; i < MM; ++i) {
-            __m256 v = acc[i][q];
-            if (bias != NULL)
-                v = _mm256_add_ps(v, bv);
-            _mm256_maskstore_ps(c + i * ldc + q * 8, mk, epi256(v, epi));
-        }
+        for (i = 0; i < MM; ++i)
+            _mm256_maskstore_ps(c + i * ldc + q * 8, mk, acc[i][q]);
     }
 }
 
 #define PANELS_FN(MM, PB)                                                     \
     static void panels_##MM##_##PB(int64_t k, const float *a, int64_t lda,    \
-                                   const float *w, int64_t ps,                \
-                                   const float *bias, float *c, int64_t ldc,  \
-                                   int64_t nb, int epi)                       \
+                                   const float *w, int64_t ps, float *c,      \
+                                   int64_t ldc, int64_t nb,                   \
+                                   const tb_chain *ch, int64_t ci,            \
+                                   int64_t cj)                                \
     {                                                                         \
-        panels(MM, PB, k, a, lda, w, ps, bias, c, ldc, nb, epi);              \
+        panels(MM, PB, k, a, lda, w, ps, c, ldc, nb, ch, ci, cj);             \
     }
 PANELS_FN(1, 4) PANELS_FN(2, 2) PANELS_FN(3, 2) PANELS_FN(4, 1)
 PANELS_FN(1, 1) PANELS_FN(2, 1) PANELS_FN(3, 1)
 
 typedef void (*panels_fn)(int64_t, const float *, int64_t, const float *,
-                          int64_t, const float *, float *, int64_t, int64_t,
-                          int);
+                          int64_t, float *, int64_t, int64_t,
+                          const tb_chain *, int64_t, int64_t);
 static const panels_fn panels_wide[5] = {NULL, panels_1_4, panels_2_2,
                                          panels_3_2, panels_4_1};
 static const int panels_pb[5] = {0, 4, 2, 2, 1};
@@ -368,8 +414,8 @@ static const panels_fn panels_one[5] = {NULL, panels_1_1, panels_2_1,
  * rank-1 updates per pass. */
 static void rows_nn(int64_t mm, int64_t n, int64_t k, const float *restrict a,
                     int64_t lda, const float *restrict w, int64_t ldw,
-                    const float *restrict bias, float *restrict c,
-                    int64_t ldc, int epi)
+                    float *restrict c, int64_t ldc, const tb_chain *ch,
+                    int64_t ci, int64_t cj)
 {
     int64_t j0, j, p;
     int i, s;
@@ -402,50 +448,40 @@ static void rows_nn(int64_t mm, int64_t n, int64_t k, const float *restrict a,
                 }
             }
         }
-        for (i = 0; i < mm; ++i) {
-            float *restrict row = c + i * ldc + j0;
-            for (j = 0; j < nb; j += 8) {
-                const __m256i mk = mask_n(nb - j);
-                __m256 v = _mm256_maskload_ps(row + j, mk);
-                if (bias != NULL)
-                    v = _mm256_add_ps(v, _mm256_maskload_ps(bias + j0 + j, mk));
-                _mm256_maskstore_ps(row + j, mk, epi256(v, epi));
-            }
-        }
+        /* the chunk is in L1: the chain on it before moving on */
+        if (ch != NULL)
+            tb_chain_block(ch, c + j0, ldc, mm, nb, ci, cj + j0);
     }
 }
 
 static void small_cols(tb_wlayout layout, int64_t m, int64_t n, int64_t k,
                   const float *restrict a, int64_t lda,
-                  const float *restrict w, int64_t ldw,
-                  const float *restrict bias, float *restrict c, int64_t ldc,
-                  int epi)
+                  const float *restrict w, int64_t ldw, float *restrict c,
+                  int64_t ldc, const tb_chain *ch, int64_t ci, int64_t cj)
 {
     int64_t i0, j;
     for (i0 = 0; i0 < m; i0 += 4) {
         const int mm = (int)min_i64(4, m - i0);
         const float *ai = a + i0 * lda;
-        float *ci = c + i0 * ldc;
+        float *c_i = c + i0 * ldc;
         if (layout == TB_W_NT) {
             const int jb = dots_jb[mm];
             for (j = 0; j + jb <= n; j += jb)
-                dots_wide[mm](k, ai, lda, w + j * ldw, ldw,
-                              bias != NULL ? bias + j : NULL, ci + j, ldc, epi);
+                dots_wide[mm](k, ai, lda, w + j * ldw, ldw, c_i + j, ldc, ch,
+                              ci + i0, cj + j);
             for (; j < n; ++j)
-                dots_one[mm](k, ai, lda, w + j * ldw, ldw,
-                             bias != NULL ? bias + j : NULL, ci + j, ldc, epi);
+                dots_one[mm](k, ai, lda, w + j * ldw, ldw, c_i + j, ldc, ch,
+                             ci + i0, cj + j);
         } else if (layout == TB_W_NN) {
-            rows_nn(mm, n, k, ai, lda, w, ldw, bias, ci, ldc, epi);
+            rows_nn(mm, n, k, ai, lda, w, ldw, c_i, ldc, ch, ci + i0, cj);
         } else {
             const int pb = panels_pb[mm];
             for (j = 0; j + pb * 16 <= n; j += pb * 16)
-                panels_wide[mm](k, ai, lda, w + (j / 16) * ldw, ldw,
-                                bias != NULL ? bias + j : NULL, ci + j, ldc,
-                                pb * 16, epi);
+                panels_wide[mm](k, ai, lda, w + (j / 16) * ldw, ldw, c_i + j,
+                                ldc, pb * 16, ch, ci + i0, cj + j);
             for (; j < n; j += 16)
-                panels_one[mm](k, ai, lda, w + (j / 16) * ldw, ldw,
-                               bias != NULL ? bias + j : NULL, ci + j, ldc,
-                               n - j, epi);
+                panels_one[mm](k, ai, lda, w + (j / 16) * ldw, ldw, c_i + j,
+                               ldc, n - j, ch, ci + i0, cj + j);
         }
     }
 }
@@ -472,8 +508,8 @@ static void small_cols(tb_wlayout layout, int64_t m, int64_t n, int64_t k,
 ALWAYS_INLINE void dtile(const int V, int64_t k, int64_t kblocks,
                          const float *restrict ap, int64_t aps,
                          const float *restrict w, int64_t ldw, int jn, int mv,
-                         const float *restrict bias, float *restrict c,
-                         int64_t ldc, int epi)
+                         float *restrict c, int64_t ldc, const tb_chain *ch,
+                         int64_t ci, int64_t cj)
 {
     __m256 acc[2][Y_DJ];
     const float *restrict wr[Y_DJ];
@@ -507,16 +543,10 @@ ALWAYS_INLINE void dtile(const int V, int64_t k, int64_t kblocks,
                 _mm256_store_ps(&tot[j][8 * v], r);
             }
     }
-    for (j = 0; j < Y_DJ; ++j) {
-        const __m256 b = bias != NULL && j < jn ? _mm256_set1_ps(bias[j])
-                                                : _mm256_setzero_ps();
-        for (v = 0; v < V; ++v) {
-            __m256 r = _mm256_load_ps(&tot[j][8 * v]);
-            if (bias != NULL)
-                r = _mm256_add_ps(r, b);
-            _mm256_store_ps(&tot[j][8 * v], epi256(r, epi));
-        }
-    }
+    /* The chain on the tile, whose registers run down C's columns (GCC's
+     * vector types alias their element type). */
+    if (ch != NULL)
+        tb_chain_tile(ch, ch->ops, (ch_vf *)tot, jn, 2, ci, cj, mv, 1);
     for (i = 0; i < mv; ++i)
         for (j = 0; j < jn; ++j)
             c[i * ldc + j] = tot[j][i];
@@ -525,16 +555,16 @@ ALWAYS_INLINE void dtile(const int V, int64_t k, int64_t kblocks,
 #define DTILE_FN(V)                                                           \
     static void dtile_##V(int64_t k, int64_t kblocks, const float *ap,        \
                           int64_t aps, const float *w, int64_t ldw, int jn,   \
-                          int mv, const float *bias, float *c, int64_t ldc,   \
-                          int epi)                                            \
+                          int mv, float *c, int64_t ldc, const tb_chain *ch,  \
+                          int64_t ci, int64_t cj)                             \
     {                                                                         \
-        dtile(V, k, kblocks, ap, aps, w, ldw, jn, mv, bias, c, ldc, epi);     \
+        dtile(V, k, kblocks, ap, aps, w, ldw, jn, mv, c, ldc, ch, ci, cj);    \
     }
 DTILE_FN(1) DTILE_FN(2)
 
 static void nt_direct(int64_t m, int64_t n, int64_t k, const float *a,
-                      int64_t lda, const float *w, int64_t ldw,
-                      const float *bias, float *c, int64_t ldc, int epi,
+                      int64_t lda, const float *w, int64_t ldw, float *c,
+                      int64_t ldc, const tb_chain *ch, int64_t ci, int64_t cj,
                       float *ap)
 {
     const int64_t kblocks = tb_kblocks(k, ISA_KC);
@@ -553,9 +583,8 @@ static void nt_direct(int64_t m, int64_t n, int64_t k, const float *a,
                 const int rows = (int)min_i64(16, mv - u);
                 (rows > 8 ? dtile_2 : dtile_1)(
                     k, kblocks, ap + u, 8 * V, w + j * ldw, ldw,
-                    (int)min_i64(Y_DJ, n - j), rows,
-                    bias != NULL ? bias + j : NULL, c + (i0 + u) * ldc + j,
-                    ldc, epi);
+                    (int)min_i64(Y_DJ, n - j), rows, c + (i0 + u) * ldc + j,
+                    ldc, ch, ci + i0 + u, cj + j);
             }
     }
 }

@@ -8,7 +8,7 @@
  * Micro-kernel: X_MR = 14 rows x 32 columns (two 16-float W panels), so
  * 28 of the 32 zmm registers hold accumulators; per k step two W vectors
  * are loaded and each row's A value is broadcast once and feeds two FMAs. Column edges use
- * AVX-512 masks on C and bias (W panels are zero padded), row edges have
+ * AVX-512 masks on C (W panels are zero padded), row edges have
  * their own instantiations, so every output goes through the same
  * sequence of operations whatever tile it falls in.
  *
@@ -37,28 +37,12 @@ static __mmask16 mask_n(int64_t n)
     return n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1u);
 }
 
-ALWAYS_INLINE __m512 epi512(__m512 v, int epi)
-{
-    switch (epi) {
-    case TB_EPI_RELU:
-        /* vmaxps returns its second source for NaN (and for +-0): NaN and
-         * -0.0 pass through exactly as in tb_epi_scalar. */
-        return _mm512_max_ps(_mm512_setzero_ps(), v);
-    case TB_EPI_RELU6:
-        /* Both steps return their second source for NaN: NaN passes. */
-        return _mm512_min_ps(_mm512_set1_ps(6.0f),
-                             _mm512_max_ps(_mm512_setzero_ps(), v));
-    default:
-        return v;
-    }
-}
-
 /* ---- micro-kernel ---- */
 
 ALWAYS_INLINE void tile(const int MR, const int NV, int64_t kc,
                         const float *restrict ap, const float *restrict wp,
                         int64_t wps, float *restrict c, int64_t ldc, int nr,
-                        int flags, const float *restrict bias, int epi)
+                        int flags, const tb_chain *ch, int64_t ci, int64_t cj)
 {
     __m512 acc0[X_MR], acc1[X_MR];
     const float *restrict w0 = wp;
@@ -96,48 +80,109 @@ ALWAYS_INLINE void tile(const int MR, const int NV, int64_t kc,
                 acc1[i] = _mm512_fmadd_ps(x, b1, acc1[i]);
         }
     }
-    {
-        __m512 bias0 = _mm512_setzero_ps(), bias1 = _mm512_setzero_ps();
-        const int last = flags & TB_LAST;
-        if (last && bias != NULL) {
-            bias0 = _mm512_maskz_loadu_ps(m0, bias);
-            if (NV == 2)
-                bias1 = _mm512_maskz_loadu_ps(m1, bias + 16);
-        }
+    if (flags & TB_ACCUMULATE) {
 #pragma GCC unroll 16
         for (i = 0; i < MR; ++i) {
-            float *restrict row = c + i * ldc;
-            __m512 v0 = acc0[i], v1 = acc1[i];
-            if (flags & TB_ACCUMULATE) {
-                v0 = _mm512_add_ps(v0, _mm512_maskz_loadu_ps(m0, row));
-                if (NV == 2)
-                    v1 = _mm512_add_ps(v1, _mm512_maskz_loadu_ps(m1, row + 16));
-            }
-            if (last) {
-                if (bias != NULL) {
-                    v0 = _mm512_add_ps(v0, bias0);
-                    v1 = _mm512_add_ps(v1, bias1);
-                }
-                v0 = epi512(v0, epi);
-                v1 = epi512(v1, epi);
-            }
-            _mm512_mask_storeu_ps(row, m0, v0);
+            acc0[i] = _mm512_add_ps(acc0[i], _mm512_maskz_loadu_ps(m0, c + i * ldc));
             if (NV == 2)
-                _mm512_mask_storeu_ps(row + 16, m1, v1);
+                acc1[i] = _mm512_add_ps(acc1[i],
+                                        _mm512_maskz_loadu_ps(m1, c + i * ldc + 16));
         }
+    }
+    if ((flags & TB_LAST) && ch != NULL) {
+        /* The chain's leading arithmetic operations (bias, residual, scale,
+         * divide, relu, relu6) on the accumulators themselves, one at a time
+         * over the tile; the same operations as tb_chain_tile's, so the same
+         * results. */
+        int64_t ops = ch->ops;
+        for (; ops != 0; ops >>= 4) {
+            const int op = (int)(ops & 15);
+            if (op == TIRBYOC_EPI_BIAS) {
+                const __m512 b0 = _mm512_maskz_loadu_ps(m0, ch->bias + cj);
+                const __m512 b1 = NV == 2 ? _mm512_maskz_loadu_ps(m1, ch->bias + cj + 16)
+                                          : _mm512_setzero_ps();
+#pragma GCC unroll 16
+                for (i = 0; i < MR; ++i) {
+                    acc0[i] = _mm512_add_ps(acc0[i], b0);
+                    acc1[i] = _mm512_add_ps(acc1[i], b1);
+                }
+            } else if (op == TIRBYOC_EPI_RESIDUAL) {
+#pragma GCC unroll 16
+                for (i = 0; i < MR; ++i) {
+                    const float *r = ch->residual + (ci + i) * ch->ldr + cj;
+                    acc0[i] = _mm512_add_ps(acc0[i], _mm512_maskz_loadu_ps(m0, r));
+                    if (NV == 2)
+                        acc1[i] = _mm512_add_ps(acc1[i],
+                                                _mm512_maskz_loadu_ps(m1, r + 16));
+                }
+            } else if (op == TIRBYOC_EPI_SCALE) {
+                const __m512 s = _mm512_set1_ps(ch->scale);
+#pragma GCC unroll 16
+                for (i = 0; i < MR; ++i) {
+                    acc0[i] = _mm512_mul_ps(acc0[i], s);
+                    acc1[i] = _mm512_mul_ps(acc1[i], s);
+                }
+            } else if (op == TIRBYOC_EPI_DIVIDE) {
+                const __m512 s = _mm512_set1_ps(ch->scale);
+#pragma GCC unroll 16
+                for (i = 0; i < MR; ++i) {
+                    acc0[i] = _mm512_div_ps(acc0[i], s);
+                    acc1[i] = _mm512_div_ps(acc1[i], s);
+                }
+            } else if (op == TIRBYOC_EPI_RELU || op == TIRBYOC_EPI_RELU6) {
+                /* vmaxps / vminps return their second source for NaN and
+                 * +-0: NaN and -0.0 pass, as in ch_unary */
+                const __m512 z = _mm512_setzero_ps();
+                const __m512 hi = _mm512_set1_ps(op == TIRBYOC_EPI_RELU6
+                                                     ? 6.0f
+                                                     : __builtin_inff());
+#pragma GCC unroll 16
+                for (i = 0; i < MR; ++i) {
+                    acc0[i] = _mm512_min_ps(hi, _mm512_max_ps(z, acc0[i]));
+                    acc1[i] = _mm512_min_ps(hi, _mm512_max_ps(z, acc1[i]));
+                }
+            } else {
+                break;
+            }
+        }
+        if (ops != 0) {
+            /* From the first transcendental operation on: the tile's
+             * registers through tb_chain_tile. */
+            ch_vf t[2 * X_MR];
+#pragma GCC unroll 16
+            for (i = 0; i < MR; ++i) {
+                t[i * NV] = (ch_vf)acc0[i];
+                if (NV == 2)
+                    t[i * NV + 1] = (ch_vf)acc1[i];
+            }
+            tb_chain_tile(ch, ops, t, MR, NV, ci, cj, nr, 0);
+#pragma GCC unroll 16
+            for (i = 0; i < MR; ++i) {
+                acc0[i] = (__m512)t[i * NV];
+                if (NV == 2)
+                    acc1[i] = (__m512)t[i * NV + 1];
+            }
+        }
+    }
+#pragma GCC unroll 16
+    for (i = 0; i < MR; ++i) {
+        _mm512_mask_storeu_ps(c + i * ldc, m0, acc0[i]);
+        if (NV == 2)
+            _mm512_mask_storeu_ps(c + i * ldc + 16, m1, acc1[i]);
     }
 }
 
 typedef void (*tile_fn)(int64_t, const float *, const float *, int64_t,
-                        float *, int64_t, int, int, const float *, int);
+                        float *, int64_t, int, int, const tb_chain *, int64_t,
+                        int64_t);
 
 #define TILE_FN(MR, NV)                                                       \
     static void tile_##MR##_##NV(int64_t kc, const float *ap,                 \
                                  const float *wp, int64_t wps, float *c,      \
                                  int64_t ldc, int nr, int flags,              \
-                                 const float *bias, int epi)                  \
+                                 const tb_chain *ch, int64_t ci, int64_t cj)  \
     {                                                                         \
-        tile(MR, NV, kc, ap, wp, wps, c, ldc, nr, flags, bias, epi);          \
+        tile(MR, NV, kc, ap, wp, wps, c, ldc, nr, flags, ch, ci, cj);         \
     }
 #define TILE_FNS(MR) TILE_FN(MR, 1) TILE_FN(MR, 2)
 TILE_FNS(1) TILE_FNS(2) TILE_FNS(3) TILE_FNS(4) TILE_FNS(5) TILE_FNS(6)
@@ -155,9 +200,9 @@ static const tile_fn tiles[2][X_MR + 1] = {
 
 static void ukernel(int64_t kc, const float *ap, const float *wp, int64_t wps,
                     float *c, int64_t ldc, int mr, int nr, int flags,
-                    const float *bias, int epi)
+                    const tb_chain *ch, int64_t ci, int64_t cj)
 {
-    tiles[nr > 16][mr](kc, ap, wp, wps, c, ldc, nr, flags, bias, epi);
+    tiles[nr > 16][mr](kc, ap, wp, wps, c, ldc, nr, flags, ch, ci, cj);
 }
 
 /* ---- packing ---- */
@@ -253,8 +298,8 @@ static void pack_w(tb_wlayout layout, int64_t kc, int64_t nc,
 ALWAYS_INLINE void dots(const int MM, const int JB, int64_t k,
                         const float *restrict a, int64_t lda,
                         const float *restrict w, int64_t ldw,
-                        const float *restrict bias, float *restrict c,
-                        int64_t ldc, int epi)
+                        float *restrict c, int64_t ldc, const tb_chain *ch,
+                        int64_t ci, int64_t cj)
 {
     __m512 acc[4][8];
     int64_t p;
@@ -273,13 +318,20 @@ ALWAYS_INLINE void dots(const int MM, const int JB, int64_t k,
                 acc[i][j] = _mm512_fmadd_ps(x[i], y, acc[i][j]);
         }
     }
-    for (i = 0; i < MM; ++i)
-        for (j = 0; j < JB; ++j) {
-            float v = _mm512_reduce_add_ps(acc[i][j]);
-            if (bias != NULL)
-                v += bias[j];
-            c[i * ldc + j] = tb_epi_scalar(v, epi);
+    {
+        /* each row's JB outputs in one register, for the chain */
+        ch_vf t[4];
+        for (i = 0; i < MM; ++i) {
+            t[i] = ch_splat(0.0f);
+            for (j = 0; j < JB; ++j)
+                t[i][j] = _mm512_reduce_add_ps(acc[i][j]);
         }
+        if (ch != NULL)
+            tb_chain_tile(ch, ch->ops, t, MM, 1, ci, cj, JB, 0);
+        for (i = 0; i < MM; ++i)
+            for (j = 0; j < JB; ++j)
+                c[i * ldc + j] = t[i][j];
+    }
 }
 
 /* nt, one row of A: the rows of W one after another, each a dot product
@@ -287,8 +339,10 @@ ALWAYS_INLINE void dots(const int MM, const int JB, int64_t k,
  * the hardware prefetcher follows best) instead of JB rows at once. */
 static void dots_stream(int64_t n, int64_t k, const float *restrict a,
                         const float *restrict w, int64_t ldw,
-                        const float *restrict bias, float *restrict c, int epi)
+                        float *restrict c, const tb_chain *ch, int64_t ci,
+                        int64_t cj)
 {
+    ch_vf out = ch_splat(0.0f); /* 16 outputs at a time, for the chain */
     int64_t j, p;
     for (j = 0; j < n; ++j) {
         const float *restrict wr = w + j * ldw;
@@ -311,25 +365,31 @@ static void dots_stream(int64_t n, int64_t k, const float *restrict a,
         }
         v = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1),
                                                _mm512_add_ps(s2, s3)));
-        if (bias != NULL)
-            v += bias[j];
-        c[j] = tb_epi_scalar(v, epi);
+        out[j % 16] = v;
+        if (j % 16 == 15 || j == n - 1) {
+            const int64_t j0 = j / 16 * 16;
+            const int lanes = (int)(j - j0 + 1);
+            if (ch != NULL)
+                tb_chain_tile(ch, ch->ops, &out, 1, 1, ci, cj + j0, lanes, 0);
+            _mm512_mask_storeu_ps(c + j0, mask_n(lanes), (__m512)out);
+        }
     }
 }
 
 #define DOTS_FN(MM, JB)                                                       \
     static void dots_##MM##_##JB(int64_t k, const float *a, int64_t lda,      \
-                                 const float *w, int64_t ldw,                 \
-                                 const float *bias, float *c, int64_t ldc,    \
-                                 int epi)                                     \
+                                 const float *w, int64_t ldw, float *c,       \
+                                 int64_t ldc, const tb_chain *ch, int64_t ci, \
+                                 int64_t cj)                                  \
     {                                                                         \
-        dots(MM, JB, k, a, lda, w, ldw, bias, c, ldc, epi);                   \
+        dots(MM, JB, k, a, lda, w, ldw, c, ldc, ch, ci, cj);                  \
     }
 DOTS_FN(1, 8) DOTS_FN(2, 8) DOTS_FN(3, 4) DOTS_FN(4, 4)
 DOTS_FN(1, 1) DOTS_FN(2, 1) DOTS_FN(3, 1) DOTS_FN(4, 1)
 
 typedef void (*dots_fn)(int64_t, const float *, int64_t, const float *,
-                        int64_t, const float *, float *, int64_t, int);
+                        int64_t, float *, int64_t, const tb_chain *, int64_t,
+                        int64_t);
 static const dots_fn dots_wide[5] = {NULL, dots_1_8, dots_2_8, dots_3_4,
                                      dots_4_4};
 static const dots_fn dots_one[5] = {NULL, dots_1_1, dots_2_1, dots_3_1,
@@ -339,8 +399,8 @@ static const dots_fn dots_one[5] = {NULL, dots_1_1, dots_2_1, dots_3_1,
 ALWAYS_INLINE void panels(const int MM, const int PB, int64_t k,
                           const float *restrict a, int64_t lda,
                           const float *restrict w, int64_t pstride,
-                          const float *restrict bias, float *restrict c,
-                          int64_t ldc, int64_t nb, int epi)
+                          float *restrict c, int64_t ldc, int64_t nb,
+                          const tb_chain *ch, int64_t ci, int64_t cj)
 {
     __m512 acc[4][8];
     int64_t p;
@@ -358,34 +418,38 @@ ALWAYS_INLINE void panels(const int MM, const int PB, int64_t k,
                 acc[i][q] = _mm512_fmadd_ps(x[i], y, acc[i][q]);
         }
     }
+    if (ch != NULL) {
+        ch_vf t[4 * 8];
+        for (i = 0; i < MM; ++i)
+            for (q = 0; q < PB; ++q)
+                t[i * PB + q] = (ch_vf)acc[i][q];
+        tb_chain_tile(ch, ch->ops, t, MM, PB, ci, cj, nb, 0);
+        for (i = 0; i < MM; ++i)
+            for (q = 0; q < PB; ++q)
+                acc[i][q] = (__m512)t[i * PB + q];
+    }
     for (q = 0; q < PB; ++q) {
         const __mmask16 mk = mask_n(nb - q * 16);
-        const __m512 bv = bias != NULL
-                              ? _mm512_maskz_loadu_ps(mk, bias + q * 16)
-                              : _mm512_setzero_ps();
-        for (i = 0; i < MM; ++i) {
-            __m512 v = acc[i][q];
-            if (bias != NULL)
-                v = _mm512_add_ps(v, bv);
-            _mm512_mask_storeu_ps(c + i * ldc + q * 16, mk, epi512(v, epi));
-        }
+        for (i = 0; i < MM; ++i)
+            _mm512_mask_storeu_ps(c + i * ldc + q * 16, mk, acc[i][q]);
     }
 }
 
 #define PANELS_FN(MM, PB)                                                     \
     static void panels_##MM##_##PB(int64_t k, const float *a, int64_t lda,    \
-                                   const float *w, int64_t ps,                \
-                                   const float *bias, float *c, int64_t ldc,  \
-                                   int64_t nb, int epi)                       \
+                                   const float *w, int64_t ps, float *c,      \
+                                   int64_t ldc, int64_t nb,                   \
+                                   const tb_chain *ch, int64_t ci,            \
+                                   int64_t cj)                                \
     {                                                                         \
-        panels(MM, PB, k, a, lda, w, ps, bias, c, ldc, nb, epi);              \
+        panels(MM, PB, k, a, lda, w, ps, c, ldc, nb, ch, ci, cj);             \
     }
 PANELS_FN(1, 8) PANELS_FN(2, 8) PANELS_FN(3, 4) PANELS_FN(4, 4)
 PANELS_FN(1, 1) PANELS_FN(2, 1) PANELS_FN(3, 1) PANELS_FN(4, 1)
 
 typedef void (*panels_fn)(int64_t, const float *, int64_t, const float *,
-                          int64_t, const float *, float *, int64_t, int64_t,
-                          int);
+                          int64_t, float *, int64_t, int64_t,
+                          const tb_chain *, int64_t, int64_t);
 static const panels_fn panels_wide[5] = {NULL, panels_1_8, panels_2_8,
                                          panels_3_4, panels_4_4};
 static const panels_fn panels_one[5] = {NULL, panels_1_1, panels_2_1,
@@ -398,8 +462,8 @@ static const panels_fn panels_one[5] = {NULL, panels_1_1, panels_2_1,
  * rank-1 updates per pass (four W rows in flight). */
 static void rows_nn(int64_t mm, int64_t n, int64_t k, const float *restrict a,
                     int64_t lda, const float *restrict w, int64_t ldw,
-                    const float *restrict bias, float *restrict c,
-                    int64_t ldc, int epi)
+                    float *restrict c, int64_t ldc, const tb_chain *ch,
+                    int64_t ci, int64_t cj)
 {
     int64_t j0, j, p;
     int i;
@@ -441,53 +505,42 @@ static void rows_nn(int64_t mm, int64_t n, int64_t k, const float *restrict a,
                 }
             }
         }
-        for (i = 0; i < mm; ++i) {
-            float *restrict row = c + i * ldc + j0;
-            for (j = 0; j < nb; j += 16) {
-                const __mmask16 mk = mask_n(nb - j);
-                __m512 v = _mm512_maskz_loadu_ps(mk, row + j);
-                if (bias != NULL)
-                    v = _mm512_add_ps(v,
-                                      _mm512_maskz_loadu_ps(mk, bias + j0 + j));
-                _mm512_mask_storeu_ps(row + j, mk, epi512(v, epi));
-            }
-        }
+        /* the chunk is in L1: the chain on it before moving on */
+        if (ch != NULL)
+            tb_chain_block(ch, c + j0, ldc, mm, nb, ci, cj + j0);
     }
 }
 
 static void small_cols(tb_wlayout layout, int64_t m, int64_t n, int64_t k,
                   const float *restrict a, int64_t lda,
-                  const float *restrict w, int64_t ldw,
-                  const float *restrict bias, float *restrict c, int64_t ldc,
-                  int epi)
+                  const float *restrict w, int64_t ldw, float *restrict c,
+                  int64_t ldc, const tb_chain *ch, int64_t ci, int64_t cj)
 {
     int64_t i0, j;
     for (i0 = 0; i0 < m; i0 += 4) {
         const int mm = (int)min_i64(4, m - i0);
         const float *ai = a + i0 * lda;
-        float *ci = c + i0 * ldc;
+        float *c_i = c + i0 * ldc;
         if (layout == TB_W_NT && mm == 1) {
-            dots_stream(n, k, ai, w, ldw, bias, ci, epi);
+            dots_stream(n, k, ai, w, ldw, c_i, ch, ci + i0, cj);
         } else if (layout == TB_W_NT) {
             const int jb = mm <= 2 ? 8 : 4;
             for (j = 0; j + jb <= n; j += jb)
-                dots_wide[mm](k, ai, lda, w + j * ldw, ldw,
-                              bias != NULL ? bias + j : NULL, ci + j, ldc, epi);
+                dots_wide[mm](k, ai, lda, w + j * ldw, ldw, c_i + j, ldc, ch,
+                              ci + i0, cj + j);
             for (; j < n; ++j)
-                dots_one[mm](k, ai, lda, w + j * ldw, ldw,
-                             bias != NULL ? bias + j : NULL, ci + j, ldc, epi);
+                dots_one[mm](k, ai, lda, w + j * ldw, ldw, c_i + j, ldc, ch,
+                             ci + i0, cj + j);
         } else if (layout == TB_W_NN) {
-            rows_nn(mm, n, k, ai, lda, w, ldw, bias, ci, ldc, epi);
+            rows_nn(mm, n, k, ai, lda, w, ldw, c_i, ldc, ch, ci + i0, cj);
         } else {
             const int pb = mm <= 2 ? 8 : 4;
             for (j = 0; j + pb * 16 <= n; j += pb * 16)
-                panels_wide[mm](k, ai, lda, w + (j / 16) * ldw, ldw,
-                                bias != NULL ? bias + j : NULL, ci + j, ldc,
-                                pb * 16, epi);
+                panels_wide[mm](k, ai, lda, w + (j / 16) * ldw, ldw, c_i + j,
+                                ldc, pb * 16, ch, ci + i0, cj + j);
             for (; j < n; j += 16)
-                panels_one[mm](k, ai, lda, w + (j / 16) * ldw, ldw,
-                               bias != NULL ? bias + j : NULL, ci + j, ldc,
-                               n - j, epi);
+                panels_one[mm](k, ai, lda, w + (j / 16) * ldw, ldw, c_i + j,
+                               ldc, n - j, ch, ci + i0, cj + j);
         }
     }
 }
@@ -508,16 +561,16 @@ static void small_cols(tb_wlayout layout, int64_t m, int64_t n, int64_t k,
  *
  * Each output is summed over the same K blocks as the blocked path
  * (tb_kblocks with ISA_KC), one FMA chain per block, the blocks
- * then added in order, then the bias: bit-identical to the packed-W path.
+ * then added in order, then the chain: bit-identical to the packed-W path.
  */
 #define X_DV 4
 #define X_DJ 6
 
 ALWAYS_INLINE void dtile(const int V, int64_t k, int64_t kblocks,
                          const float *restrict ap, const float *restrict w,
-                         int64_t ldw, int jn, int mv,
-                         const float *restrict bias, float *restrict c,
-                         int64_t ldc, int epi)
+                         int64_t ldw, int jn, int mv, float *restrict c,
+                         int64_t ldc, const tb_chain *ch, int64_t ci,
+                         int64_t cj)
 {
     __m512 acc[X_DV][X_DJ];
     const float *restrict wr[X_DJ];
@@ -551,16 +604,10 @@ ALWAYS_INLINE void dtile(const int V, int64_t k, int64_t kblocks,
                 _mm512_store_ps(&tot[j][16 * v], r);
             }
     }
-    for (j = 0; j < X_DJ; ++j) {
-        const __m512 b = bias != NULL && j < jn ? _mm512_set1_ps(bias[j])
-                                                : _mm512_setzero_ps();
-        for (v = 0; v < V; ++v) {
-            __m512 r = _mm512_load_ps(&tot[j][16 * v]);
-            if (bias != NULL)
-                r = _mm512_add_ps(r, b);
-            _mm512_store_ps(&tot[j][16 * v], epi512(r, epi));
-        }
-    }
+    /* The chain on the tile, whose registers run down C's columns (GCC's
+     * vector types alias their element type). */
+    if (ch != NULL)
+        tb_chain_tile(ch, ch->ops, (ch_vf *)tot, jn, X_DV, ci, cj, mv, 1);
     for (i = 0; i < mv; ++i)
         for (j = 0; j < jn; ++j)
             c[i * ldc + j] = tot[j][i];
@@ -569,21 +616,22 @@ ALWAYS_INLINE void dtile(const int V, int64_t k, int64_t kblocks,
 #define DTILE_FN(V)                                                           \
     static void dtile_##V(int64_t k, int64_t kblocks, const float *ap,        \
                           const float *w, int64_t ldw, int jn, int mv,        \
-                          const float *bias, float *c, int64_t ldc, int epi)  \
+                          float *c, int64_t ldc, const tb_chain *ch,          \
+                          int64_t ci, int64_t cj)                             \
     {                                                                         \
-        dtile(V, k, kblocks, ap, w, ldw, jn, mv, bias, c, ldc, epi);          \
+        dtile(V, k, kblocks, ap, w, ldw, jn, mv, c, ldc, ch, ci, cj);         \
     }
 DTILE_FN(1) DTILE_FN(2) DTILE_FN(3) DTILE_FN(4)
 
 typedef void (*dtile_fn)(int64_t, int64_t, const float *, const float *,
-                         int64_t, int, int, const float *, float *, int64_t,
-                         int);
+                         int64_t, int, int, float *, int64_t,
+                         const tb_chain *, int64_t, int64_t);
 static const dtile_fn dtiles[X_DV + 1] = {NULL, dtile_1, dtile_2, dtile_3,
                                           dtile_4};
 
 static void nt_direct(int64_t m, int64_t n, int64_t k, const float *a,
-                      int64_t lda, const float *w, int64_t ldw,
-                      const float *bias, float *c, int64_t ldc, int epi,
+                      int64_t lda, const float *w, int64_t ldw, float *c,
+                      int64_t ldc, const tb_chain *ch, int64_t ci, int64_t cj,
                       float *ap)
 {
     const int64_t kblocks = tb_kblocks(k, ISA_KC);
@@ -598,9 +646,8 @@ static void nt_direct(int64_t m, int64_t n, int64_t k, const float *a,
                         k, ap + 16 * v, 16 * V, (__mmask16)0xFFFF);
         for (j = 0; j < n; j += X_DJ)
             dtiles[V](k, kblocks, ap, w + j * ldw, ldw,
-                      (int)min_i64(X_DJ, n - j), mv,
-                      bias != NULL ? bias + j : NULL, c + i0 * ldc + j, ldc,
-                      epi);
+                      (int)min_i64(X_DJ, n - j), mv, c + i0 * ldc + j, ldc,
+                      ch, ci + i0, cj + j);
     }
 }
 

@@ -68,7 +68,7 @@ static void half_tile(int64_t kc, const float *restrict ap, int mr,
 static void ukernel(int64_t kc, const float *restrict ap,
                     const float *restrict wp, int64_t wps, float *restrict c,
                     int64_t ldc, int mr, int nr, int flags,
-                    const float *restrict bias, int epi)
+                    const tb_chain *ch, int64_t ci, int64_t cj)
 {
     float acc[G_MR][TB_NR];
     float half[G_MR][8];
@@ -81,20 +81,21 @@ static void ukernel(int64_t kc, const float *restrict ap,
             for (j = 0; j < 8; ++j)
                 acc[i][h * 8 + j] = half[i][j];
     }
-    /* Same order as the SIMD paths: partial sum + C, then bias, then epi. */
+    /* Same order as the SIMD paths: partial sum + C, then the chain. */
     for (i = 0; i < mr; ++i) {
         float *restrict row = c + i * ldc;
-        for (j = 0; j < nr; ++j) {
-            float v = acc[i][j];
-            if (flags & TB_ACCUMULATE)
-                v += row[j];
-            if (flags & TB_LAST) {
-                if (bias != NULL)
-                    v += bias[j];
-                v = tb_epi_scalar(v, epi);
-            }
-            row[j] = v;
+        if (flags & TB_ACCUMULATE)
+            for (j = 0; j < nr; ++j)
+                acc[i][j] += row[j];
+        if ((flags & TB_LAST) && ch != NULL) {
+            /* the finished row of the tile through the chain, stored once */
+            ch_vf t[TB_NR / CH_LANES];
+            __builtin_memcpy(t, acc[i], sizeof(t));
+            tb_chain_tile(ch, ch->ops, t, 1, TB_NR / CH_LANES, ci + i, cj, nr, 0);
+            __builtin_memcpy(acc[i], t, sizeof(t));
         }
+        for (j = 0; j < nr; ++j)
+            row[j] = acc[i][j];
     }
 }
 
@@ -168,11 +169,10 @@ static float dot(int64_t k, const float *restrict x, const float *restrict y)
 
 static void small(tb_wlayout layout, int64_t m, int64_t n, int64_t k,
                   const float *restrict a, int64_t lda,
-                  const float *restrict w, int64_t ldw,
-                  const float *restrict bias, float *restrict c, int64_t ldc,
-                  int epi)
+                  const float *restrict w, int64_t ldw, float *restrict c,
+                  int64_t ldc, const tb_chain *ch, int64_t ci, int64_t cj)
 {
-    float acc[G_NB];
+    float acc[G_NB] = {0.0f}; /* lanes past n stay 0 for the chain */
     int64_t i, j0, j, p;
 
     for (j0 = 0; j0 < n; j0 += G_NB) {
@@ -209,9 +209,14 @@ static void small(tb_wlayout layout, int64_t m, int64_t n, int64_t k,
                     __builtin_memcpy(acc + q * TB_NR + 12, &s3, sizeof(v4f));
                 }
             }
+            if (ch != NULL) {
+                ch_vf t[G_NB / CH_LANES];
+                __builtin_memcpy(t, acc, sizeof(t));
+                tb_chain_tile(ch, ch->ops, t, 1, G_NB / CH_LANES, ci + i, cj + j0, nb, 0);
+                __builtin_memcpy(acc, t, sizeof(t));
+            }
             for (j = 0; j < nb; ++j)
-                c[i * ldc + j0 + j] = tb_epi_scalar(
-                    bias != NULL ? acc[j] + bias[j0 + j] : acc[j], epi);
+                c[i * ldc + j0 + j] = acc[j];
         }
     }
 }

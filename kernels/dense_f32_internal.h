@@ -23,20 +23,29 @@
 /* Width of a W panel (packed layout and runtime-packed blocks alike). */
 #define TB_NR TIRBYOC_PACK_NR
 
-/*
- * Elementwise epilogue applied to finished outputs (after the bias). To add
- * one: a new enumerator here, a case in each instruction set's epilogue
- * helper (tb_epi_scalar below and the vector helpers in dense_f32_avx2.c /
- * dense_f32_avx512.c), and the exported wrappers in dense_f32.c.
- */
-typedef enum { TB_EPI_NONE, TB_EPI_RELU, TB_EPI_RELU6 } tb_epilogue;
-
 /* How the driver reads W. */
 typedef enum { TB_W_NT, TB_W_NN, TB_W_PACKED } tb_wlayout;
 
+/*
+ * An epilogue chain (see tirbyoc_epilogue_op in tirbyoc_kernels.h) applied
+ * to each finished output: ops in 4-bit codes, first op lowest; bias is the
+ * [N] vector of the whole matrix, residual the batch's [M, N] tensor with row
+ * stride ldr. The building blocks below take it with (ci, cj), the row and
+ * column in the matrix of the first output they compute, and apply it to
+ * each register of finished outputs before storing it (chain_f32.h); NULL
+ * (or ops == 0): nothing to apply.
+ */
+typedef struct tb_chain {
+    int64_t ops;
+    float scale;
+    const float *bias;
+    const float *residual;
+    int64_t ldr;
+} tb_chain;
+
 /* Micro-kernel flags. */
 #define TB_ACCUMULATE 1 /* C holds a partial sum over earlier K blocks */
-#define TB_LAST 2       /* last K block: add bias, apply the epilogue */
+#define TB_LAST 2       /* last K block: apply the epilogue chain */
 #define TB_PREFETCH_W 4 /* W is not in cache yet (first pass over a
                            pre-packed block): prefetch it ahead */
 
@@ -51,14 +60,14 @@ typedef enum { TB_W_NT, TB_W_NN, TB_W_PACKED } tb_wlayout;
  *   wp: first W panel at the K offset of this block, 16 floats per k step;
  *       the second panel (nr > 16) starts wps floats later. Panels are
  *       zero padded to 16 columns, so only C and bias need edge handling.
- *   flags: TB_ACCUMULATE (add to the partial sums in C), TB_LAST (then add
- *       bias[0:nr] if bias != NULL and apply epi before storing),
- *       TB_PREFETCH_W (a hint).
+ *   flags: TB_ACCUMULATE (add to the partial sums in C), TB_LAST (then
+ *       apply ch, if not NULL, before storing), TB_PREFETCH_W (a hint).
  * 1 <= mr <= isa->mr, 1 <= nr <= isa->nr.
  */
 typedef void (*tb_ukernel_fn)(int64_t kc, const float *ap, const float *wp,
                               int64_t wps, float *c, int64_t ldc, int mr,
-                              int nr, int flags, const float *bias, int epi);
+                              int nr, int flags, const tb_chain *ch,
+                              int64_t ci, int64_t cj);
 
 /* A[0:mr, 0:kc] (row stride lda) -> ap[p * mr + i]. */
 typedef void (*tb_pack_a_fn)(int64_t mr, int64_t kc, const float *a,
@@ -75,44 +84,30 @@ typedef void (*tb_pack_w_fn)(tb_wlayout layout, int64_t kc, int64_t nc,
 
 /*
  * Few rows (matrix-vector like, no packing): the whole K range for
- * C[0:m, 0:n]; any m >= 1 (handled a few rows at a time), bias offset to
- * the first column or NULL. The driver (dense_f32.c) calls it on column
- * blocks that keep W in L2. For TB_W_PACKED, w is the first panel and
+ * C[0:m, 0:n], then the chain; any m >= 1 (handled a few rows at a time).
+ * The driver (dense_f32.c) calls it on column blocks that keep W in L2. For TB_W_PACKED, w is the first panel and
  * ldw the distance between panels (16 * K).
  */
 typedef void (*tb_small_fn)(tb_wlayout layout, int64_t m, int64_t n,
                             int64_t k, const float *a, int64_t lda,
-                            const float *w, int64_t ldw, const float *bias,
-                            float *c, int64_t ldc, int epi);
+                            const float *w, int64_t ldw, float *c,
+                            int64_t ldc, const tb_chain *ch, int64_t ci,
+                            int64_t cj);
 
 /*
  * Optional "nt" path that never packs W (NULL where an ISA has none): C's
  * rows run along the vectors, A is packed transposed into ap, W's rows are
- * read in place. C[0:m, 0:n] over all of K, bias offset to the first
- * column or NULL; ap holds direct_rows * k floats (64-byte aligned).
+ * read in place. C[0:m, 0:n] over all of K, then the chain; ap holds
+ * direct_rows * k floats (64-byte aligned).
  * Results must equal the blocked path's bit for bit (same K blocks, same
  * order of additions), so that the choice never shows in the output.
  */
 typedef void (*tb_direct_fn)(int64_t m, int64_t n, int64_t k, const float *a,
                              int64_t lda, const float *w, int64_t ldw,
-                             const float *bias, float *c, int64_t ldc,
-                             int epi, float *ap);
+                             float *c, int64_t ldc, const tb_chain *ch,
+                             int64_t ci, int64_t cj, float *ap);
 
-/*
- * An epilogue chain (see tirbyoc_epilogue_op in tirbyoc_kernels.h) still to
- * apply to finished outputs: ops in 4-bit codes, first op lowest; bias is the
- * [N] vector of the whole matrix, residual the batch's [M, N] tensor with row
- * stride ldr.
- */
-typedef struct tb_chain {
-    int64_t ops;
-    float scale;
-    const float *bias;
-    const float *residual;
-    int64_t ldr;
-} tb_chain;
-
-/* Applies a chain to C[0:m, 0:n] (row stride ldc), the block of outputs whose
+/* Applies a chain to outputs already in C[0:m, 0:n] (row stride ldc), whose
  * first element is at row i0, column j0 of the matrix (chain_f32.h). */
 typedef void (*tb_chain_fn)(const tb_chain *ch, float *c, int64_t ldc,
                             int64_t m, int64_t n, int64_t i0, int64_t j0);
@@ -174,20 +169,6 @@ static inline int64_t tb_kblocks(int64_t k, int64_t kc)
 static inline int64_t tb_kblock_start(int64_t k, int64_t blocks, int64_t b)
 {
     return k * b / blocks;
-}
-
-/* Scalar epilogue, shared by the scalar edge code of every file. */
-static inline float tb_epi_scalar(float v, int epi)
-{
-    switch (epi) {
-    case TB_EPI_RELU:
-        /* "negative -> 0" rather than "positive -> keep": NaN passes. */
-        return v < 0.0f ? 0.0f : v;
-    case TB_EPI_RELU6:
-        return v < 0.0f ? 0.0f : (v > 6.0f ? 6.0f : v);
-    default:
-        return v;
-    }
 }
 
 #endif /* TIRBYOC_DENSE_F32_INTERNAL_H */

@@ -60,8 +60,8 @@ typedef enum tirbyoc_status {
 
 /*
  * Elementwise epilogue operations. A chain of them is applied, in order, to
- * each output element v of a matrix product (see tirbyoc_matmul_f32), while
- * the element is still in a register. Unary operations (RELU .. TANH) are
+ * each output element v of a matrix product (see tirbyoc_matmul_f32), in the
+ * same call, before the element is stored. Unary operations (RELU .. TANH) are
  * also available on their own through tirbyoc_unary_f32.
  *
  * An epilogue chain is an int64_t holding up to 15 operations, 4 bits each:
@@ -184,9 +184,8 @@ int32_t tirbyoc_dense_acc_f32_nn(int64_t m, int64_t n, int64_t k, const float *a
  * Errors: TIRBYOC_EINVAL (b_layout), TIRBYOC_ESIZE (a negative size or
  * batch stride), TIRBYOC_ESTRIDE, TIRBYOC_ENULL (also a NULL bias or
  * residual the chain uses), TIRBYOC_EEPILOGUE (an invalid chain).
- * A leading bias and a relu / relu6 after it are applied in registers by the
- * micro-kernels; the rest of the chain to each thread's block of C as soon
- * as it is computed, while it is in cache. Batches are spread over threads
+ * The chain is applied to each register tile of finished outputs before it
+ * is stored: C is written once. Batches are spread over threads
  * whole when each is small, or when there are enough of them to spread
  * evenly (a multiple of the thread count, or four per thread).
  */

@@ -115,10 +115,10 @@ def test_matmul_results_do_not_depend_on_threads(isa, batch, m):
 
 @pytest.mark.parametrize("layout", ["nn", "nt", "packed"])
 def test_chain_on_row_groups_across_k_and_column_blocks(isa, layout):
-    """The blocked path applies the chain to each row group of a column block after its
-    last K block: several K blocks (K > 512), several column blocks (N > 512), a partial
-    last row group, bias and residual indexed by the absolute row and column; the same
-    bits on any thread count."""
+    """The blocked path applies the chain to each register tile after its last K block:
+    several K blocks (K > 512), several column blocks (N > 512), a partial last row group,
+    bias and residual indexed by the absolute row and column; the same bits on any thread
+    count."""
     rng = np.random.default_rng(5)
     m, n, k = 45, 1100, 1100
     a = rng.standard_normal((m, k)).astype(np.float32)
@@ -156,6 +156,44 @@ def _sweep():
     mags = np.logspace(-30, 30, 601)
     return np.concatenate([np.linspace(-20, 20, 40001), mags, -mags, [0.0, -0.0],
                            [88.7, 88.73, -87.4, -103.9, -104.1, 1e-40, -1e-40]]).astype(np.float32)
+
+
+FUSED_CHAINS = [("bias", "relu", "scale", "gelu_tanh", "residual", "divide", "relu6"),
+                ("residual", "silu", "bias", "relu", "scale"),
+                ("scale", "gelu_erf", "bias", "tanh", "residual", "sigmoid")]
+
+
+@pytest.mark.parametrize("layout", ["nn", "nt", "packed"])
+@pytest.mark.parametrize("chain", FUSED_CHAINS, ids=["-".join(c) for c in FUSED_CHAINS])
+def test_fused_chain_equals_its_operations_one_by_one(isa, layout, chain):
+    """Every path (few rows, nt_direct, blocked micro-kernel with its in-register prefix,
+    column edges) applies the chain to finished outputs with the same float32 operations as
+    the product followed by each operation on its own: the same bits, NaN included."""
+    rng = np.random.default_rng(11)
+    for m, n, k in [(1, 40, 33), (3, 21, 70), (50, 70, 300), (130, 37, 300), (29, 1100, 600)]:
+        a = rng.standard_normal((m, k)).astype(np.float32)
+        w = rng.standard_normal((n, k) if layout != "nn" else (k, n)).astype(np.float32)
+        a[0, 0] = np.nan if m > 1 else a[0, 0]  # a NaN row goes through every operation
+        b = kernels.pack_weight(w, "nt") if layout == "packed" else w
+        bias = rng.standard_normal(n).astype(np.float32)
+        res = rng.standard_normal((m, n)).astype(np.float32)
+        scale = np.float32(0.37)
+        fused = kernels.matmul(a, b, b_layout=layout, epilogue=chain, scale=float(scale),
+                               bias=bias, residual=res, n=n)
+        v = kernels.matmul(a, b, b_layout=layout, n=n)
+        for op in chain:
+            if op == "bias":
+                v = v + bias
+            elif op == "residual":
+                v = v + res
+            elif op == "scale":
+                v = v * scale
+            elif op == "divide":
+                v = v / scale
+            else:
+                v = kernels.unary(op, v)
+        assert v.dtype == np.float32
+        assert np.array_equal(fused, v, equal_nan=True), (m, n, k)
 
 
 # relative tolerance per op: (x > -2, x <= -2)
