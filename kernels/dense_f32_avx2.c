@@ -91,19 +91,13 @@ ALWAYS_INLINE void tile(const int MR, const int FULL, int64_t kc,
                     acc1[i] = _mm256_add_ps(acc1[i], FULL ? _mm256_loadu_ps(r + 8)
                                                           : _mm256_maskload_ps(r + 8, k1));
                 }
-            } else if (op == TIRBYOC_EPI_SCALE) {
+            } else if (op == TIRBYOC_EPI_SCALE || op == TIRBYOC_EPI_DIVIDE) {
                 const __m256 s = _mm256_set1_ps(ch->scale);
+                const int mul = op == TIRBYOC_EPI_SCALE;
 #pragma GCC unroll 16
                 for (i = 0; i < MR; ++i) {
-                    acc0[i] = _mm256_mul_ps(acc0[i], s);
-                    acc1[i] = _mm256_mul_ps(acc1[i], s);
-                }
-            } else if (op == TIRBYOC_EPI_DIVIDE) {
-                const __m256 s = _mm256_set1_ps(ch->scale);
-#pragma GCC unroll 16
-                for (i = 0; i < MR; ++i) {
-                    acc0[i] = _mm256_div_ps(acc0[i], s);
-                    acc1[i] = _mm256_div_ps(acc1[i], s);
+                    acc0[i] = mul ? _mm256_mul_ps(acc0[i], s) : _mm256_div_ps(acc0[i], s);
+                    acc1[i] = mul ? _mm256_mul_ps(acc1[i], s) : _mm256_div_ps(acc1[i], s);
                 }
             } else if (op == TIRBYOC_EPI_RELU || op == TIRBYOC_EPI_RELU6) {
                 /* vmaxps / vminps return their second source for NaN and

@@ -115,19 +115,13 @@ ALWAYS_INLINE void tile(const int MR, const int NV, int64_t kc,
                         acc1[i] = _mm512_add_ps(acc1[i],
                                                 _mm512_maskz_loadu_ps(m1, r + 16));
                 }
-            } else if (op == TIRBYOC_EPI_SCALE) {
+            } else if (op == TIRBYOC_EPI_SCALE || op == TIRBYOC_EPI_DIVIDE) {
                 const __m512 s = _mm512_set1_ps(ch->scale);
+                const int mul = op == TIRBYOC_EPI_SCALE;
 #pragma GCC unroll 16
                 for (i = 0; i < MR; ++i) {
-                    acc0[i] = _mm512_mul_ps(acc0[i], s);
-                    acc1[i] = _mm512_mul_ps(acc1[i], s);
-                }
-            } else if (op == TIRBYOC_EPI_DIVIDE) {
-                const __m512 s = _mm512_set1_ps(ch->scale);
-#pragma GCC unroll 16
-                for (i = 0; i < MR; ++i) {
-                    acc0[i] = _mm512_div_ps(acc0[i], s);
-                    acc1[i] = _mm512_div_ps(acc1[i], s);
+                    acc0[i] = mul ? _mm512_mul_ps(acc0[i], s) : _mm512_div_ps(acc0[i], s);
+                    acc1[i] = mul ? _mm512_mul_ps(acc1[i], s) : _mm512_div_ps(acc1[i], s);
                 }
             } else if (op == TIRBYOC_EPI_RELU || op == TIRBYOC_EPI_RELU6) {
                 /* vmaxps / vminps return their second source for NaN and
