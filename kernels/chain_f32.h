@@ -370,4 +370,49 @@ static void tb_softmax_row(int64_t n, const float *x, float *y)
         y[j] = y[j] / sum;
 }
 
+/* One step of the online softmax of an attention row (attention_f32.c), over
+ * the next scores s[0:n] of the row: *mx becomes the larger of *mx and the
+ * scores' maximum (a NaN never wins), s[j] becomes e^(s[j] - base) with base
+ * = *mx (0 while it is -inf, so that masked scores give 0, not NaN), and
+ * *sum becomes *sum * alpha + the new values' sum. Returns alpha = e^(old
+ * *mx - base): the factor by which the row's earlier sums must be scaled. */
+static float tb_attn_row(int64_t n, float *s, float *mx, float *sum)
+{
+    const int64_t full = n / CH_LANES * CH_LANES;
+    const int rest = (int)(n - full);
+    ch_vf acc = ch_splat(*mx), e, b;
+    float m, base, total, alpha;
+    int64_t j;
+    int l;
+    for (j = 0; j < full; j += CH_LANES)
+        acc = ch_vmax(ch_loadu(s + j), acc);
+    m = acc[0];
+    for (l = 1; l < CH_LANES; ++l)
+        m = acc[l] > m ? acc[l] : m;
+    for (j = full; j < n; ++j)
+        m = s[j] > m ? s[j] : m;
+    base = m == -__builtin_inff() ? 0.0f : m;
+    b = ch_splat(base);
+    alpha = ch_exp(ch_splat(*mx) - b)[0];
+    acc = ch_splat(0.0f);
+    for (j = 0; j < full; j += CH_LANES) {
+        e = ch_exp(ch_loadu(s + j) - b);
+        ch_storeu(s + j, e);
+        acc += e;
+    }
+    total = 0.0f;
+    for (l = 0; l < CH_LANES; ++l)
+        total += acc[l];
+    if (rest > 0) {
+        e = ch_exp(ch_gather(s + full, 1, rest) - b);
+        for (l = 0; l < rest; ++l) {
+            s[full + l] = e[l];
+            total += e[l];
+        }
+    }
+    *mx = m;
+    *sum = *sum * alpha + total;
+    return alpha;
+}
+
 #endif /* TIRBYOC_CHAIN_F32_H */

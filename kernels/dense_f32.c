@@ -685,6 +685,8 @@ const char *tirbyoc_status_string(int32_t status)
         return "a NULL pointer was passed for a matrix that has elements";
     case TIRBYOC_EEPILOGUE:
         return "an invalid epilogue chain (an unknown operation)";
+    case TIRBYOC_ENOMEM:
+        return "the calling thread's scratch memory could not be allocated";
     default:
         return "unknown status";
     }

@@ -654,5 +654,5 @@ typedef char check_blocks[ISA_KC <= TB_KC_MAX && ISA_NC <= TB_NC_MAX &&
 const tb_isa tb_isa_avx512 = {
     "avx512", X_MR, X_NR, ISA_KC, ISA_NC, ukernel, pack_a, pack_w, small_cols,
     nt_direct, X_DJ, 16 * X_DV,
-    tb_chain_block, tb_unary_row, tb_softmax_row,
+    tb_chain_block, tb_unary_row, tb_softmax_row, tb_attn_row,
 };

@@ -115,6 +115,10 @@ typedef void (*tb_chain_fn)(const tb_chain *ch, float *c, int64_t ldc,
 typedef void (*tb_unary_fn)(int op, int64_t n, const float *x, float *y);
 /* y[0:n] = softmax(x[0:n]); x == y allowed. */
 typedef void (*tb_softmax_fn)(int64_t n, const float *x, float *y);
+/* One online-softmax step over n scores of an attention row (chain_f32.h,
+ * tb_attn_row): updates the row's maximum and sum, turns the scores into
+ * weights, returns the factor for the row's earlier output. */
+typedef float (*tb_attn_row_fn)(int64_t n, float *s, float *mx, float *sum);
 
 typedef struct tb_isa {
     const char *name;
@@ -132,6 +136,7 @@ typedef struct tb_isa {
     tb_chain_fn chain;      /* the epilogue chain, compiled for this ISA */
     tb_unary_fn unary;
     tb_softmax_fn softmax;
+    tb_attn_row_fn attn_row;
 } tb_isa;
 
 TB_INTERNAL extern const tb_isa tb_isa_generic;

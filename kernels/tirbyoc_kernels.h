@@ -55,7 +55,8 @@ typedef enum tirbyoc_status {
     TIRBYOC_ESTRIDE = 3, /* a row stride smaller than its row length */
     TIRBYOC_ENULL = 4,   /* a NULL pointer to a matrix that has elements */
     TIRBYOC_EEPILOGUE = 5, /* an invalid epilogue description (unknown operation) */
-    TIRBYOC_STATUS_COUNT = 6
+    TIRBYOC_ENOMEM = 6,  /* the calling thread's scratch memory could not be allocated */
+    TIRBYOC_STATUS_COUNT = 7
 } tirbyoc_status;
 
 /*
@@ -207,6 +208,42 @@ int32_t tirbyoc_unary_f32(int32_t op, int64_t n, const float *x, float *y);
  * TIRBYOC_ESTRIDE, TIRBYOC_ENULL.
  */
 int32_t tirbyoc_softmax_f32(int64_t rows, int64_t n, const float *x, int64_t ldx, float *y, int64_t ldy);
+
+/* Flags of tirbyoc_attention_f32. */
+typedef enum tirbyoc_attention_flag {
+    TIRBYOC_ATT_DIVIDE = 1,     /* scores are (Q K) / scale instead of (Q K) * scale */
+    TIRBYOC_ATT_MASK_KEEP = 2,  /* a nonzero mask byte keeps the score (else: masks it) */
+    TIRBYOC_ATT_EMPTY_ZERO = 4  /* a row whose scores are all -inf gives P = 0 (else NaN) */
+} tirbyoc_attention_flag;
+
+/*
+ * Attention, float32, one call for the whole of
+ *     O_q = softmax(where(masked, -inf, (Q_q @ K_q) * scale)) @ V_q
+ * for q < batch, without materializing the [M, N] score matrix: rows are
+ * taken a register tile at a time, keys in chunks, with the online softmax
+ * (running maximum and sum per row), so only one tile of scores exists at a
+ * time. Q_q[i][p] = q[q * stride_q + i * ldq + p]   (i < M, p < D, ldq >= D)
+ *   K_q as k_layout says (TIRBYOC_B_NK: k[j * ldk + p], keys as rows, the
+ *       usual Q @ K^T; TIRBYOC_B_KN: k[p * ldk + j]), offset by q * stride_k
+ *   V_q[j][c] = v[q * stride_v + j * ldv + c]   (j < N, c < DV, ldv >= DV)
+ *   O_q[i][c] = o[q * stride_o + i * ldo + c]   (ldo >= DV)
+ *   mask (may be NULL: nothing masked): mask_q[i][j] = mask[q * stride_mask
+ *       + i * ldmask + j], one byte per score; a zero byte masks the score
+ *       unless TIRBYOC_ATT_MASK_KEEP says a nonzero byte keeps it. stride_mask
+ *       or ldmask 0 broadcasts the mask over the batch or the rows.
+ * Batch strides of 0 broadcast an input. Semantics follow the unfused graph
+ * exactly where IEEE values are concerned: a row whose scores are all -inf
+ * (fully masked) gives NaN, or with TIRBYOC_ATT_EMPTY_ZERO weights of 0; a
+ * NaN or +inf score gives a NaN row; a weight of 0 still multiplies V, so a
+ * non-finite value in V reaches every row whose key range covers it (keys
+ * past a row's last kept key are skipped only where V is finite).
+ * D + DV <= 4096. The result equals the unfused computation up to rounding
+ * (the softmax's division is applied to the output row).
+ * Errors: TIRBYOC_EINVAL (k_layout or flags), TIRBYOC_ESIZE (a negative
+ * size or batch stride, D + DV > 4096), TIRBYOC_ESTRIDE, TIRBYOC_ENULL,
+ * TIRBYOC_ENOMEM.
+ */
+int32_t tirbyoc_attention_f32(int64_t batch, int64_t m, int64_t n, int64_t d, int64_t dv, const float *q, int64_t ldq, int64_t stride_q, const float *k, int64_t ldk, int64_t stride_k, int32_t k_layout, const float *v, int64_t ldv, int64_t stride_v, const uint8_t *mask, int64_t ldmask, int64_t stride_mask, int32_t flags, float scale, float *o, int64_t ldo, int64_t stride_o);
 
 /*
  * Settings (process-wide; every kernel reads them when it starts).

@@ -30,6 +30,7 @@ HEADER = "kernels/tirbyoc_kernels.h"
 # Every C file of the kernel library; add new kernel files here.
 KERNEL_SOURCES = [
     "kernels/dense_f32.c",
+    "kernels/attention_f32.c",
     "kernels/dense_f32_generic.c",
     "kernels/dense_f32_avx2.c",
     "kernels/dense_f32_avx512.c",

@@ -436,3 +436,67 @@ def softmax(x, out=None):
         xr.shape[0], n, ffi.cast("float *", xr.ctypes.data), ldx,
         ffi.cast("float *", yr.ctypes.data), ldy))
     return out
+
+
+ATTENTION_FLAGS = {"divide": 1, "mask_keep": 2, "empty_zero": 4}
+
+
+def attention(q, k, v, *, k_layout="nt", scale=1.0, divide=False, mask=None, mask_keep=False,
+              empty_zero=False, out=None):
+    """``softmax(where(masked, -inf, (q @ op(k)) * scale)) @ v`` via
+    ``tirbyoc_attention_f32``, one call, scores never materialized.
+
+    ``q``: [m, d] or [batch, m, d]; ``k``: [n, d] ("nt", keys as rows: q @ k^T) or [d, n]
+    ("nn"); ``v``: [n, dv]; each with an optional leading batch dimension (1 or ``batch``
+    broadcasts). ``divide``: the scores are divided by ``scale`` instead. ``mask``: bool or
+    uint8 [m, n] or [batch or 1, m or 1, n]; True masks a score (``mask_keep``: True keeps
+    it). ``empty_zero``: a fully masked row gives 0 instead of NaN. Returns ``out``
+    ([batch, m, dv], or [m, dv] for 2-D ``q``).
+    """
+    if k_layout not in ("nt", "nn"):
+        raise ValueError(f"k_layout must be 'nt' or 'nn', got {k_layout!r}")
+    squeeze = q.ndim == 2
+    q3 = q[None] if squeeze else q
+    k3 = k[None] if k.ndim == 2 else k
+    v3 = v[None] if v.ndim == 2 else v
+    batch, m, d = q3.shape
+    n, kd = (k3.shape[1], k3.shape[2]) if k_layout == "nt" else (k3.shape[2], k3.shape[1])
+    dv = v3.shape[2]
+    if kd != d or v3.shape[1] != n or any(x.shape[0] not in (1, batch) for x in (k3, v3)):
+        raise ValueError(f"shape mismatch: q {q.shape}, k {k.shape} ({k_layout}), v {v.shape}")
+    sq, ldq = _strides3(q3, "q")
+    sk, ldk = _strides3(k3, "k")
+    sv, ldv = _strides3(v3, "v")
+    if out is None:
+        out = np.empty((batch, m, dv), np.float32)
+    out3 = out[None] if out.ndim == 2 else out
+    if out3.shape != (batch, m, dv):
+        raise ValueError(f"out must have shape {(batch, m, dv)}, got {out.shape}")
+    so, ldo = _strides3(out3, "out")
+    so = so if batch > 1 else m * ldo
+    ffi, lib = load()
+    mask_ptr, ldm, sm = ffi.NULL, 0, 0
+    if mask is not None:
+        m3 = mask[None] if mask.ndim == 2 else mask
+        if (m3.dtype not in (np.bool_, np.uint8) or m3.ndim != 3 or m3.shape[2] != n
+                or m3.shape[1] not in (1, m) or m3.shape[0] not in (1, batch)):
+            raise ValueError(f"mask must be bool or uint8 [batch|1, {m}|1, {n}], got "
+                             f"{mask.dtype} {mask.shape}")
+        if m3.shape[2] > 1 and m3.strides[2] != 1:
+            raise ValueError("mask must have contiguous rows")
+        sm = m3.strides[0] if m3.shape[0] > 1 else 0
+        ldm = m3.strides[1] if m3.shape[1] > 1 else 0
+        mask_ptr = ffi.cast("uint8_t *", m3.ctypes.data) if m3.size else ffi.NULL
+    if any(np.may_share_memory(out, x) for x in (q, k, v)):
+        raise ValueError("out must not overlap the inputs")
+    flags = ((ATTENTION_FLAGS["divide"] if divide else 0)
+             | (ATTENTION_FLAGS["mask_keep"] if mask_keep else 0)
+             | (ATTENTION_FLAGS["empty_zero"] if empty_zero else 0))
+
+    def ptr(arr):
+        return ffi.NULL if arr.size == 0 else ffi.cast("float *", arr.ctypes.data)
+
+    _check("tirbyoc_attention_f32", lib.tirbyoc_attention_f32(
+        batch, m, n, d, dv, ptr(q3), ldq, sq, ptr(k3), ldk, sk, B_LAYOUTS[k_layout],
+        ptr(v3), ldv, sv, mask_ptr, ldm, sm, flags, float(scale), ptr(out3), ldo, so))
+    return out3[0] if squeeze and out.ndim == 3 else out
