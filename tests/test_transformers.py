@@ -26,21 +26,15 @@ def _first(out):
     return out[0] if isinstance(out, (list, tuple)) else out
 
 
-# Offloaded PrimFuncs: qkv (dense_bias), the attention matmuls (batch_matmul; in the GPT-2
-# block q @ k^T fuses its "/ sqrt(d_head)"), projection + residual, fc + GELU, out +
-# residual. The encoder layer scales q and k before the product, so both attention
-# matmuls are plain; with a static sequence of 16 (= d_head) they share one PrimFunc.
-# The attention softmax is the softmax kernel (R.nn.softmax over the last axis).
+# Offloaded PrimFuncs: qkv (dense_bias), projection + residual, fc + GELU, out + residual,
+# and the whole attention (q @ k^T, its scale, the causal mask of the GPT-2 block or the
+# fully-masked-row fix-up of the encoder layer, softmax, @ v) as one fused kernel call.
+# The encoder layer scales q and k before the product; those scales stay TVM ops.
 LINEARS = {"gpt2_block": ["dense_bias", "dense_bias_gelu_tanh", "dense_bias_residual",
                           "dense_bias_residual"],
            "encoder_layer": ["dense_bias", "dense_bias_gelu_erf", "dense_bias_residual",
                              "dense_bias_residual"]}
-MODELS = {
-    ("gpt2_block", False): ["batch_matmul", "batch_matmul_divide", "softmax"],
-    ("gpt2_block", True): ["batch_matmul", "batch_matmul_divide", "softmax"],
-    ("encoder_layer", False): ["batch_matmul", "softmax"],
-    ("encoder_layer", True): ["batch_matmul", "batch_matmul", "softmax"],
-}
+MODELS = {(name, dynamic): ["attention"] for name in LINEARS for dynamic in (False, True)}
 BUILD = {"gpt2_block": lambda: examples.gpt2_block_torch(D, HEADS),
          "encoder_layer": lambda: examples.encoder_layer_torch(D, HEADS, FF)}
 
@@ -92,9 +86,10 @@ def test_explain_says_how_every_primfunc_runs(name):
     assert report.schedules
     how = report.schedules.values()
     assert all(h.startswith(("kernel ", "schedule: ")) for h in how), report.schedules
-    # the attention, its softmax and the Linear layers are kernels; layer norm tirbyoc's
+    # the attention and the Linear layers are kernels; layer norm tirbyoc's
     # row-reduction rule
     assert sum(h.startswith("kernel ") for h in how) == len(report.offloaded)
-    assert report.schedules["tirbyoc_softmax_rank4"] == "kernel tirbyoc_softmax_f32"
+    assert report.schedules["tirbyoc_attention"] == "kernel tirbyoc_attention_f32"
+    assert not any("softmax" in name for name in report.schedules), report.schedules
     assert report.schedules["layer_norm"] == "schedule: tirbyoc RowReduction"
     assert "how each PrimFunc runs:" in str(report)

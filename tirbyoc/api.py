@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import _tvm as T
-from . import fallback, relax_prep, softmax, weights
+from . import attention, fallback, relax_prep, softmax, weights
 from .matcher import Region
 from .normalize import INTRINSIC_ATTR, normalize
 from .schedule_rule import ScheduleRule, registry
@@ -138,13 +138,17 @@ def _show(expr) -> str:
     return str(int(expr.value)) if isinstance(expr, T.IntImm) else str(expr)
 
 
+# What the kernels that the graph level places (before legalization) stand for.
+_GRAPH_LEVEL = {softmax.INTRINSIC: "R.nn.softmax over the last axis",
+                attention.INTRINSIC: attention.DESCRIPTION}
+
+
 def _already_offloaded_rows(func_name, func):
     normal = normalize(func)
     return [ExplainRow(func_name, n.name, True, str(n.block.annotations[INTRINSIC_ATTR]),
                        n.offloaded_kernel, n.name,
-                       "R.nn.softmax over the last axis"
-                       if str(n.block.annotations[INTRINSIC_ATTR]) == softmax.INTRINSIC
-                       else "offloaded earlier")
+                       _GRAPH_LEVEL.get(str(n.block.annotations[INTRINSIC_ATTR]),
+                                        "offloaded earlier"))
             for n in normal.nests if n.offloaded_kernel is not None]
 
 

@@ -83,8 +83,10 @@ def prepare(mod, fuse="auto", softmax=True):
     further; its composites (tirbyoc's and other codegens' alike) become PrimFuncs by
     ``FuseTIR`` as TVM would make them.
 
-    ``softmax``: before legalization, float32 ``R.nn.softmax`` over the last axis becomes
-    a kernel call (``tirbyoc.softmax``); not in a module the graph level partitioned.
+    ``softmax``: before legalization, attention regions (matmul, scale, mask, softmax,
+    matmul) become one fused kernel call (``tirbyoc.attention``), then any other float32
+    ``R.nn.softmax`` over the last axis a kernel call (``tirbyoc.softmax``); not in a
+    module the graph level partitioned.
     """
     if not has_relax_functions(mod):
         return mod, Scope()
@@ -100,9 +102,10 @@ def prepare(mod, fuse="auto", softmax=True):
     if not legalized and not scope.chosen:
         mod = sink_reshapes(mod)
         if softmax:
+            from .attention import offload_attention
             from .softmax import offload_softmax
 
-            mod = offload_softmax(mod)
+            mod = offload_softmax(offload_attention(mod))
     if fuse:
         mod = T.Sequential(T.relax_default_prepare_passes())(mod)
     elif not legalized:

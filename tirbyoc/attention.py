@@ -1,0 +1,410 @@
+"""Attention as one region: ``matmul -> scale -> mask -> softmax -> matmul`` becomes one
+call of the fused kernel ``tirbyoc_attention_f32``.
+
+The graph level finds the region before legalization, in every Relax function:
+
+    S = R.matmul(Q, K)                     [B.., M, D] x [B.., D, N], float32
+    S = S / c   or   S * c                 optional; c a float32 scalar constant
+    S = R.where(mask, -inf, S)             optional; or R.where(mask, S, -inf); mask bool,
+                                           broadcast over the batch and/or the rows
+    P = R.nn.softmax(S, axis=-1)
+    P = R.where(all(S == -inf), 0, P)      optional: the fix-up PyTorch's attention adds
+                                           (fully masked rows give 0 instead of NaN)
+    O = R.matmul(P, V)                     [B.., M, N] x [B.., N, DV]
+
+with reshapes that only regroup the batch dimensions, and ``broadcast_to`` its own shape,
+anywhere in between (``torch.export`` writes them), every intermediate used only inside
+the region. ``O`` then becomes ``R.call_tir`` of a PrimFunc whose only block calls the
+kernel on ``Q``, ``K``, ``V`` and the mask; the scores and weights are never stored.
+Anything else (another mask form, an additive float mask, a dropout, a reduction over
+another axis, another dtype) keeps its ops, which the rest of tirbyoc handles as before
+(the softmax kernel, the batched matmul family).
+
+The kernel follows the graph's IEEE semantics (NaN for fully masked rows unless the
+fix-up says 0, NaN where a score is NaN or V is non-finite), so the rewrite changes no
+value beyond rounding: the softmax's division is applied to the output rows.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from . import _tvm as T
+from .normalize import INTRINSIC_ATTR, OFFLOADED_ATTR
+
+R = T.relax_ns
+SYMBOL = "tirbyoc_attention_f32"
+INTRINSIC = "attention"
+DESCRIPTION = "R.matmul -> scale -> mask -> R.nn.softmax -> R.matmul as one region"
+# Mirrors tirbyoc_attention_flag and tirbyoc_b_layout (tirbyoc_kernels.h).
+_DIVIDE, _MASK_KEEP, _EMPTY_ZERO = 1, 2, 4
+_B_KN = 0
+# D + DV the kernel takes.
+_DDV_MAX = 4096
+
+_VIEWS = ("relax.reshape", "relax.broadcast_to")
+
+
+def _op(expr, *names) -> bool:
+    return isinstance(expr, R.Call) and isinstance(expr.op, T.Op) and expr.op.name in names
+
+
+def _shape(expr):
+    ty = getattr(expr, "ty", None)
+    if not isinstance(ty, R.TensorType) or ty.shape is None:
+        return None
+    values = getattr(ty.shape, "values", None)
+    return list(values) if values is not None else None
+
+
+def _dtype(expr) -> str | None:
+    ty = getattr(expr, "ty", None)
+    return ty.dtype if isinstance(ty, R.TensorType) else None
+
+
+def _same(a, b) -> bool:
+    return T.analyzer().can_prove_equal(a, b)
+
+
+def _scalar(expr, values):
+    """The float value of a scalar constant (through a variable bound to one), else None."""
+    while isinstance(expr, R.Var) and expr in values:
+        expr = values[expr]
+    if isinstance(expr, T.RelaxConstant):
+        data = T.constant_value(expr)
+        if data.size == 1 and data.ndim == 0:
+            return float(data)
+    return None
+
+
+@dataclass
+class _Region:
+    out: object          # the variable bound to the P @ V matmul
+    q: object
+    k: object
+    v: object
+    mask: object | None
+    flags: int
+    scale: float
+    inner: set           # variables computed inside the region
+
+
+class _Func:
+    """A Relax function's bindings: what each variable is bound to, and how often each
+    variable is used."""
+
+    def __init__(self, func):
+        self.values, self.uses = {}, {}
+        for block in func.body.blocks:
+            for binding in block.bindings:
+                if isinstance(binding, R.VarBinding):
+                    self.values[binding.var] = binding.value
+                    self._count(binding.value)
+                else:
+                    self._count(binding.value)
+        self._count(func.body.body)
+
+    def _count(self, expr):
+        for var in R.analysis.free_vars(expr):
+            self.uses[var] = self.uses.get(var, 0) + 1
+
+    def producer(self, var):
+        return self.values.get(var) if isinstance(var, R.Var) else None
+
+    def through_views(self, var, inner, uses=1):
+        """Back from ``var`` through batch-regrouping views; the first non-view value's
+        variable. Every view passed must be used once (``var`` itself ``uses`` times);
+        its variable joins ``inner``."""
+        while True:
+            value = self.producer(var)
+            if value is None or not _op(value, *_VIEWS) or not _is_batch_view(value):
+                return var
+            if self.uses.get(var, 0) != uses:
+                return var
+            uses = 1
+            inner.add(var)
+            var = value.args[0]
+
+
+def _is_batch_view(call) -> bool:
+    """A reshape that keeps the last two dimensions (it only regroups the batch), or a
+    broadcast_to the input's own shape."""
+    src, dst = _shape(call.args[0]), _shape(call)
+    if src is None or dst is None or len(src) < 2 or len(dst) < 2:
+        return False
+    if call.op.name == "relax.broadcast_to":
+        return len(src) == len(dst) and all(_same(a, b) for a, b in zip(src, dst))
+    return _same(src[-1], dst[-1]) and _same(src[-2], dst[-2])
+
+
+def _batch(shape):
+    size = T.const(1, "int64")
+    for dim in shape[:-2]:
+        size = size * dim
+    return T.analyzer().simplify(size)
+
+
+def _match(f: _Func, pv_var, pv_call) -> _Region | None:
+    """The region ending in ``pv_var = R.matmul(P, V)``, or None."""
+    inner = set()
+    if not _op(pv_call, "relax.matmul") or len(pv_call.args) != 2:
+        return None
+    p_var, v = pv_call.args
+    if any(_dtype(x) != "float32" for x in (pv_call, p_var, v)):
+        return None
+    p_var = f.through_views(p_var, inner)
+    if f.uses.get(p_var, 0) != 1:
+        return None
+    p_val = f.producer(p_var)
+    flags = 0
+    scores_fixup = None
+    if _op(p_val, "relax.where"):  # the fix-up for fully masked rows
+        scores_fixup = _fixup_scores(f, p_val)
+        if scores_fixup is None:
+            return None
+        inner.add(p_var)
+        p_var = p_val.args[2]
+        # full_like(P, 0) reads only P's shape: a use that goes with the where
+        shape_only = any(_op(f.values.get(x), "relax.full_like", "relax.zeros_like")
+                         and f.values[x].args[0].same_as(p_var) for x in scores_fixup[1])
+        if f.uses.get(p_var, 0) != 1 + shape_only:
+            return None
+        p_val = f.producer(p_var)
+        flags |= _EMPTY_ZERO
+    if not _op(p_val, "relax.nn.softmax") or int(p_val.attrs.axis) not in (-1, len(
+            _shape(p_var) or []) - 1):
+        return None
+    inner.add(p_var)
+    s_var = p_val.args[0]
+    if scores_fixup is not None:
+        if not s_var.same_as(scores_fixup[0]) or f.uses.get(s_var, 0) != 2:
+            return None
+        inner.update(scores_fixup[1])
+    elif f.uses.get(s_var, 0) != 1:
+        return None
+    mask = None
+    s_var = f.through_views(s_var, inner, 1 if scores_fixup is None else 2)
+    s_val = f.producer(s_var)
+    if _op(s_val, "relax.where"):
+        cond, a, b = s_val.args
+        if _scalar(a, f.values) == -math.inf:
+            scores = b
+        elif _scalar(b, f.values) == -math.inf:
+            scores, flags = a, flags | _MASK_KEEP
+        else:
+            return None
+        if _dtype(cond) != "bool" or f.uses.get(scores, 0) != 1:
+            return None
+        if not _mask_fits(cond, s_val):
+            return None
+        mask = cond
+        inner.add(s_var)
+        s_var = f.through_views(scores, inner)
+        s_val = f.producer(s_var)
+    scale = 1.0
+    if _op(s_val, "relax.divide", "relax.multiply"):
+        x, y = s_val.args
+        c = _scalar(y, f.values)
+        if c is None and s_val.op.name == "relax.multiply":
+            x, c = y, _scalar(x, f.values)
+        if c is None or f.uses.get(x, 0) != 1 or _dtype(s_val) != "float32":
+            return None
+        scale = c
+        if s_val.op.name == "relax.divide":
+            flags |= _DIVIDE
+        inner.add(s_var)
+        s_var = f.through_views(x, inner)
+        s_val = f.producer(s_var)
+    if not _op(s_val, "relax.matmul") or len(s_val.args) != 2:
+        return None
+    inner.add(s_var)
+    q, k = s_val.args
+    if any(_dtype(x) != "float32" for x in (s_val, q, k)):
+        return None
+    if not _shapes_fit(q, k, v, pv_call, s_val):
+        return None
+    return _Region(pv_var, q, k, v, mask, flags, scale, inner)
+
+
+def _fixup_scores(f: _Func, where):
+    """For ``R.where(c, zeros, P)`` with ``c = not(max(int8(not(S == -inf)), -1))``, the
+    scores ``S`` and the variables of ``c``'s computation; else None."""
+    cond, zero, _ = where.args
+    inner = set()
+
+    def step(var, *ops):
+        value = f.producer(var)
+        if value is None or not _op(value, *ops) or f.uses.get(var, 0) != 1:
+            return None
+        inner.add(var)
+        return value
+
+    zero_val = f.producer(zero) if isinstance(zero, R.Var) else zero
+    if _op(zero_val, "relax.full_like", "relax.zeros_like"):
+        if zero_val.op.name == "relax.full_like" and _scalar(zero_val.args[1], f.values) != 0.0:
+            return None
+        inner.add(zero)
+    elif _scalar(zero, f.values) != 0.0:
+        return None
+    value = cond
+    chain = ("relax.logical_not", "relax.astype", "relax.max", "relax.astype",
+             "relax.logical_not", "relax.equal")
+    for op in chain:
+        call = step(value, op)
+        if call is None:
+            return None
+        if op == "relax.max" and not (call.attrs.keepdims and [int(a) for a in call.attrs.axis]
+                                      in ([-1], [len(_shape(call.args[0]) or []) - 1])):
+            return None
+        if op == "relax.astype" and str(call.attrs.dtype) not in ("bool", "int8"):
+            return None
+        value = call.args[0]
+    if _scalar(call.args[1], f.values) != -math.inf:
+        return None
+    return value, inner
+
+
+def _mask_fits(cond, where) -> bool:
+    """A bool mask the kernel reads as it is: [.., M or 1, N], its batch either all 1 or
+    the scores' batch, not wider than the scores."""
+    ms, ss = _shape(cond), _shape(where)
+    if ms is None or ss is None or len(ms) < 2 or len(ms) > len(ss):
+        return False
+    if not _same(ms[-1], ss[-1]) or not (_same(ms[-2], ss[-2]) or _same(ms[-2], 1)):
+        return False
+    batch = ms[:-2]
+    return all(_same(d, 1) for d in batch) or (
+        len(batch) == len(ss) - 2 and all(_same(a, b) for a, b in zip(batch, ss[:-2])))
+
+
+def _shapes_fit(q, k, v, pv, qk) -> bool:
+    qs, ks, vs, os_, ss = (_shape(x) for x in (q, k, v, pv, qk))
+    if any(s is None or len(s) < 2 for s in (qs, ks, vs, os_, ss)):
+        return False
+    m, d = qs[-2:]
+    n, dv = ks[-1], vs[-1]
+    if not (_same(ks[-2], d) and _same(vs[-2], n) and _same(os_[-2], m)
+            and _same(os_[-1], dv) and _same(ss[-1], n)):
+        return False
+    if not all(isinstance(x, T.IntImm) for x in (d, dv)) or int(d) + int(dv) > _DDV_MAX:
+        return False
+    batch = _batch(os_)
+    # every operand: the output's batch, or a batch of 1 (broadcast)
+    return all(_same(_batch(s), batch) or _same(_batch(s), 1) for s in (qs, ks, vs, ss))
+
+
+def _dims(shape, names):
+    """TIR dims for a Relax shape: constants stay, each symbolic dim becomes one TIR
+    variable per distinct expression (shared, so that equal dims are checked equal)."""
+    out = []
+    for dim in shape:
+        if isinstance(dim, T.IntImm):
+            out.append(T.const(int(dim), "int64"))
+            continue
+        key = str(dim)
+        if key not in names:
+            names[key] = T.Var(f"n{len(names)}", "int64")
+        out.append(names[key])
+    return out
+
+
+def _kernel_func(region: _Region):
+    from .rewrite import status_checks
+
+    names = {}
+    bufs = {}
+    for name, expr in (("q", region.q), ("k", region.k), ("v", region.v),
+                       ("mask", region.mask), ("o", region.out)):
+        if expr is not None:
+            bufs[name] = T.decl_buffer(_dims(_shape(expr), names),
+                                       "bool" if name == "mask" else "float32", name)
+    q, k, v, o = bufs["q"], bufs["k"], bufs["v"], bufs["o"]
+    m, d = q.shape[-2], q.shape[-1]
+    n, dv = k.shape[-1], v.shape[-1]
+
+    def prod(dims):
+        size = T.const(1, "int64")
+        for x in dims:
+            size = size * x
+        return size
+
+    def batch_stride(buf):
+        if T.analyzer().can_prove_equal(prod(buf.shape[:-2]), 1):
+            return T.const(0, "int64")
+        return buf.shape[-2] * buf.shape[-1]
+
+    batch = prod(o.shape[:-2])
+    args = [batch, m, n, d, dv,
+            T.buffer_pointer(q, "r"), d, batch_stride(q),
+            T.buffer_pointer(k, "r"), n, batch_stride(k), T.const(_B_KN, "int32"),
+            T.buffer_pointer(v, "r"), dv, batch_stride(v)]
+    if "mask" in bufs:
+        mk = bufs["mask"]
+        rows = T.const(0, "int64") if T.analyzer().can_prove_equal(mk.shape[-2], 1) and \
+            not T.analyzer().can_prove_equal(m, 1) else mk.shape[-1]
+        args += [T.buffer_pointer(mk, "r"), rows, batch_stride(mk)]
+    else:
+        args += [T.null_pointer(), T.const(0, "int64"), T.const(0, "int64")]
+    args += [T.const(region.flags, "int32"), T.const(region.scale, "float32"),
+             T.buffer_pointer(o, "w"), dv, m * dv]
+    call = T.call_extern("int32", SYMBOL, args)
+    inputs = [b for name, b in bufs.items() if name != "o"]
+    block = T.make_block("tirbyoc_attention", status_checks(SYMBOL, call),
+                         reads=[T.full_region(b) for b in inputs], writes=[T.full_region(o)],
+                         annotations={OFFLOADED_ATTR: SYMBOL, INTRINSIC_ATTR: INTRINSIC})
+    root = T.make_block("root", T.make_realize(block), reads=[], writes=[], annotations={})
+    func = T.prim_func_of(list(bufs.values()), T.make_realize(root))
+    return func.with_attr("tirx.noalias", True)
+
+
+def _rewrite_func(func, builder, gvars):
+    """``func`` with every attention region a kernel call (the region's other bindings
+    left for dead-code elimination), and the number of regions."""
+    f = _Func(func)
+    regions = {}
+    for var, value in f.values.items():
+        region = _match(f, var, value) if _op(value, "relax.matmul") else None
+        if region is not None:
+            regions[var] = region
+    if not regions:
+        return func, 0
+    blocks = []
+    for block in func.body.blocks:
+        bindings = []
+        for binding in block.bindings:
+            region = regions.get(binding.var) if isinstance(binding, R.VarBinding) else None
+            if region is None:
+                bindings.append(binding)
+                continue
+            kernel = _kernel_func(region)
+            key = T.structural_hash(kernel)
+            if key not in gvars:
+                gvars[key] = builder.add_func(kernel, "tirbyoc_attention")
+            args = [region.q, region.k, region.v] + ([region.mask] if region.mask is not None
+                                                     else [])
+            bindings.append(R.VarBinding(binding.var,
+                                         R.call_tir(gvars[key], args, binding.var.ty)))
+        blocks.append(R.DataflowBlock(bindings) if isinstance(block, R.DataflowBlock)
+                      else R.BindingBlock(bindings))
+    new = R.Function(func.params, R.SeqExpr(blocks, func.body.body), func.ret_ty,
+                     func.is_pure, func.attrs)
+    return R.analysis.remove_all_unused(new), len(regions)
+
+
+def offload_attention(mod):
+    """``mod`` with every attention region (see the module docstring) one call of the
+    fused kernel (a new module; functions with a ``Codegen`` attribute untouched)."""
+    builder = R.BlockBuilder(mod)
+    gvars, rewritten = {}, {}
+    for gv, func in mod.functions_items():
+        if isinstance(func, R.Function) and not (func.attrs and "Codegen" in func.attrs):
+            new, count = _rewrite_func(func, builder, gvars)
+            if count:
+                rewritten[gv] = new
+    if not rewritten:
+        return mod
+    out = builder.get()
+    for gv, func in rewritten.items():
+        out.update_func(gv, func)
+    return out
