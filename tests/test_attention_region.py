@@ -1,0 +1,174 @@
+"""Attention as one region (tirbyoc.attention): which graph forms become one call of
+``tirbyoc_attention_f32`` and which keep their ops, with numerics against a float64 numpy
+reference either way.
+
+Tolerance: max|got - ref| <= 1e-5 * max|ref| (float32 products of 64 terms and a softmax),
+NaN exactly where the reference has NaN (fully masked rows, non-finite inputs).
+"""
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+
+import tirbyoc
+
+B, H, M, N, D = 1, 3, 37, 37, 16
+RTOL = 1e-5
+NEG_INF = float("-inf")
+
+
+def _build(form, n_sym=False):
+    """A Relax module ``main(q [B,H,M,D], k [B,H,N,D], v [B,H,N,D], mask) -> out`` for
+    one attention form; the mask input is [M, N] bool unless the form says otherwise."""
+    bb = relax.BlockBuilder()
+    m = tvm.tirx.Var("m", "int64") if n_sym else M
+    n = m if n_sym else N
+    q = relax.Var("q", relax.TensorType((B, H, m, D), "float32"))
+    k = relax.Var("k", relax.TensorType((B, H, n, D), "float32"))
+    v = relax.Var("v", relax.TensorType((B, H, n, D), "float32"))
+    mshape = {"padding": (B, 1, 1, n), "per_head": (B, H, m, n)}.get(form, (m, n))
+    mask = relax.Var("mask", relax.TensorType(mshape, "bool"))
+    op = relax.op
+    with bb.function("main", [q, k, v, mask]):
+        with bb.dataflow():
+            kt = bb.emit(op.permute_dims(k, [0, 1, 3, 2]))
+            s = bb.emit(op.matmul(q, kt))
+            ninf = relax.const(NEG_INF, "float32")
+            if form in ("causal", "padding", "per_head", "used_twice"):
+                s = bb.emit(op.divide(s, relax.const(4.0, "float32")))
+                s = bb.emit(op.where(mask, ninf, s))
+            elif form == "keep":
+                s = bb.emit(op.multiply(relax.const(0.25, "float32"), s))
+                s = bb.emit(op.where(mask, s, ninf))
+            elif form == "fill_finite":
+                s = bb.emit(op.where(mask, relax.const(-1e9, "float32"), s))
+            elif form == "additive":
+                s = bb.emit(op.add(s, op.astype(mask, "float32")))
+            elif form == "scale_tensor":
+                s = bb.emit(op.multiply(s, op.astype(mask, "float32")))
+            p = bb.emit(op.nn.softmax(s, axis=-2 if form == "other_axis" else -1))
+            out = bb.emit(op.matmul(p, v))
+            if form == "used_twice":
+                out = bb.emit(relax.Tuple([out, p]))
+            gv = bb.emit_output(out)
+        bb.emit_func_output(gv)
+    return bb.get()
+
+
+def _reference(form, q, k, v, mask):
+    q, k, v = (x.astype(np.float64) for x in (q, k, v))
+    s = q @ np.swapaxes(k, -1, -2)
+    if form in ("causal", "padding", "per_head", "used_twice"):
+        s = np.where(mask, -np.inf, s / 4.0)
+    elif form == "keep":
+        s = np.where(mask, 0.25 * s, -np.inf)
+    elif form == "fill_finite":
+        s = np.where(mask, -1e9, s)
+    elif form == "additive":
+        s = s + mask
+    elif form == "scale_tensor":
+        s = s * mask
+    axis = -2 if form == "other_axis" else -1
+    with np.errstate(invalid="ignore"):
+        e = np.exp(s - s.max(axis, keepdims=True))
+        p = e / e.sum(axis, keepdims=True)
+        return p @ v
+
+
+def _inputs(form, seed=0, m=M, n=N):
+    rng = np.random.default_rng(seed)
+    q, k, v = (rng.standard_normal((B, H, r, D)).astype(np.float32) for r in (m, n, n))
+    if form == "padding":
+        mask = np.zeros((B, 1, 1, n), bool)
+        mask[..., n - 5:] = True
+    elif form == "per_head":
+        mask = rng.random((B, H, m, n)) < 0.4
+    elif form == "keep":
+        mask = np.tril(np.ones((m, n), bool))  # True keeps
+    else:
+        mask = ~np.tril(np.ones((m, n), bool))  # True masks (causal)
+    return q, k, v, mask
+
+
+def _run(mod, args):
+    ex = tirbyoc.compile(mod)
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    out = vm["main"](*[tvm.runtime.tensor(a) for a in args])
+    return out[0].numpy() if isinstance(out, (list, tuple)) or hasattr(out, "__len__") and \
+        not hasattr(out, "numpy") else out.numpy()
+
+
+def _assert_matches(got, ref):
+    assert np.array_equal(np.isnan(got), np.isnan(ref))
+    finite = np.isfinite(ref)
+    scale = float(np.abs(ref[finite]).max())
+    assert float(np.abs(got[finite] - ref[finite]).max()) <= RTOL * scale
+
+
+ACCEPTED = ["causal", "keep", "nomask", "padding", "per_head"]
+REFUSED = ["fill_finite", "additive", "scale_tensor", "other_axis", "used_twice"]
+
+
+@pytest.mark.parametrize("form", ACCEPTED + REFUSED)
+def test_attention_forms(form):
+    mod = _build(form)
+    report = tirbyoc.explain(mod)
+    intrinsics = [r.intrinsic for r in report.offloaded]
+    if form in ACCEPTED:
+        assert intrinsics == ["attention"], str(report)
+        assert "tirbyoc_attention" in report.schedules
+    else:
+        assert "attention" not in intrinsics, str(report)
+    args = _inputs(form)
+    _assert_matches(_run(mod, args), _reference(form, *args))
+
+
+def test_fully_masked_rows_and_non_finite_values_as_the_graph_gives_them():
+    """A row with every key masked gives NaN (softmax of all -inf); a NaN in q gives a NaN
+    row; an inf in v past a causal row's last key still makes that row NaN (its weight 0
+    times inf), exactly as the unfused graph."""
+    mod = _build("causal")
+    q, k, v, mask = _inputs("causal", seed=1)
+    mask[5, :] = True          # row 5: every key masked
+    q[0, 1, 9, 3] = np.nan     # head 1, row 9
+    v[0, 2, 30, 0] = np.inf    # head 2, key 30: rows before 30 do not keep it
+    ref = _reference("causal", q, k, v, mask)
+    got = _run(mod, (q, k, v, mask))
+    assert np.isnan(ref[0, :, 5]).all() and np.isnan(ref[0, 1, 9]).all()
+    assert np.isnan(ref[0, 2, 0, 0])
+    _assert_matches(got, ref)
+
+
+def test_one_build_serves_every_sequence_length():
+    mod = _build("causal", n_sym=True)
+    assert [r.intrinsic for r in tirbyoc.explain(mod).offloaded] == ["attention"]
+    ex = tirbyoc.compile(mod)
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    for s in (1, 2, 17, 300):
+        args = _inputs("causal", seed=s, m=s, n=s)
+        got = vm["main"](*[tvm.runtime.tensor(a) for a in args]).numpy()
+        _assert_matches(got, _reference("causal", *args))
+
+
+def test_pytorch_sdpa_with_an_additive_mask_stays_unfused_and_right():
+    """``F.scaled_dot_product_attention`` as ``torch.export`` writes it adds a float mask
+    (0 or -inf) to the scores. That differs from ``where(mask, -inf, s)`` when a masked
+    score is +inf or NaN (the sum is NaN), so it is not the fused kernel's form: it runs
+    as the batched matmuls and the softmax kernel, against PyTorch."""
+    torch = pytest.importorskip("torch")
+    from tvm.relax.frontend.torch import from_exported_program
+
+    class Sdpa(torch.nn.Module):
+        def forward(self, q, k, v):
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    q, k, v = (torch.randn(B, H, M, D, generator=torch.Generator().manual_seed(i))
+               for i in range(3))
+    with torch.no_grad():
+        mod = from_exported_program(torch.export.export(Sdpa().eval(), (q, k, v)))
+        ref = Sdpa()(q, k, v).numpy()
+    assert sorted(r.intrinsic for r in tirbyoc.explain(mod).offloaded) == [
+        "batch_matmul", "batch_matmul", "softmax"]
+    got = _run(mod, [t.numpy() for t in (q, k, v)])
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4 * float(np.abs(ref).max()))
