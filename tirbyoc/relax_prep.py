@@ -103,9 +103,10 @@ def prepare(mod, fuse="auto", softmax=True):
         mod = sink_reshapes(mod)
         if softmax:
             from .attention import offload_attention
+            from .conv import convs_as_matmuls
             from .softmax import offload_softmax
 
-            mod = offload_softmax(offload_attention(mod))
+            mod = offload_softmax(offload_attention(convs_as_matmuls(mod)))
     if fuse:
         mod = T.Sequential(T.relax_default_prepare_passes())(mod)
     elif not legalized:

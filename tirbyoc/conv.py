@@ -1,0 +1,239 @@
+"""Convolutions as matrix products: ``R.nn.conv2d`` with a constant weight becomes an
+im2col of its input (layout ops TVM fuses and schedules) and one matmul with the weight
+as ``[K, OC]``, which the dense family offloads with its epilogue (the weight packed at
+compile time, the bias and a relu in the same kernel call).
+
+Before legalization, for a float32 ``conv2d`` in NCHW / OIHW with ``groups == 1``, static
+channels and spatial sizes, and a constant weight:
+
+    y = conv2d(x, W) (+ b) (-> batch_norm in inference mode) (-> relu)
+
+becomes
+
+    cols = im2col(x)                       [N, C * KH * KW (+ 1), OH * OW]: pad, one
+                                           strided slice per kernel tap, stack, reshape
+                                           (a 1x1 stride-1 conv reads x as it is); with a
+                                           bias, one more row of ones
+    z = relu(W' @ cols)                    W' = W as [OC, C * KH * KW] (+ the bias as
+                                           its last column); a batch norm after the conv
+                                           is folded into W' and the bias at compile time
+    y = reshape(z, [N, OC, OH, OW])        NCHW as the product gives it: no transpose
+
+Every intermediate of the replaced ops must be used only by the next one. The folding is
+computed in float64 and rounded once: ``W * gamma / sqrt(var + eps)``,
+``(b - mean) * gamma / sqrt(var + eps) + beta``. A batch norm in training mode, another
+layout, groups > 1 (depthwise), a weight that is not a constant, or a symbolic channel or
+spatial size keep TVM's ``conv2d``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import _tvm as T
+
+R = T.relax_ns
+
+
+def _op(expr, *names) -> bool:
+    return isinstance(expr, R.Call) and isinstance(expr.op, T.Op) and expr.op.name in names
+
+
+def _static_shape(expr):
+    ty = getattr(expr, "ty", None)
+    values = getattr(getattr(ty, "shape", None), "values", None)
+    if values is None:
+        return None
+    return [int(v) if isinstance(v, T.IntImm) else v for v in values]
+
+
+def _const(expr, values):
+    """The numpy value of a constant, through variables and reshapes of constants."""
+    while isinstance(expr, R.Var) and expr in values:
+        expr = values[expr]
+    if isinstance(expr, T.RelaxConstant):
+        return T.constant_value(expr)
+    if _op(expr, "relax.reshape"):
+        inner = _const(expr.args[0], values)
+        shape = _static_shape(expr)
+        if inner is not None and shape is not None and all(isinstance(s, int) for s in shape):
+            return inner.reshape(shape)
+    return None
+
+
+@dataclass
+class _Plan:
+    x: object
+    weight: np.ndarray      # [OC, C, KH, KW], float64, folded
+    bias: np.ndarray | None  # [OC], float64
+    relu: bool
+    strides: tuple
+    padding: tuple          # top, left, bottom, right
+    dilation: tuple
+    out_shape: list         # [N, OC, OH, OW]
+    replaced: set
+
+
+class _Bindings:
+    def __init__(self, func):
+        self.values, self.uses = {}, {}
+        for block in func.body.blocks:
+            for binding in block.bindings:
+                if isinstance(binding, R.VarBinding):
+                    self.values[binding.var] = binding.value
+                for var in R.analysis.free_vars(binding.value):
+                    self.uses[var] = self.uses.get(var, 0) + 1
+        for var in R.analysis.free_vars(func.body.body):
+            self.uses[var] = self.uses.get(var, 0) + 1
+
+    def only_user(self, var):
+        """The (variable, value) of the one binding that reads ``var``, else None."""
+        if self.uses.get(var, 0) != 1:
+            return None
+        for v, value in self.values.items():
+            if any(u.same_as(var) for u in R.analysis.free_vars(value)):
+                return v, value
+        return None
+
+
+def _plan(b: _Bindings, var, call):
+    """The region starting at ``var = conv2d(...)`` (its last variable and plan)."""
+    attrs = call.attrs
+    if (str(attrs.data_layout), str(attrs.kernel_layout)) != ("NCHW", "OIHW") or \
+            str(attrs.out_layout) not in ("NCHW", "") or int(attrs.groups) != 1 or \
+            str(attrs.out_dtype) not in ("float32", ""):
+        return None
+    x, w = call.args
+    xs, ys = _static_shape(x), _static_shape(call)
+    weight = _const(w, b.values)
+    if xs is None or ys is None or weight is None or weight.dtype != np.float32:
+        return None
+    if getattr(x.ty, "dtype", None) != "float32" or not all(
+            isinstance(d, int) for d in xs[1:] + ys[1:]):
+        return None
+    weight = weight.astype(np.float64)
+    oc = weight.shape[0]
+    bias, relu, last, replaced = None, False, var, set()
+    while True:
+        user = b.only_user(last)
+        if user is None:
+            break
+        uvar, uval = user
+        if _op(uval, "relax.add") and not relu and bias is None:
+            other = uval.args[1] if uval.args[0].same_as(last) else uval.args[0]
+            value = _const(other, b.values)
+            if value is None or value.size != oc or value.shape not in ((1, oc, 1, 1),
+                                                                          (oc, 1, 1)):
+                break
+            bias = value.reshape(oc).astype(np.float64)
+        elif _op(uval, "relax.nn.batch_norm") and not relu:
+            folded = _batch_norm(b, uvar, uval, last)
+            if folded is None:
+                break
+            scale, shift, uvar = folded
+            weight = weight * scale[:, None, None, None]
+            bias = (bias if bias is not None else 0.0) * scale + shift
+        elif _op(uval, "relax.nn.relu") and not relu:
+            relu = True
+        else:
+            break
+        replaced.add(last)
+        last = uvar
+    return last, _Plan(x, weight, bias, relu, tuple(int(s) for s in attrs.strides),
+                       tuple(int(p) for p in attrs.padding),
+                       tuple(int(d) for d in attrs.dilation), ys, replaced)
+
+
+def _batch_norm(b: _Bindings, var, call, data):
+    """(scale, shift, the variable of its output) for an inference-mode batch norm over
+    the channels with constant statistics whose tuple is only indexed at 0; else None."""
+    attrs = call.attrs
+    if not call.args[0].same_as(data) or int(attrs.axis) not in (1, -3) or \
+            bool(getattr(attrs, "training", False)):
+        return None
+    gamma, beta, mean, var_ = (_const(a, b.values) for a in call.args[1:])
+    if any(v is None for v in (gamma, beta, mean, var_)):
+        return None
+    users = [(v, value) for v, value in b.values.items()
+             if any(u.same_as(var) for u in R.analysis.free_vars(value))]
+    if len(users) != 1 or b.uses.get(var, 0) != 1:
+        return None
+    out, item = users[0]
+    if not isinstance(item, R.TupleGetItem) or int(item.index) != 0:
+        return None
+    gamma = gamma.astype(np.float64) if bool(attrs.scale) else np.ones_like(mean, np.float64)
+    beta = beta.astype(np.float64) if bool(attrs.center) else np.zeros_like(mean, np.float64)
+    scale = gamma / np.sqrt(var_.astype(np.float64) + float(attrs.epsilon))
+    return scale, beta - mean.astype(np.float64) * scale, out
+
+
+def _emit(bb, x, plan: _Plan):
+    n, c, h, w = _static_shape(x)
+    _, oc, oh, ow = plan.out_shape
+    _, _, kh, kw = plan.weight.shape
+    sh, sw = plan.strides
+    pt, pl, pb, pr = plan.padding
+    dh, dw = plan.dilation
+    op = R.op
+    src = x
+    if any(plan.padding):
+        src = bb.emit(op.nn.pad(x, [0, 0, 0, 0, pt, pb, pl, pr]))
+    if (kh, kw, sh, sw) == (1, 1, 1, 1):
+        cols = src
+    else:
+        taps = [bb.emit(op.strided_slice(src, [2, 3], [r * dh, s * dw],
+                                         [r * dh + (oh - 1) * sh + 1,
+                                          s * dw + (ow - 1) * sw + 1], [sh, sw]))
+                for r in range(kh) for s in range(kw)]
+        cols = bb.emit(op.stack(taps, axis=2))                   # [N, C, KK, OH, OW]
+    cols = bb.emit(op.reshape(cols, [n, c * kh * kw, oh * ow]))  # [N, K, P]
+    weight = plan.weight.reshape(oc, -1)
+    if plan.bias is not None:
+        # the bias as one more term of the product: a row of ones under the columns
+        ones = bb.emit(op.ones(R.ShapeExpr([n, 1, oh * ow]), "float32"))
+        cols = bb.emit(op.concat([cols, ones], axis=1))
+        weight = np.concatenate([weight, plan.bias[:, None]], axis=1)
+    z = bb.emit(op.matmul(R.const(weight.astype(np.float32), "float32"), cols,
+                          out_dtype="float32"))                 # [N, OC, P]
+    if plan.relu:
+        z = bb.emit(op.nn.relu(z))
+    return bb.emit(op.reshape(z, [n, oc, oh, ow]))
+
+
+@R.expr_functor.mutator
+class _Rewriter(R.PyExprMutator):
+    def __init__(self, mod, plans):
+        super().__init__(mod)
+        self.plans = plans
+
+    def visit_var_binding_(self, binding):
+        plan = self.plans.get(binding.var)
+        if plan is None:
+            super().visit_var_binding_(binding)
+            return
+        new = _emit(self.builder_, self.visit_expr(plan.x), plan)
+        self.set_var_remap(binding.var, new)
+
+
+def convs_as_matmuls(mod):
+    """``mod`` with every convolution of the form above an im2col and a matmul (a new
+    module; functions with a ``Codegen`` attribute untouched)."""
+    out = mod
+    for gv, func in mod.functions_items():
+        if not isinstance(func, R.Function) or (func.attrs and "Codegen" in func.attrs):
+            continue
+        b = _Bindings(func)
+        plans = {}
+        for var, value in b.values.items():
+            if _op(value, "relax.nn.conv2d"):
+                found = _plan(b, var, value)
+                if found is not None:
+                    plans[found[0]] = found[1]
+        if not plans:
+            continue
+        new = _Rewriter(out, plans).visit_expr(func)
+        out = out.clone() if out is mod else out
+        out.update_func(gv, R.analysis.remove_all_unused(new))
+    return out
