@@ -62,6 +62,11 @@ def _registry():
         "bert_layer": ModelSpec("bert_layer", lambda: examples.encoder_layer_torch(768, 12, 3072),
                                 lambda s: (1, s, 768), seqs=(32, 384)),
         "mlp": ModelSpec("mlp", _mlp, lambda s: (256, 784)),
+        "small_cnn": ModelSpec("small_cnn", examples.small_cnn_torch, lambda s: (8, 3, 32, 32)),
+        "resnet_mini": ModelSpec("resnet_mini",
+                                 lambda: examples.resnet_torch((1, 1), (64, 128), 10),
+                                 lambda s: (1, 3, 112, 112)),
+        "resnet18": ModelSpec("resnet18", examples.resnet_torch, lambda s: (1, 3, 224, 224)),
     }
 
 

@@ -6,7 +6,7 @@ compile time, the bias and a relu in the same kernel call).
 Before legalization, for a float32 ``conv2d`` in NCHW / OIHW with ``groups == 1``, static
 channels and spatial sizes, and a constant weight:
 
-    y = conv2d(x, W) (+ b) (-> batch_norm in inference mode) (-> relu)
+    y = conv2d(x, W) (+ b) (-> batch_norm in inference mode) (+ r) (-> relu)
 
 becomes
 
@@ -17,6 +17,8 @@ becomes
     z = relu(W' @ cols)                    W' = W as [OC, C * KH * KW] (+ the bias as
                                            its last column); a batch norm after the conv
                                            is folded into W' and the bias at compile time
+                                           (+ r: a tensor of y's shape, e.g. a ResNet
+                                           shortcut, added before the relu)
     y = reshape(z, [N, OC, OH, OW])        NCHW as the product gives it: no transpose
 
 Every intermediate of the replaced ops must be used only by the next one. The folding is
@@ -68,6 +70,7 @@ class _Plan:
     x: object
     weight: np.ndarray      # [OC, C, KH, KW], float64, folded
     bias: np.ndarray | None  # [OC], float64
+    residual: object | None  # a tensor of the output's shape added after the bias
     relu: bool
     strides: tuple
     padding: tuple          # top, left, bottom, right
@@ -98,7 +101,7 @@ class _Bindings:
         return None
 
 
-def _plan(b: _Bindings, var, call):
+def _plan(b: _Bindings, var, call, residuals=True):
     """The region starting at ``var = conv2d(...)`` (its last variable and plan)."""
     attrs = call.attrs
     if (str(attrs.data_layout), str(attrs.kernel_layout)) != ("NCHW", "OIHW") or \
@@ -115,20 +118,24 @@ def _plan(b: _Bindings, var, call):
         return None
     weight = weight.astype(np.float64)
     oc = weight.shape[0]
-    bias, relu, last, replaced = None, False, var, set()
+    bias, residual, relu, last, replaced = None, None, False, var, set()
     while True:
         user = b.only_user(last)
         if user is None:
             break
         uvar, uval = user
-        if _op(uval, "relax.add") and not relu and bias is None:
+        if _op(uval, "relax.add") and not relu and residual is None:
             other = uval.args[1] if uval.args[0].same_as(last) else uval.args[0]
             value = _const(other, b.values)
-            if value is None or value.size != oc or value.shape not in ((1, oc, 1, 1),
-                                                                          (oc, 1, 1)):
+            if value is not None and bias is None and value.size == oc and \
+                    value.shape in ((1, oc, 1, 1), (oc, 1, 1)):
+                bias = value.reshape(oc).astype(np.float64)
+            elif value is None and residuals and _static_shape(other) == ys and \
+                    getattr(other.ty, "dtype", None) == "float32":
+                residual = other  # a tensor of the output's shape (a shortcut)
+            else:
                 break
-            bias = value.reshape(oc).astype(np.float64)
-        elif _op(uval, "relax.nn.batch_norm") and not relu:
+        elif _op(uval, "relax.nn.batch_norm") and not relu and residual is None:
             folded = _batch_norm(b, uvar, uval, last)
             if folded is None:
                 break
@@ -141,7 +148,7 @@ def _plan(b: _Bindings, var, call):
             break
         replaced.add(last)
         last = uvar
-    return last, _Plan(x, weight, bias, relu, tuple(int(s) for s in attrs.strides),
+    return last, _Plan(x, weight, bias, residual, relu, tuple(int(s) for s in attrs.strides),
                        tuple(int(p) for p in attrs.padding),
                        tuple(int(d) for d in attrs.dilation), ys, replaced)
 
@@ -169,7 +176,7 @@ def _batch_norm(b: _Bindings, var, call, data):
     return scale, beta - mean.astype(np.float64) * scale, out
 
 
-def _emit(bb, x, plan: _Plan):
+def _emit(bb, x, residual, plan: _Plan):
     n, c, h, w = _static_shape(x)
     _, oc, oh, ow = plan.out_shape
     _, _, kh, kw = plan.weight.shape
@@ -197,6 +204,8 @@ def _emit(bb, x, plan: _Plan):
         weight = np.concatenate([weight, plan.bias[:, None]], axis=1)
     z = bb.emit(op.matmul(R.const(weight.astype(np.float32), "float32"), cols,
                           out_dtype="float32"))                 # [N, OC, P]
+    if plan.residual is not None:
+        z = bb.emit(op.add(z, bb.emit(op.reshape(residual, [n, oc, oh * ow]))))
     if plan.relu:
         z = bb.emit(op.nn.relu(z))
     return bb.emit(op.reshape(z, [n, oc, oh, ow]))
@@ -213,7 +222,8 @@ class _Rewriter(R.PyExprMutator):
         if plan is None:
             super().visit_var_binding_(binding)
             return
-        new = _emit(self.builder_, self.visit_expr(plan.x), plan)
+        residual = None if plan.residual is None else self.visit_expr(plan.residual)
+        new = _emit(self.builder_, self.visit_expr(plan.x), residual, plan)
         self.set_var_remap(binding.var, new)
 
 
@@ -229,7 +239,11 @@ def convs_as_matmuls(mod):
         for var, value in b.values.items():
             if _op(value, "relax.nn.conv2d"):
                 found = _plan(b, var, value)
-                if found is not None:
+                if found is not None and found[0] in plans:
+                    # the add of two convolutions (a projection shortcut) belongs to
+                    # the first; this one ends before it
+                    found = _plan(b, var, value, residuals=False)
+                if found is not None and found[0] not in plans:
                     plans[found[0]] = found[1]
         if not plans:
             continue

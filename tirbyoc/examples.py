@@ -133,6 +133,77 @@ def mlp_onnx(layers=None):
     return from_onnx(model, keep_params_in_input=False), model
 
 
+# ---- convolutional networks (PyTorch) ----
+
+
+def small_cnn_torch(seed=0):
+    """conv3x3(3->32) + relu, conv3x3(32->64) + relu, global average pool, Linear(64, 10):
+    a small CNN for 32x32 images. Eval mode."""
+    import torch
+
+    nn = torch.nn
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(),
+                         nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(),
+                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 10)).eval()
+
+
+def _randomize_batch_norms(model, seed):
+    """Non-trivial running statistics and affine parameters in every batch norm, so that
+    folding them is tested (a fresh BatchNorm2d is the identity)."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for mod in model.modules():
+            if isinstance(mod, torch.nn.BatchNorm2d):
+                c = mod.num_features
+                mod.running_mean.copy_(torch.rand(c, generator=g) - 0.5)
+                mod.running_var.copy_(torch.rand(c, generator=g) + 0.5)
+                mod.weight.copy_(torch.rand(c, generator=g) + 0.5)
+                mod.bias.copy_(torch.rand(c, generator=g) - 0.5)
+    return model
+
+
+def resnet_torch(layers=(2, 2, 2, 2), widths=(64, 128, 256, 512), classes=1000, seed=0):
+    """A ResNet of basic blocks written with ``torch.nn`` (ResNet-18 by default): a 7x7/2
+    conv, batch norm, relu and 3x3/2 max pool stem, stages of two-conv blocks with batch
+    norms and identity or 1x1/2 projection shortcuts, global average pool, Linear.
+    ``layers=(1, 1), widths=(64, 128)`` is the two-block network of the convolution
+    issue. Eval mode, batch norms with random statistics."""
+    import torch
+
+    nn = torch.nn
+
+    class Block(nn.Module):
+        def __init__(self, cin, cout, stride):
+            super().__init__()
+            self.c1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+            self.b1 = nn.BatchNorm2d(cout)
+            self.c2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+            self.b2 = nn.BatchNorm2d(cout)
+            self.short = None
+            if stride != 1 or cin != cout:
+                self.short = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False),
+                                           nn.BatchNorm2d(cout))
+
+        def forward(self, x):
+            y = torch.relu(self.b1(self.c1(x)))
+            y = self.b2(self.c2(y))
+            return torch.relu(y + (x if self.short is None else self.short(x)))
+
+    torch.manual_seed(seed)
+    mods = [nn.Conv2d(3, widths[0], 7, 2, 3, bias=False), nn.BatchNorm2d(widths[0]),
+            nn.ReLU(), nn.MaxPool2d(3, 2, 1)]
+    cin = widths[0]
+    for i, (count, width) in enumerate(zip(layers, widths)):
+        for j in range(count):
+            mods.append(Block(cin, width, 2 if j == 0 and i > 0 else 1))
+            cin = width
+    mods += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(cin, classes)]
+    return _randomize_batch_norms(nn.Sequential(*mods), seed).eval()
+
+
 # ---- transformers (PyTorch) ----
 
 def gpt2_block_torch(d=768, heads=12, seed=0):

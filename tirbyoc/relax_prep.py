@@ -100,13 +100,18 @@ def prepare(mod, fuse="auto", softmax=True):
     if scope.chosen:
         fuse = False  # the graph level already chose what goes together
     if not legalized and not scope.chosen:
+        if softmax:
+            from .conv import convs_as_matmuls
+
+            # NOTE: before sink_reshapes, which then moves each conv's output reshape
+            # below a residual add, so that the add joins the product's epilogue
+            mod = convs_as_matmuls(mod)
         mod = sink_reshapes(mod)
         if softmax:
             from .attention import offload_attention
-            from .conv import convs_as_matmuls
             from .softmax import offload_softmax
 
-            mod = offload_softmax(offload_attention(convs_as_matmuls(mod)))
+            mod = offload_softmax(offload_attention(mod))
     if fuse:
         mod = T.Sequential(T.relax_default_prepare_passes())(mod)
     elif not legalized:

@@ -1,0 +1,111 @@
+"""Convolutions as matrix products (tirbyoc.conv): which conv2d forms become an im2col and
+one offloaded matmul (bias, folded batch norm, residual and relu in the kernel call), which
+stay TVM's conv2d, and numerics against PyTorch either way.
+
+Tolerance: max|got - ref| <= 1e-5 * max|ref| against PyTorch's float32 result (products of
+up to 64 * 9 terms; the batch norm folded in float64 and rounded once).
+"""
+
+import numpy as np
+import pytest
+
+import tirbyoc
+from tirbyoc import examples
+
+torch = pytest.importorskip("torch")
+
+RTOL = 1e-5
+
+
+def _import(model, x):
+    from tvm.relax.frontend.torch import from_exported_program
+
+    with torch.no_grad():
+        return from_exported_program(torch.export.export(model, (x,)),
+                                     keep_params_as_input=False)
+
+
+def _check(model, shape, expected, seed=0):
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+    mod = _import(model, x)
+    report = tirbyoc.explain(mod)
+    assert sorted(r.intrinsic for r in report.offloaded) == sorted(expected), str(report)
+    with torch.no_grad():
+        ref = model(x).numpy()
+    got = tirbyoc.run(tirbyoc.compile(mod), x.numpy())
+    got = got[0] if isinstance(got, (list, tuple)) else got
+    assert float(np.abs(got - ref).max()) <= RTOL * float(np.abs(ref).max())
+    return report
+
+
+def test_small_cnn():
+    """Two 3x3 convs with bias and relu, global average pool, Linear."""
+    _check(examples.small_cnn_torch(), (2, 3, 16, 16),
+           ["batch_matmul_relu", "batch_matmul_relu", "dense_bias"])
+
+
+def test_resnet_blocks_fold_batch_norms_and_fuse_shortcuts():
+    """Stem (7x7/2 conv, batch norm, relu, max pool) and two basic blocks, the second with
+    a 1x1/2 projection shortcut: every conv is a matmul, each batch norm folded (random
+    statistics), the identity shortcut added in the second conv's kernel call before the
+    relu; the projection's add belongs to one of the two convs that meet there."""
+    model = examples.resnet_torch((1, 1), (16, 32), 10)
+    report = _check(model, (1, 3, 40, 40), [
+        "batch_matmul_relu", "batch_matmul_relu", "batch_matmul_residual_relu",
+        "batch_matmul_relu", "batch_matmul_residual_relu", "batch_matmul", "dense_bias"])
+    assert not any("conv2d" in name for name in report.schedules), report.schedules
+
+
+class _Conv(torch.nn.Module):
+    def __init__(self, cin, cout, k, **kw):
+        super().__init__()
+        torch.manual_seed(1)
+        self.conv = torch.nn.Conv2d(cin, cout, k, **kw)
+
+    def forward(self, x):
+        return torch.relu(self.conv(x))
+
+
+@pytest.mark.parametrize("kw", [
+    dict(k=3, stride=2, padding=1),
+    dict(k=5, padding=(2, 1), dilation=(1, 2)),
+    dict(k=(1, 3), stride=(2, 1)),
+    dict(k=1),
+    dict(k=1, stride=2, bias=False),
+], ids=["3x3s2", "5x5-dilated", "1x3s21", "1x1", "1x1s2-nobias"])
+def test_conv_shapes(kw):
+    k = kw.pop("k")
+    _check(_Conv(5, 7, k, **kw).eval(), (2, 5, 13, 11), ["batch_matmul_relu"])
+
+
+def test_grouped_and_depthwise_convs_stay_convs():
+    """groups > 1 is not a single matrix product: TVM's conv2d, right answer."""
+    for groups in (2, 6):
+        model = _Conv(6, 6, 3, padding=1, groups=groups).eval()
+        report = _check(model, (1, 6, 9, 9), [])
+        assert any("conv2d" in name for name in report.schedules), report.schedules
+
+
+def test_weight_as_input_stays_a_conv():
+    """A weight that is not a compile-time constant cannot be folded or reshaped at
+    compile time: the conv stays TVM's."""
+    import tvm
+    from tvm import relax
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 3, 8, 8), "float32"))
+    w = relax.Var("w", relax.TensorType((4, 3, 3, 3), "float32"))
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            y = bb.emit_output(bb.emit(relax.op.nn.conv2d(x, w, padding=1)))
+        bb.emit_func_output(y)
+    mod = bb.get()
+    assert tirbyoc.explain(mod).offloaded == []
+    rng = np.random.default_rng(0)
+    xs = rng.standard_normal((1, 3, 8, 8)).astype(np.float32)
+    ws = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    vm = relax.VirtualMachine(tirbyoc.compile(mod), tvm.cpu())
+    got = vm["main"](tvm.runtime.tensor(xs), tvm.runtime.tensor(ws)).numpy()
+    ref = torch.nn.functional.conv2d(torch.from_numpy(xs), torch.from_numpy(ws),
+                                     padding=1).numpy()
+    assert float(np.abs(got - ref).max()) <= RTOL * float(np.abs(ref).max())
