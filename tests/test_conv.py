@@ -78,12 +78,23 @@ def test_conv_shapes(kw):
     _check(_Conv(5, 7, k, **kw).eval(), (2, 5, 13, 11), ["batch_matmul_relu"])
 
 
-def test_grouped_and_depthwise_convs_stay_convs():
-    """groups > 1 is not a single matrix product: TVM's conv2d, right answer."""
-    for groups in (2, 6):
-        model = _Conv(6, 6, 3, padding=1, groups=groups).eval()
-        report = _check(model, (1, 6, 9, 9), [])
-        assert any("conv2d" in name for name in report.schedules), report.schedules
+def test_grouped_convs_stay_convs():
+    """groups between 1 and the channel count is neither one product nor depthwise:
+    TVM's conv2d, right answer."""
+    model = _Conv(6, 6, 3, padding=1, groups=2).eval()
+    report = _check(model, (1, 6, 9, 9), [])
+    assert any("conv2d" in name for name in report.schedules), report.schedules
+
+
+def test_depthwise_separable_blocks():
+    """Depthwise 3x3 convs (stride 1 and 2) become a sum of per-channel scaled taps that
+    TVM fuses into one scheduled PrimFunc, their batch norm folded and the ReLU6 in the
+    same pass; the stem and the thirteen 1x1 convs are offloaded products with the ReLU6
+    in the kernel call. Products of equal shapes share one PrimFunc (TVM deduplicates
+    them): at 48x48 the last spatial sizes repeat, 14 products in 10 PrimFuncs."""
+    model = examples.mobilenet_torch(width=0.25, classes=10)
+    report = _check(model, (1, 3, 48, 48), ["batch_matmul_relu6"] * 10 + ["dense_bias"])
+    assert not any("conv2d" in name for name in report.schedules), report.schedules
 
 
 def test_weight_as_input_stays_a_conv():

@@ -67,6 +67,7 @@ def _registry():
                                  lambda: examples.resnet_torch((1, 1), (64, 128), 10),
                                  lambda s: (1, 3, 112, 112)),
         "resnet18": ModelSpec("resnet18", examples.resnet_torch, lambda s: (1, 3, 224, 224)),
+        "mobilenet": ModelSpec("mobilenet", examples.mobilenet_torch, lambda s: (1, 3, 224, 224)),
     }
 
 

@@ -21,10 +21,16 @@ becomes
                                            shortcut, added before the relu)
     y = reshape(z, [N, OC, OH, OW])        NCHW as the product gives it: no transpose
 
+A depthwise conv (``groups`` = input channels = output channels) is instead the sum over
+its kernel taps of a strided slice of the padded input times that tap's per-channel weight,
+with the same bias, batch norm, shortcut and activation after it: elementwise ops that TVM
+fuses into one PrimFunc (one pass over the output) and tirbyoc's Injective rule schedules.
+The activation is a relu or a ReLU6 (``clip(0, 6)``).
+
 Every intermediate of the replaced ops must be used only by the next one. The folding is
 computed in float64 and rounded once: ``W * gamma / sqrt(var + eps)``,
 ``(b - mean) * gamma / sqrt(var + eps) + beta``. A batch norm in training mode, another
-layout, groups > 1 (depthwise), a weight that is not a constant, or a symbolic channel or
+layout, groups other than 1 or the channel count, a weight that is not a constant, or a symbolic channel or
 spatial size keep TVM's ``conv2d``.
 """
 
@@ -71,7 +77,8 @@ class _Plan:
     weight: np.ndarray      # [OC, C, KH, KW], float64, folded
     bias: np.ndarray | None  # [OC], float64
     residual: object | None  # a tensor of the output's shape added after the bias
-    relu: bool
+    act: str | None          # "relu" or "relu6"
+    depthwise: bool
     strides: tuple
     padding: tuple          # top, left, bottom, right
     dilation: tuple
@@ -105,7 +112,7 @@ def _plan(b: _Bindings, var, call, residuals=True):
     """The region starting at ``var = conv2d(...)`` (its last variable and plan)."""
     attrs = call.attrs
     if (str(attrs.data_layout), str(attrs.kernel_layout)) != ("NCHW", "OIHW") or \
-            str(attrs.out_layout) not in ("NCHW", "") or int(attrs.groups) != 1 or \
+            str(attrs.out_layout) not in ("NCHW", "") or \
             str(attrs.out_dtype) not in ("float32", ""):
         return None
     x, w = call.args
@@ -118,13 +125,17 @@ def _plan(b: _Bindings, var, call, residuals=True):
         return None
     weight = weight.astype(np.float64)
     oc = weight.shape[0]
-    bias, residual, relu, last, replaced = None, None, False, var, set()
+    groups = int(attrs.groups)
+    # one matrix product (groups 1), or depthwise: one filter per channel
+    if groups != 1 and not (groups == xs[1] == oc and weight.shape[1] == 1):
+        return None
+    bias, residual, act, last, replaced = None, None, None, var, set()
     while True:
         user = b.only_user(last)
         if user is None:
             break
         uvar, uval = user
-        if _op(uval, "relax.add") and not relu and residual is None:
+        if _op(uval, "relax.add") and act is None and residual is None:
             other = uval.args[1] if uval.args[0].same_as(last) else uval.args[0]
             value = _const(other, b.values)
             if value is not None and bias is None and value.size == oc and \
@@ -135,22 +146,32 @@ def _plan(b: _Bindings, var, call, residuals=True):
                 residual = other  # a tensor of the output's shape (a shortcut)
             else:
                 break
-        elif _op(uval, "relax.nn.batch_norm") and not relu and residual is None:
+        elif _op(uval, "relax.nn.batch_norm") and act is None and residual is None:
             folded = _batch_norm(b, uvar, uval, last)
             if folded is None:
                 break
             scale, shift, uvar = folded
             weight = weight * scale[:, None, None, None]
             bias = (bias if bias is not None else 0.0) * scale + shift
-        elif _op(uval, "relax.nn.relu") and not relu:
-            relu = True
+        elif _op(uval, "relax.nn.relu") and act is None:
+            act = "relu"
+        elif _op(uval, "relax.clip") and act is None and _clip_bounds(uval) == (0.0, 6.0):
+            act = "relu6"
         else:
             break
         replaced.add(last)
         last = uvar
-    return last, _Plan(x, weight, bias, residual, relu, tuple(int(s) for s in attrs.strides),
+    return last, _Plan(x, weight, bias, residual, act, groups != 1, tuple(int(s) for s in attrs.strides),
                        tuple(int(p) for p in attrs.padding),
                        tuple(int(d) for d in attrs.dilation), ys, replaced)
+
+
+def _clip_bounds(call):
+    """(min, max) of an ``R.clip`` with constant bounds, else None."""
+    try:
+        return float(call.args[1].value), float(call.args[2].value)
+    except (AttributeError, IndexError, TypeError):
+        return None
 
 
 def _batch_norm(b: _Bindings, var, call, data):
@@ -187,6 +208,8 @@ def _emit(bb, x, residual, plan: _Plan):
     src = x
     if any(plan.padding):
         src = bb.emit(op.nn.pad(x, [0, 0, 0, 0, pt, pb, pl, pr]))
+    if plan.depthwise:
+        return _emit_depthwise(bb, src, residual, plan)
     if (kh, kw, sh, sw) == (1, 1, 1, 1):
         cols = src
     else:
@@ -206,9 +229,44 @@ def _emit(bb, x, residual, plan: _Plan):
                           out_dtype="float32"))                 # [N, OC, P]
     if plan.residual is not None:
         z = bb.emit(op.add(z, bb.emit(op.reshape(residual, [n, oc, oh * ow]))))
-    if plan.relu:
-        z = bb.emit(op.nn.relu(z))
+    z = _activation(bb, z, plan.act)
     return bb.emit(op.reshape(z, [n, oc, oh, ow]))
+
+
+def _activation(bb, z, act):
+    if act == "relu":
+        return bb.emit(R.op.nn.relu(z))
+    if act == "relu6":
+        return bb.emit(R.op.clip(z, R.prim_value(T.FloatImm("float64", 0.0)),
+                                 R.prim_value(T.FloatImm("float64", 6.0))))
+    return z
+
+
+def _emit_depthwise(bb, src, residual, plan: _Plan):
+    """A depthwise conv as the sum over kernel taps of a strided slice of the (padded)
+    input times that tap's per-channel weight: elementwise ops that TVM fuses into one
+    PrimFunc (one pass over the output) and tirbyoc's Injective rule schedules."""
+    _, oc, oh, ow = plan.out_shape
+    _, _, kh, kw = plan.weight.shape
+    sh, sw = plan.strides
+    dh, dw = plan.dilation
+    op = R.op
+    z = None
+    for r in range(kh):
+        for s in range(kw):
+            tap = bb.emit(op.strided_slice(src, [2, 3], [r * dh, s * dw],
+                                           [r * dh + (oh - 1) * sh + 1,
+                                            s * dw + (ow - 1) * sw + 1], [sh, sw]))
+            w = R.const(plan.weight[:, 0, r, s].reshape(1, oc, 1, 1).astype(np.float32),
+                        "float32")
+            term = bb.emit(op.multiply(tap, w))
+            z = term if z is None else bb.emit(op.add(z, term))
+    if plan.bias is not None:
+        z = bb.emit(op.add(z, R.const(plan.bias.reshape(1, oc, 1, 1).astype(np.float32),
+                                      "float32")))
+    if residual is not None:
+        z = bb.emit(op.add(z, residual))
+    return _activation(bb, z, plan.act)
 
 
 @R.expr_functor.mutator

@@ -204,6 +204,32 @@ def resnet_torch(layers=(2, 2, 2, 2), widths=(64, 128, 256, 512), classes=1000, 
     return _randomize_batch_norms(nn.Sequential(*mods), seed).eval()
 
 
+def mobilenet_torch(width=1.0, classes=1000, seed=0):
+    """A MobileNet (v1) written with ``torch.nn``: a 3x3/2 conv stem, then thirteen
+    depthwise-separable blocks (3x3 depthwise conv, batch norm, ReLU6, 1x1 conv, batch
+    norm, ReLU6), global average pool, Linear. Eval mode, batch norms with random
+    statistics."""
+    import torch
+
+    nn = torch.nn
+
+    def unit(cin, cout, k, stride, groups=1):
+        return [nn.Conv2d(cin, cout, k, stride, k // 2, groups=groups, bias=False),
+                nn.BatchNorm2d(cout), nn.ReLU6()]
+
+    plan = [(64, 1), (128, 2), (128, 1), (256, 2), (256, 1), (512, 2)] + [(512, 1)] * 5 + \
+        [(1024, 2), (1024, 1)]
+    torch.manual_seed(seed)
+    cin = int(32 * width)
+    mods = unit(3, cin, 3, 2)
+    for cout, stride in plan:
+        cout = int(cout * width)
+        mods += unit(cin, cin, 3, stride, groups=cin) + unit(cin, cout, 1, 1)
+        cin = cout
+    mods += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(cin, classes)]
+    return _randomize_batch_norms(nn.Sequential(*mods), seed).eval()
+
+
 # ---- transformers (PyTorch) ----
 
 def gpt2_block_torch(d=768, heads=12, seed=0):
