@@ -31,6 +31,7 @@ import math
 from dataclasses import dataclass
 
 from . import _tvm as T
+from .bindings import Bindings, is_op, rewrite_relax_functions, shape_of
 from .normalize import INTRINSIC_ATTR, OFFLOADED_ATTR
 
 R = T.relax_ns
@@ -44,18 +45,6 @@ _B_KN = 0
 _DDV_MAX = 4096
 
 _VIEWS = ("relax.reshape", "relax.broadcast_to")
-
-
-def _op(expr, *names) -> bool:
-    return isinstance(expr, R.Call) and isinstance(expr.op, T.Op) and expr.op.name in names
-
-
-def _shape(expr):
-    ty = getattr(expr, "ty", None)
-    if not isinstance(ty, R.TensorType) or ty.shape is None:
-        return None
-    values = getattr(ty.shape, "values", None)
-    return list(values) if values is not None else None
 
 
 def _dtype(expr) -> str | None:
@@ -90,27 +79,8 @@ class _Region:
     inner: set           # variables computed inside the region
 
 
-class _Func:
-    """A Relax function's bindings: what each variable is bound to, and how often each
-    variable is used."""
-
-    def __init__(self, func):
-        self.values, self.uses = {}, {}
-        for block in func.body.blocks:
-            for binding in block.bindings:
-                if isinstance(binding, R.VarBinding):
-                    self.values[binding.var] = binding.value
-                    self._count(binding.value)
-                else:
-                    self._count(binding.value)
-        self._count(func.body.body)
-
-    def _count(self, expr):
-        for var in R.analysis.free_vars(expr):
-            self.uses[var] = self.uses.get(var, 0) + 1
-
-    def producer(self, var):
-        return self.values.get(var) if isinstance(var, R.Var) else None
+class _Func(Bindings):
+    """The function's bindings, and views walked back through."""
 
     def through_views(self, var, inner, uses=1):
         """Back from ``var`` through batch-regrouping views; the first non-view value's
@@ -118,7 +88,7 @@ class _Func:
         its variable joins ``inner``."""
         while True:
             value = self.producer(var)
-            if value is None or not _op(value, *_VIEWS) or not _is_batch_view(value):
+            if value is None or not is_op(value, *_VIEWS) or not _is_batch_view(value):
                 return var
             if self.uses.get(var, 0) != uses:
                 return var
@@ -130,7 +100,7 @@ class _Func:
 def _is_batch_view(call) -> bool:
     """A reshape that keeps the last two dimensions (it only regroups the batch), or a
     broadcast_to the input's own shape."""
-    src, dst = _shape(call.args[0]), _shape(call)
+    src, dst = shape_of(call.args[0]), shape_of(call)
     if src is None or dst is None or len(src) < 2 or len(dst) < 2:
         return False
     if call.op.name == "relax.broadcast_to":
@@ -148,7 +118,7 @@ def _batch(shape):
 def _match(f: _Func, pv_var, pv_call) -> _Region | None:
     """The region ending in ``pv_var = R.matmul(P, V)``, or None."""
     inner = set()
-    if not _op(pv_call, "relax.matmul") or len(pv_call.args) != 2:
+    if not is_op(pv_call, "relax.matmul") or len(pv_call.args) != 2:
         return None
     p_var, v = pv_call.args
     if any(_dtype(x) != "float32" for x in (pv_call, p_var, v)):
@@ -159,21 +129,21 @@ def _match(f: _Func, pv_var, pv_call) -> _Region | None:
     p_val = f.producer(p_var)
     flags = 0
     scores_fixup = None
-    if _op(p_val, "relax.where"):  # the fix-up for fully masked rows
+    if is_op(p_val, "relax.where"):  # the fix-up for fully masked rows
         scores_fixup = _fixup_scores(f, p_val)
         if scores_fixup is None:
             return None
         inner.add(p_var)
         p_var = p_val.args[2]
         # full_like(P, 0) reads only P's shape: a use that goes with the where
-        shape_only = any(_op(f.values.get(x), "relax.full_like", "relax.zeros_like")
+        shape_only = any(is_op(f.values.get(x), "relax.full_like", "relax.zeros_like")
                          and f.values[x].args[0].same_as(p_var) for x in scores_fixup[1])
         if f.uses.get(p_var, 0) != 1 + shape_only:
             return None
         p_val = f.producer(p_var)
         flags |= _EMPTY_ZERO
-    if not _op(p_val, "relax.nn.softmax") or int(p_val.attrs.axis) not in (-1, len(
-            _shape(p_var) or []) - 1):
+    if not is_op(p_val, "relax.nn.softmax") or int(p_val.attrs.axis) not in (-1, len(
+            shape_of(p_var) or []) - 1):
         return None
     inner.add(p_var)
     s_var = p_val.args[0]
@@ -186,7 +156,7 @@ def _match(f: _Func, pv_var, pv_call) -> _Region | None:
     mask = None
     s_var = f.through_views(s_var, inner, 1 if scores_fixup is None else 2)
     s_val = f.producer(s_var)
-    if _op(s_val, "relax.where"):
+    if is_op(s_val, "relax.where"):
         cond, a, b = s_val.args
         if _scalar(a, f.values) == -math.inf:
             scores = b
@@ -203,7 +173,7 @@ def _match(f: _Func, pv_var, pv_call) -> _Region | None:
         s_var = f.through_views(scores, inner)
         s_val = f.producer(s_var)
     scale = 1.0
-    if _op(s_val, "relax.divide", "relax.multiply"):
+    if is_op(s_val, "relax.divide", "relax.multiply"):
         x, y = s_val.args
         c = _scalar(y, f.values)
         if c is None and s_val.op.name == "relax.multiply":
@@ -216,7 +186,7 @@ def _match(f: _Func, pv_var, pv_call) -> _Region | None:
         inner.add(s_var)
         s_var = f.through_views(x, inner)
         s_val = f.producer(s_var)
-    if not _op(s_val, "relax.matmul") or len(s_val.args) != 2:
+    if not is_op(s_val, "relax.matmul") or len(s_val.args) != 2:
         return None
     inner.add(s_var)
     q, k = s_val.args
@@ -235,13 +205,13 @@ def _fixup_scores(f: _Func, where):
 
     def step(var, *ops):
         value = f.producer(var)
-        if value is None or not _op(value, *ops) or f.uses.get(var, 0) != 1:
+        if value is None or not is_op(value, *ops) or f.uses.get(var, 0) != 1:
             return None
         inner.add(var)
         return value
 
     zero_val = f.producer(zero) if isinstance(zero, R.Var) else zero
-    if _op(zero_val, "relax.full_like", "relax.zeros_like"):
+    if is_op(zero_val, "relax.full_like", "relax.zeros_like"):
         if zero_val.op.name == "relax.full_like" and _scalar(zero_val.args[1], f.values) != 0.0:
             return None
         inner.add(zero)
@@ -255,7 +225,7 @@ def _fixup_scores(f: _Func, where):
         if call is None:
             return None
         if op == "relax.max" and not (call.attrs.keepdims and [int(a) for a in call.attrs.axis]
-                                      in ([-1], [len(_shape(call.args[0]) or []) - 1])):
+                                      in ([-1], [len(shape_of(call.args[0]) or []) - 1])):
             return None
         if op == "relax.astype" and str(call.attrs.dtype) not in ("bool", "int8"):
             return None
@@ -268,7 +238,7 @@ def _fixup_scores(f: _Func, where):
 def _mask_fits(cond, where) -> bool:
     """A bool mask the kernel reads as it is: [.., M or 1, N], its batch either all 1 or
     the scores' batch, not wider than the scores."""
-    ms, ss = _shape(cond), _shape(where)
+    ms, ss = shape_of(cond), shape_of(where)
     if ms is None or ss is None or len(ms) < 2 or len(ms) > len(ss):
         return False
     if not _same(ms[-1], ss[-1]) or not (_same(ms[-2], ss[-2]) or _same(ms[-2], 1)):
@@ -279,7 +249,7 @@ def _mask_fits(cond, where) -> bool:
 
 
 def _shapes_fit(q, k, v, pv, qk) -> bool:
-    qs, ks, vs, os_, ss = (_shape(x) for x in (q, k, v, pv, qk))
+    qs, ks, vs, os_, ss = (shape_of(x) for x in (q, k, v, pv, qk))
     if any(s is None or len(s) < 2 for s in (qs, ks, vs, os_, ss)):
         return False
     m, d = qs[-2:]
@@ -317,7 +287,7 @@ def _kernel_func(region: _Region):
     for name, expr in (("q", region.q), ("k", region.k), ("v", region.v),
                        ("mask", region.mask), ("o", region.out)):
         if expr is not None:
-            bufs[name] = T.decl_buffer(_dims(_shape(expr), names),
+            bufs[name] = T.decl_buffer(_dims(shape_of(expr), names),
                                        "bool" if name == "mask" else "float32", name)
     q, k, v, o = bufs["q"], bufs["k"], bufs["v"], bufs["o"]
     m, d = q.shape[-2], q.shape[-1]
@@ -360,15 +330,15 @@ def _kernel_func(region: _Region):
 
 def _rewrite_func(func, builder, gvars):
     """``func`` with every attention region a kernel call (the region's other bindings
-    left for dead-code elimination), and the number of regions."""
+    left for dead-code elimination)."""
     f = _Func(func)
     regions = {}
     for var, value in f.values.items():
-        region = _match(f, var, value) if _op(value, "relax.matmul") else None
+        region = _match(f, var, value) if is_op(value, "relax.matmul") else None
         if region is not None:
             regions[var] = region
     if not regions:
-        return func, 0
+        return func
     blocks = []
     for block in func.body.blocks:
         bindings = []
@@ -389,22 +359,12 @@ def _rewrite_func(func, builder, gvars):
                       else R.BindingBlock(bindings))
     new = R.Function(func.params, R.SeqExpr(blocks, func.body.body), func.ret_ty,
                      func.is_pure, func.attrs)
-    return R.analysis.remove_all_unused(new), len(regions)
+    return R.analysis.remove_all_unused(new)
 
 
 def offload_attention(mod):
     """``mod`` with every attention region (see the module docstring) one call of the
     fused kernel (a new module; functions with a ``Codegen`` attribute untouched)."""
-    builder = R.BlockBuilder(mod)
-    gvars, rewritten = {}, {}
-    for gv, func in mod.functions_items():
-        if isinstance(func, R.Function) and not (func.attrs and "Codegen" in func.attrs):
-            new, count = _rewrite_func(func, builder, gvars)
-            if count:
-                rewritten[gv] = new
-    if not rewritten:
-        return mod
-    out = builder.get()
-    for gv, func in rewritten.items():
-        out.update_func(gv, func)
-    return out
+    gvars = {}
+    return rewrite_relax_functions(mod, lambda func, builder: _rewrite_func(func, builder,
+                                                                             gvars))

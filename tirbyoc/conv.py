@@ -41,20 +41,16 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import _tvm as T
+from .bindings import Bindings, is_op, shape_of
 
 R = T.relax_ns
 
 
-def _op(expr, *names) -> bool:
-    return isinstance(expr, R.Call) and isinstance(expr.op, T.Op) and expr.op.name in names
-
-
 def _static_shape(expr):
-    ty = getattr(expr, "ty", None)
-    values = getattr(getattr(ty, "shape", None), "values", None)
-    if values is None:
-        return None
-    return [int(v) if isinstance(v, T.IntImm) else v for v in values]
+    """The dimensions, constants as ints."""
+    dims = shape_of(expr)
+    return None if dims is None else [int(v) if isinstance(v, T.IntImm) else v
+                                      for v in dims]
 
 
 def _const(expr, values):
@@ -63,7 +59,7 @@ def _const(expr, values):
         expr = values[expr]
     if isinstance(expr, T.RelaxConstant):
         return T.constant_value(expr)
-    if _op(expr, "relax.reshape"):
+    if is_op(expr, "relax.reshape"):
         inner = _const(expr.args[0], values)
         shape = _static_shape(expr)
         if inner is not None and shape is not None and all(isinstance(s, int) for s in shape):
@@ -86,29 +82,7 @@ class _Plan:
     replaced: set
 
 
-class _Bindings:
-    def __init__(self, func):
-        self.values, self.uses = {}, {}
-        for block in func.body.blocks:
-            for binding in block.bindings:
-                if isinstance(binding, R.VarBinding):
-                    self.values[binding.var] = binding.value
-                for var in R.analysis.free_vars(binding.value):
-                    self.uses[var] = self.uses.get(var, 0) + 1
-        for var in R.analysis.free_vars(func.body.body):
-            self.uses[var] = self.uses.get(var, 0) + 1
-
-    def only_user(self, var):
-        """The (variable, value) of the one binding that reads ``var``, else None."""
-        if self.uses.get(var, 0) != 1:
-            return None
-        for v, value in self.values.items():
-            if any(u.same_as(var) for u in R.analysis.free_vars(value)):
-                return v, value
-        return None
-
-
-def _plan(b: _Bindings, var, call, residuals=True):
+def _plan(b: Bindings, var, call, residuals=True):
     """The region starting at ``var = conv2d(...)`` (its last variable and plan)."""
     attrs = call.attrs
     if (str(attrs.data_layout), str(attrs.kernel_layout)) != ("NCHW", "OIHW") or \
@@ -135,7 +109,7 @@ def _plan(b: _Bindings, var, call, residuals=True):
         if user is None:
             break
         uvar, uval = user
-        if _op(uval, "relax.add") and act is None and residual is None:
+        if is_op(uval, "relax.add") and act is None and residual is None:
             other = uval.args[1] if uval.args[0].same_as(last) else uval.args[0]
             value = _const(other, b.values)
             if value is not None and bias is None and value.size == oc and \
@@ -146,16 +120,16 @@ def _plan(b: _Bindings, var, call, residuals=True):
                 residual = other  # a tensor of the output's shape (a shortcut)
             else:
                 break
-        elif _op(uval, "relax.nn.batch_norm") and act is None and residual is None:
+        elif is_op(uval, "relax.nn.batch_norm") and act is None and residual is None:
             folded = _batch_norm(b, uvar, uval, last)
             if folded is None:
                 break
             scale, shift, uvar = folded
             weight = weight * scale[:, None, None, None]
             bias = (bias if bias is not None else 0.0) * scale + shift
-        elif _op(uval, "relax.nn.relu") and act is None:
+        elif is_op(uval, "relax.nn.relu") and act is None:
             act = "relu"
-        elif _op(uval, "relax.clip") and act is None and _clip_bounds(uval) == (0.0, 6.0):
+        elif is_op(uval, "relax.clip") and act is None and _clip_bounds(uval) == (0.0, 6.0):
             act = "relu6"
         else:
             break
@@ -174,7 +148,7 @@ def _clip_bounds(call):
         return None
 
 
-def _batch_norm(b: _Bindings, var, call, data):
+def _batch_norm(b: Bindings, var, call, data):
     """(scale, shift, the variable of its output) for an inference-mode batch norm over
     the channels with constant statistics whose tuple is only indexed at 0; else None."""
     attrs = call.attrs
@@ -184,8 +158,7 @@ def _batch_norm(b: _Bindings, var, call, data):
     gamma, beta, mean, var_ = (_const(a, b.values) for a in call.args[1:])
     if any(v is None for v in (gamma, beta, mean, var_)):
         return None
-    users = [(v, value) for v, value in b.values.items()
-             if any(u.same_as(var) for u in R.analysis.free_vars(value))]
+    users = b.users(var)
     if len(users) != 1 or b.uses.get(var, 0) != 1:
         return None
     out, item = users[0]
@@ -292,10 +265,10 @@ def convs_as_matmuls(mod):
     for gv, func in mod.functions_items():
         if not isinstance(func, R.Function) or (func.attrs and "Codegen" in func.attrs):
             continue
-        b = _Bindings(func)
+        b = Bindings(func)
         plans = {}
         for var, value in b.values.items():
-            if _op(value, "relax.nn.conv2d"):
+            if is_op(value, "relax.nn.conv2d"):
                 found = _plan(b, var, value)
                 if found is not None and found[0] in plans:
                     # the add of two convolutions (a projection shortcut) belongs to

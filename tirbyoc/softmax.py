@@ -16,6 +16,7 @@ regions, so ``offloaded_kernels``, ``explain`` and the fallback rules treat it a
 from __future__ import annotations
 
 from . import _tvm as T
+from .bindings import rewrite_relax_functions
 from .normalize import INTRINSIC_ATTR, OFFLOADED_ATTR
 
 R = T.relax_ns
@@ -59,27 +60,19 @@ def offload_softmax(mod):
     new module; one PrimFunc per rank, shared by every call of that rank)."""
     dpl = T.dpl()
     pattern = dpl.is_op("relax.nn.softmax")(dpl.wildcard())
-    builder = R.BlockBuilder(mod)
     gvars = {}
 
-    def rewriter(expr, _matches):
-        # NOTE: rewrite_call also hands over the variables bound to matches it left
-        rank = _softmax_rank(expr) if isinstance(expr, R.Call) else None
-        if rank is None:
-            return expr
-        if rank not in gvars:  # a typed GlobalVar, as call_tir needs
-            gvars[rank] = builder.add_func(_kernel_func(rank), f"tirbyoc_softmax_rank{rank}")
-        return R.call_tir(gvars[rank], [expr.args[0]], expr.args[0].ty)
+    def rewrite(func, builder):
+        def rewriter(expr, _matches):
+            # NOTE: rewrite_call also hands over the variables bound to matches it left
+            rank = _softmax_rank(expr) if isinstance(expr, R.Call) else None
+            if rank is None:
+                return expr
+            if rank not in gvars:  # a typed GlobalVar, as call_tir needs
+                gvars[rank] = builder.add_func(_kernel_func(rank),
+                                               f"tirbyoc_softmax_rank{rank}")
+            return R.call_tir(gvars[rank], [expr.args[0]], expr.args[0].ty)
 
-    rewritten = {}
-    for gv, func in mod.functions_items():
-        if isinstance(func, R.Function) and not (func.attrs and "Codegen" in func.attrs):
-            new = dpl.rewrite_call(pattern, rewriter, func)
-            if not new.same_as(func):
-                rewritten[gv] = new
-    if not rewritten:
-        return mod
-    out = builder.get()
-    for gv, func in rewritten.items():
-        out.update_func(gv, func)
-    return out
+        return dpl.rewrite_call(pattern, rewriter, func)
+
+    return rewrite_relax_functions(mod, rewrite)

@@ -1,0 +1,77 @@
+"""What the graph-level rewrites (``tirbyoc.attention``, ``tirbyoc.conv``,
+``tirbyoc.softmax``) read from a Relax function before legalization: which op a call is,
+a tensor's shape, what each variable is bound to and how often it is used; and the loop
+that rewrites every Relax function of a module."""
+
+from __future__ import annotations
+
+from . import _tvm as T
+
+R = T.relax_ns
+
+
+def is_op(expr, *names) -> bool:
+    """Whether ``expr`` calls one of the Relax operators ``names``."""
+    return isinstance(expr, R.Call) and isinstance(expr.op, T.Op) and expr.op.name in names
+
+
+def shape_of(expr):
+    """The dimensions of a tensor-typed expression (PrimExprs), else None."""
+    ty = getattr(expr, "ty", None)
+    if not isinstance(ty, R.TensorType) or ty.shape is None:
+        return None
+    values = getattr(ty.shape, "values", None)
+    return list(values) if values is not None else None
+
+
+class Bindings:
+    """A Relax function's variable bindings: ``values`` (variable -> bound expression)
+    and ``uses`` (variable -> how many bindings, and the function's result, read it)."""
+
+    def __init__(self, func):
+        self.values, self.uses = {}, {}
+        for block in func.body.blocks:
+            for binding in block.bindings:
+                if isinstance(binding, R.VarBinding):
+                    self.values[binding.var] = binding.value
+                self._count(binding.value)
+        self._count(func.body.body)
+
+    def _count(self, expr):
+        for var in R.analysis.free_vars(expr):
+            self.uses[var] = self.uses.get(var, 0) + 1
+
+    def producer(self, var):
+        """What ``var`` is bound to (None for a parameter or a non-variable)."""
+        return self.values.get(var) if isinstance(var, R.Var) else None
+
+    def users(self, var) -> list:
+        """``[(variable, value)]`` of the bindings that read ``var``."""
+        return [(v, value) for v, value in self.values.items()
+                if any(u.same_as(var) for u in R.analysis.free_vars(value))]
+
+    def only_user(self, var):
+        """The (variable, value) of the one binding that reads ``var``, else None."""
+        if self.uses.get(var, 0) != 1:
+            return None
+        users = self.users(var)
+        return users[0] if len(users) == 1 else None
+
+
+def rewrite_relax_functions(mod, rewrite):
+    """``mod`` with ``rewrite(func, builder)`` applied to each Relax function that is not
+    another codegen's (``Codegen`` attribute); ``builder`` (a BlockBuilder on the module)
+    adds the PrimFuncs the rewrite calls. The module itself when nothing changed."""
+    builder = R.BlockBuilder(mod)
+    rewritten = {}
+    for gv, func in mod.functions_items():
+        if isinstance(func, R.Function) and not (func.attrs and "Codegen" in func.attrs):
+            new = rewrite(func, builder)
+            if not new.same_as(func):
+                rewritten[gv] = new
+    if not rewritten:
+        return mod
+    out = builder.get()
+    for gv, func in rewritten.items():
+        out.update_func(gv, func)
+    return out
