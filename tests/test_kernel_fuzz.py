@@ -218,6 +218,10 @@ class Case:
     null_empty: bool  # NULL instead of a pointer for matrices without elements
     threads: int
     invalid: bool     # one argument made invalid
+    extra: tuple = ()  # (name, value) pairs a family draws for itself (attention)
+
+    def get(self, name):
+        return dict(self.extra)[name]
 
     def describe(self):
         fields = dataclasses.asdict(self)
@@ -235,7 +239,10 @@ def case_rng(symbol, isa, seed, index):
 
 
 def draw_case(symbol, isa, seed, index, rng, fixed_layout):
-    if index < len(PINNED):
+    extra = ()
+    if "attention" in symbol:
+        m, n, k, big, extra = draw_attention(rng, index)
+    elif index < len(PINNED):
         m, n, k = PINNED[index]
         big = 2 * m * n * k >= PAR_FLOPS
     else:
@@ -256,7 +263,62 @@ def draw_case(symbol, isa, seed, index, rng, fixed_layout):
         # Results must not depend on the thread count; 3 threads split unevenly.
         threads=int(rng.choice([2, 3])) if big else 2,
         invalid=bool(rng.random() < 0.06),
+        extra=extra,
     )
+
+
+# tirbyoc_attention_f32 (kernels/attention_f32.c), one batch item (batches, broadcasts and
+# thread independence: tests/test_attention_kernel.py): register tiles of 14 / 6 / 4 query
+# rows (AVX-512 / AVX2 / generic), units of 4 tiles, keys in chunks of up to 256 (fewer
+# when D + DV is large: 32 at 4096), D + DV <= 4096, threads from 2 MFLOP. Case.m is M,
+# Case.n the keys N, Case.k the head size D; DV, the mask and the flags are in Case.extra.
+ATT_M_EDGES = (1, 2, 3, 4, 5, 6, 7, 13, 14, 15, 16, 17, 55, 56, 57, 100)
+ATT_N_EDGES = (1, 2, 7, 8, 9, 15, 16, 17, 31, 32, 33, 255, 256, 257, 300, 513)
+ATT_D_EDGES = (1, 2, 3, 15, 16, 17, 31, 32, 33, 63, 64, 65, 100, 257)
+ATT_PAR_FLOPS = 2 * 1024 * 1024
+ATT_DDV_MAX = 4096
+# (m, n, d, dv) of the first cases: empty sizes, tile / unit / chunk edges, large heads
+ATT_PINNED = ((0, 17, 5, 3), (5, 0, 9, 4), (7, 13, 0, 6), (6, 9, 4, 0), (1, 1, 1, 1),
+              (13, 257, 17, 31), (14, 256, 64, 64), (57, 100, 64, 64), (17, 600, 2, 257),
+              (3, 40, 4001, 95), (2, 20, 1, 4095), (100, 300, 64, 64))
+ATT_MASKS = ("none", "random", "causal", "padding", "empty_rows")
+
+
+def _att_dim(rng, edges, hi):
+    r = rng.random()
+    if r < 0.03:
+        return 0
+    if r < 0.5:
+        return int(rng.choice(edges))
+    return max(1, _log_uniform(rng, hi))
+
+
+def draw_attention(rng, index):
+    """(m, n, d, big, extra) of a tirbyoc_attention_f32 case."""
+    if index < len(ATT_PINNED):
+        m, n, d, dv = ATT_PINNED[index]
+        big = 2 * m * n * (d + dv) >= ATT_PAR_FLOPS
+    else:
+        big = rng.random() < P_BIG
+        while True:
+            m, n = _att_dim(rng, ATT_M_EDGES, 300), _att_dim(rng, ATT_N_EDGES, 600)
+            d, dv = _att_dim(rng, ATT_D_EDGES, 300), _att_dim(rng, ATT_D_EDGES, 300)
+            flops = 2 * m * n * (d + dv)
+            if (ATT_PAR_FLOPS <= flops <= BIG_FLOPS) if big else flops <= SMALL_FLOPS:
+                break
+    extra = (
+        ("dv", dv),
+        ("mask", str(rng.choice(ATT_MASKS, p=[0.25, 0.25, 0.25, 0.15, 0.1]))),
+        ("mask_pad", int(rng.choice([0, 0, 1, 3, 8]))),
+        ("mask_row_bcast", bool(rng.random() < 0.15)),   # ldmask 0
+        ("divide", bool(rng.random() < 0.3)),
+        ("mask_keep", bool(rng.random() < 0.35)),
+        ("empty_zero", bool(rng.random() < 0.5)),
+        # scale * sqrt(d) in {1, 0.25, -1}: scores stay moderate, so float32 weights do
+        # not underflow where float64 ones do not
+        ("scale_factor", float(rng.choice([1.0, 0.25, -1.0]))),
+    )
+    return m, n, d, big, extra
 
 
 # --- buffers --------------------------------------------------------------------
@@ -293,6 +355,23 @@ class Buffer:
 
     def bits(self):
         return self.raw.view(np.uint32).copy()
+
+
+class MaskBuffer:
+    """A rows x cols byte mask with row stride ld inside GUARD guard bytes on both sides
+    (they and the padding hold 0xA5), for the attention kernel's mask argument."""
+
+    def __init__(self, rows, cols, ld):
+        self.start = GUARD
+        self.raw = np.full(GUARD + rows * ld + GUARD, 0xA5, np.uint8)
+        self.view = self.raw[GUARD:GUARD + rows * ld].reshape(rows, ld)[:, :cols]
+        self.mask = np.zeros(self.raw.shape, bool)
+
+    def ptr(self, ffi):
+        return ffi.cast("uint8_t *", self.raw.ctypes.data + self.start)
+
+    def bits(self):
+        return self.raw.copy()
 
 
 def _nan_bits():
@@ -388,6 +467,52 @@ class Operands:
         ops = others
         # at most one scale constant per chain: scale and divide share it
         return tuple(ops), float(rng.choice([0.125, 8.0, -2.5, 0.35355339]))
+
+    @functools.cached_property
+    def v(self):
+        """V [N, DV] of an attention case, with its own row padding."""
+        c = self.case
+        dv = c.get("dv")
+        return self._input("v", c.n, dv, dv + c.pads[1], c.offsets[2])
+
+    @functools.cached_property
+    def o(self):
+        """The attention output [M, DV]: padding and guards hold the sentinel."""
+        c = self.case
+        dv = c.get("dv")
+        buf = Buffer(c.m, dv, dv + c.pads[2], c.offsets[3], SENTINEL_BITS)
+        buf.view[:] = UNWRITTEN
+        self.buffers["o"] = buf
+        return buf
+
+    @functools.cached_property
+    def mask(self):
+        """(bool [M, N] as the kernel reads it: True = the score is masked, the bytes
+        buffer or None, ldmask). Rows of N bytes (one row for every query row when
+        ldmask is 0) with padding; nonzero bytes other than 1 count as true too."""
+        c, rng = self.case, self.rng
+        kind = c.get("mask")
+        if kind == "none":
+            return np.zeros((c.m, c.n), bool), None, 0
+        rows = 1 if c.get("mask_row_bcast") else c.m
+        i = np.arange(rows)[:, None] if rows > 1 else np.zeros((1, 1), int)
+        j = np.arange(c.n)[None, :]
+        if kind == "random":
+            masked = rng.random((rows, c.n)) < 0.4
+        elif kind == "causal":
+            masked = j > i + int(rng.integers(-2, 3))
+        elif kind == "padding":
+            masked = np.broadcast_to(j >= c.n - int(rng.integers(0, c.n + 1)), (rows, c.n))
+        else:  # empty_rows: some rows with every key masked
+            masked = np.broadcast_to(rng.random((rows, 1)) < 0.5, (rows, c.n))
+        keep = c.get("mask_keep")
+        ldm = c.n + c.get("mask_pad")
+        buf = MaskBuffer(rows, c.n, ldm)
+        true = rng.choice(np.array([1, 1, 2, 255], np.uint8), size=(rows, c.n))
+        buf.view[:] = np.where(masked != keep, true, 0)
+        self.buffers["mask"] = buf
+        full = np.broadcast_to(masked, (c.m, c.n)) if c.n else np.zeros((c.m, 0), bool)
+        return full, buf, 0 if c.get("mask_row_bcast") else ldm
 
     @functools.cached_property
     def packed_size(self):
@@ -516,6 +641,36 @@ def softmax_args(ops):
     return [_size("rows", c.m), _size("n", c.n),
             _matrix(ops, "x", ops.x, c.m * c.n > 0), _stride("ldx", ops.x, c.n),
             _matrix(ops, "c", ops.c, c.m * c.n > 0), _stride("ldy", ops.c, c.n)]
+
+
+def attention_args(ops):
+    """tirbyoc_attention_f32 with one batch item: Q = A [M, D], K = W ([N, D] for "nt",
+    the usual Q @ K^T; [D, N] for "nn"), V [N, DV], O [M, DV]."""
+    c = ops.case
+    dv = c.get("dv")
+    _, mbuf, ldm = ops.mask
+    k_min = c.k if c.layout == "nt" else c.n
+    flags = ((kernels.ATTENTION_FLAGS["divide"] if c.get("divide") else 0)
+             | (kernels.ATTENTION_FLAGS["mask_keep"] if c.get("mask_keep") else 0)
+             | (kernels.ATTENTION_FLAGS["empty_zero"] if c.get("empty_zero") else 0))
+    mask = (Arg("mask", LIBRARY.ffi.NULL) if mbuf is None
+            else Arg("mask", mbuf.ptr(LIBRARY.ffi)))
+    return [Arg("batch", 1), _size("m", c.m), _size("n", c.n), _size("d", c.k),
+            _size("dv", dv),
+            # a call with no output (M or DV 0) reads nothing
+            _matrix(ops, "q", ops.a, c.m * c.k * dv > 0), _stride("ldq", ops.a, c.k),
+            Arg("sq", 0),
+            _matrix(ops, "k", ops.w, c.n * c.k * c.m * dv > 0), _stride("ldk", ops.w, k_min),
+            Arg("sk", 0), Arg("k_layout", kernels.B_LAYOUTS[c.layout]),
+            _matrix(ops, "v", ops.v, c.n * dv * c.m > 0), _stride("ldv", ops.v, dv),
+            Arg("sv", 0), mask, Arg("ldmask", ldm), Arg("smask", 0), Arg("flags", flags),
+            Arg("scale", attention_scale(c)),
+            _matrix(ops, "o", ops.o, c.m * dv > 0), _stride("ldo", ops.o, dv), Arg("so", 0)]
+
+
+def attention_scale(case):
+    return case.get("scale_factor") / math.sqrt(max(case.k, 1)) if not case.get("divide") \
+        else case.get("scale_factor") * math.sqrt(max(case.k, 1))
 
 
 def make_invalid(args, rng):
@@ -648,6 +803,36 @@ def softmax_expected(ops, groups):
     return v, np.where(np.isfinite(v), 1e-7, 0.0)
 
 
+def attention_expected(ops, groups):
+    """float64 softmax(where(masked, -inf, (Q K) * scale)) @ V with IEEE semantics: NaN
+    for a row whose scores are all -inf (0 weights with empty_zero), NaN where a kept
+    score is NaN or +inf, and 0 * inf = NaN for every weight of 0 against a non-finite
+    V. Tolerance: 2e-6 of the row's sum of |weight * V| plus 1e-5 relative."""
+    c = ops.case
+    dv = c.get("dv")
+    q = ops.a.view.astype(np.float64)
+    kk = ops.w_kn  # [D, N]: what Q multiplies
+    v = ops.v.view.astype(np.float64)
+    masked, _, _ = ops.mask
+    scale = attention_scale(c)
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        s = ieee_matmul(q, kk) if c.k else np.zeros((c.m, c.n))
+        s = s / np.float64(np.float32(scale)) if c.get("divide") \
+            else s * np.float64(np.float32(scale))
+        s = np.where(masked, -np.inf, s)
+        if c.n == 0:
+            return np.zeros((c.m, dv)), np.zeros((c.m, dv))
+        mx = s.max(axis=1, keepdims=True)
+        e = np.exp(s - mx)
+        p = e / e.sum(axis=1, keepdims=True)
+        if c.get("empty_zero"):
+            p = np.where(np.all(s == -np.inf, axis=1, keepdims=True), 0.0, p)
+        out = ieee_matmul(p, v)
+        size = np.abs(_finite(p)) @ np.abs(_finite(v))
+    tol = 2e-6 * size + 1e-7
+    return out, np.where(np.isfinite(out), tol, 0.0)
+
+
 def dense_expected(ops, groups):
     return _dense_expected(ops, groups.get("epi"))
 
@@ -690,6 +875,7 @@ FAMILIES = (
            output="packed_out"),
     Family(r"tirbyoc_matmul_f32", matmul_args, matmul_expected),
     Family(r"tirbyoc_softmax_f32", softmax_args, softmax_expected),
+    Family(r"tirbyoc_attention_f32", attention_args, attention_expected, output="o"),
 )
 # Exported functions that are not kernels, and where they are exercised.
 NOT_KERNELS = {
@@ -742,6 +928,12 @@ def algorithm(case):
     kind = case.symbol.rsplit("_", 1)[1]
     if "pack_weight" in case.symbol:
         return "pack"
+    if "attention" in case.symbol:
+        dv = case.get("dv")
+        path = "empty" if case.m * dv == 0 else "no_keys" if case.n == 0 else \
+            f"mask_{case.get('mask')}"
+        return path + ("+threads" if 2 * case.m * case.n * (case.k + dv) >= ATT_PAR_FLOPS
+                       and case.m * dv * case.n else "")
     if "softmax" in case.symbol:
         return "empty" if case.m * case.n == 0 else \
             "rows+threads" if case.m > 1 and case.m * case.n >= 32768 else "rows"

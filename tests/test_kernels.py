@@ -573,6 +573,7 @@ EXPECTED_SYMBOLS = sorted(FUNC_IDS + [
     "tirbyoc_dense_acc_f32_nt", "tirbyoc_dense_acc_f32_nn",
     "tirbyoc_set_isa", "tirbyoc_isa", "tirbyoc_set_num_threads", "tirbyoc_num_threads",
     "tirbyoc_status_string", "tirbyoc_matmul_f32", "tirbyoc_unary_f32", "tirbyoc_softmax_f32",
+    "tirbyoc_attention_f32",
 ])
 
 

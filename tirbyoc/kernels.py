@@ -30,6 +30,7 @@ TIRBYOC_ESIZE = 2
 TIRBYOC_ESTRIDE = 3
 TIRBYOC_ENULL = 4
 TIRBYOC_EEPILOGUE = 5
+TIRBYOC_ENOMEM = 6
 
 # Mirrors enum tirbyoc_epilogue_op (codes of an epilogue chain, 4 bits each).
 EPILOGUE_OPS = {"bias": 1, "relu": 2, "relu6": 3, "gelu_erf": 4, "gelu_tanh": 5, "silu": 6,

@@ -886,6 +886,123 @@ static void softmax_rows(uint64_t *rng)
           "tirbyoc_softmax_f32", 2, 4, 0, NULL);
 }
 
+/* tirbyoc_attention_f32: tile, unit and key-chunk edges, both K layouts, a batch with
+ * broadcast K/V, strided rows, no / causal / random masks (the mask ending exactly at its
+ * last byte), fully masked rows, an inf in V past a causal row's keys; threads as set by
+ * the caller. Reference: double precision, IEEE semantics of the unfused graph. */
+static void attention_case(uint64_t *rng, int64_t batch, int64_t m, int64_t n, int64_t d,
+                           int64_t dv, int k_nk, int mask_kind, int flags)
+{
+    const int64_t ldq = d + rng_int(rng, 0, 2), ldv = dv + rng_int(rng, 0, 2);
+    const int64_t ldk = (k_nk ? d : n) + rng_int(rng, 0, 2), ldo = dv + rng_int(rng, 0, 2);
+    const int64_t krows = k_nk ? n : d, kcols = k_nk ? d : n;
+    const int64_t sq = span(m, d, ldq), sk = batch > 1 && (m % 2) ? 0 : span(krows, kcols, ldk);
+    const int64_t sv = sk == 0 ? 0 : span(n, dv, ldv), so = span(m, dv, ldo);
+    const float scale = (flags & TIRBYOC_ATT_DIVIDE) ? 4.0f : 0.25f;
+    const int keep = (flags & TIRBYOC_ATT_MASK_KEEP) != 0;
+    buf_t bq, bk, bv, bo;
+    float *q = buf_alloc(&bq, (size_t)(sq * (batch - 1)) + span(m, d, ldq), 1);
+    float *k = buf_alloc(&bk, (size_t)(sk * (batch - 1)) + span(krows, kcols, ldk), 2);
+    float *v = buf_alloc(&bv, (size_t)(sv * (batch - 1)) + span(n, dv, ldv), 3);
+    float *o = buf_alloc(&bo, (size_t)(so * (batch - 1)) + span(m, dv, ldo), 0);
+    uint8_t *mask = NULL;
+    double worst = 0;
+    int64_t b, i, j, c, p;
+    size_t t;
+    for (t = 0; t < bq.n; ++t) q[t] = rng_float(rng) * 2;
+    for (t = 0; t < bk.n; ++t) k[t] = rng_float(rng) * 2;
+    for (t = 0; t < bv.n; ++t) v[t] = rng_float(rng);
+    for (t = 0; t < bo.n; ++t) o[t] = 1.2345e30f;
+    if (mask_kind == 2 && n > 3 && dv > 0)
+        v[(n - 1) * ldv] = INFINITY; /* past every causal row but the last */
+    if (mask_kind != 0 && m * n > 0) {
+        mask = (uint8_t *)malloc((size_t)(m * n));
+        for (i = 0; i < m; ++i)
+            for (j = 0; j < n; ++j) {
+                int masked = mask_kind == 1 ? rng_int(rng, 0, 2) == 0 : j > i;
+                if (i == m / 2 && mask_kind == 1)
+                    masked = 1; /* a fully masked row */
+                mask[i * n + j] = (uint8_t)(masked != keep ? 1 + rng_int(rng, 0, 1) * 254 : 0);
+            }
+    }
+    check(tirbyoc_attention_f32(batch, m, n, d, dv, q, ldq, sq, k, ldk, sk,
+                                k_nk ? TIRBYOC_B_NK : TIRBYOC_B_KN, v, ldv, sv, mask, n, 0,
+                                flags, scale, o, ldo, so) == TIRBYOC_OK,
+          "status", "tirbyoc_attention_f32", m, n, d, NULL);
+    for (b = 0; b < batch; ++b)
+        for (i = 0; i < m; ++i) {
+            double *sc = (double *)malloc(sizeof(double) * (size_t)(n > 0 ? n : 1));
+            double mx = -INFINITY, sum = 0;
+            for (j = 0; j < n; ++j) {
+                double dot = 0;
+                for (p = 0; p < d; ++p)
+                    dot += (double)q[b * sq + i * ldq + p] *
+                           (double)k[b * sk + (k_nk ? j * ldk + p : p * ldk + j)];
+                dot = (flags & TIRBYOC_ATT_DIVIDE) ? dot / scale : dot * scale;
+                if (mask != NULL && (mask[i * n + j] != 0) != keep)
+                    dot = -INFINITY;
+                sc[j] = dot;
+                mx = dot > mx ? dot : mx;
+            }
+            for (j = 0; j < n; ++j)
+                sum += exp(sc[j] - (mx == -INFINITY ? 0 : mx));
+            for (c = 0; c < dv; ++c) {
+                double want = 0, got = o[b * so + i * ldo + c], err;
+                for (j = 0; j < n; ++j) {
+                    double w = exp(sc[j] - (mx == -INFINITY ? 0 : mx));
+                    w = sum == 0 ? ((flags & TIRBYOC_ATT_EMPTY_ZERO) ? 0.0 : NAN) : w / sum;
+                    want += w * (double)v[b * sv + j * ldv + c];
+                }
+                if (n == 0)
+                    want = 0;
+                if (isnan(want) || isnan(got))
+                    err = isnan(want) == isnan(got) ? 0 : INFINITY;
+                else
+                    /* score rounding grows with d (|scores| up to about d / 4) */
+                    err = fabs(got - want) > 1e-5 * fabs(want) + 1e-6 * (d > 32 ? d / 16.0 : 2)
+                              ? fabs(got - want) : 0;
+                worst = err > worst ? err : worst;
+            }
+            free(sc);
+        }
+    {
+        char detail[96];
+        snprintf(detail, sizeof(detail), "batch=%lld dv=%lld mask=%d flags=%d worst %.3g",
+                 (long long)batch, (long long)dv, mask_kind, flags, worst);
+        check(worst == 0, "attention result", "tirbyoc_attention_f32", m, n, d, detail);
+    }
+    free(mask);
+    buf_free(&bq); buf_free(&bk); buf_free(&bv); buf_free(&bo);
+}
+
+static void attention_cases(uint64_t *rng)
+{
+    static const int64_t shapes[][5] = {
+        /* batch, m, n, d, dv */
+        {1, 1, 1, 1, 1}, {2, 13, 17, 5, 7}, {3, 15, 257, 16, 33}, {1, 57, 300, 64, 64},
+        {2, 14, 40, 300, 20}, {1, 6, 0, 4, 3}, {1, 4, 9, 0, 5}, {12, 64, 64, 16, 16},
+    };
+    size_t si;
+    int variant;
+    for (si = 0; si < sizeof(shapes) / sizeof(shapes[0]); ++si)
+        for (variant = 0; variant < 3; ++variant)
+            attention_case(rng, shapes[si][0], shapes[si][1], shapes[si][2], shapes[si][3],
+                           shapes[si][4], (int)((si + variant) % 2), variant,
+                           (int)((si + (size_t)variant) % 8));
+    check(tirbyoc_attention_f32(1, 2, 3, 4, 5, NULL, 4, 0, NULL, 4, 0, TIRBYOC_B_NK, NULL, 5,
+                                0, NULL, 0, 0, 0, 1.0f, NULL, 5, 0) == TIRBYOC_ENULL,
+          "NULL refused", "tirbyoc_attention_f32", 2, 3, 4, NULL);
+    check(tirbyoc_attention_f32(1, 2, 3, 4, 5, NULL, 3, 0, NULL, 4, 0, TIRBYOC_B_NK, NULL, 5,
+                                0, NULL, 0, 0, 0, 1.0f, NULL, 5, 0) == TIRBYOC_ESTRIDE,
+          "stride refused", "tirbyoc_attention_f32", 2, 3, 4, NULL);
+    check(tirbyoc_attention_f32(1, 2, 3, 4000, 97, NULL, 4000, 0, NULL, 4000, 0, TIRBYOC_B_NK,
+                                NULL, 97, 0, NULL, 0, 0, 0, 1.0f, NULL, 97, 0) == TIRBYOC_ESIZE,
+          "d + dv > 4096 refused", "tirbyoc_attention_f32", 2, 3, 4000, NULL);
+    check(tirbyoc_attention_f32(1, 2, 3, 4, 5, NULL, 4, 0, NULL, 4, 0, TIRBYOC_B_NK, NULL, 5,
+                                0, NULL, 0, 0, 8, 1.0f, NULL, 5, 0) == TIRBYOC_EINVAL,
+          "unknown flag refused", "tirbyoc_attention_f32", 2, 3, 4, NULL);
+}
+
 static void matmul_chains(uint64_t *rng, int threaded)
 {
     /* every operation once, in chains of up to 4; sizes on tile edges */
@@ -913,6 +1030,7 @@ static void matmul_chains(uint64_t *rng, int threaded)
                               (int)((ci + si) % 2), ops, (int)(si % 2));
         }
     softmax_rows(rng);
+    attention_cases(rng);
     if (threaded)
         return;
     {   /* tirbyoc_unary_f32: tails of every vector width, in place too */
