@@ -35,7 +35,7 @@ def test_models_benchmark_rows_are_complete(tmp_path):
         assert all(math.isfinite(t) and t > 0 for t in r["ms"].values())
         assert max(r["rel_err"].values()) < bench_models.RTOL, r["rel_err"]
         assert r["breakdown"] and all(t >= 0 for _, t in r["breakdown"])
-    assert rows[0]["offloaded"].count("batch_matmul_divide") == 1
+    assert rows[0]["offloaded"].count("attention") == 1  # the whole attention, one call
     text = bench_models.report(rows, 2)
     assert "vs ort" in text and "where the time goes: tiny_gpt2" in text
     json_path, png_path = bench_models.write(rows, str(tmp_path), 2)

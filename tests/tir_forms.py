@@ -61,6 +61,8 @@ def nt_bias_relu_expected(A: T.Buffer((64, 80), "float32"), W: T.Buffer((50, 80)
                 f"{KERNEL_FAILED}a NULL pointer was passed for a matrix that has elements"])
             assert status != 5, ("RuntimeError", [
                 f"{KERNEL_FAILED}an invalid epilogue chain (an unknown operation)"])
+            assert status != 6, ("RuntimeError", [
+                f"{KERNEL_FAILED}the calling thread's scratch memory could not be allocated"])
             assert status == 0, ("RuntimeError", [f"{KERNEL_FAILED}unknown status"])
 
 
