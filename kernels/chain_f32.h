@@ -328,17 +328,13 @@ static void tb_unary_row(int op, int64_t n, const float *x, float *y)
     }
 }
 
-/* y[0:n] = softmax(x[0:n]) (x == y allowed): the row maximum in CH_LANES
- * lanes, y = e^(x - max), its sum in CH_LANES lanes, then y / sum. A NaN in
- * the row never becomes the maximum; it comes back through e^(NaN - max).
- * The lanes, and so the order of a row's additions, depend on the ISA; every
- * row goes through the same operations whatever the thread split. */
-static void tb_softmax_row(int64_t n, const float *x, float *y)
+/* The larger of init and the maximum of x[0:n], in CH_LANES lanes then across
+ * them (a NaN never wins). */
+static float ch_row_max(int64_t n, const float *x, float init)
 {
     const int64_t full = n / CH_LANES * CH_LANES;
-    const int rest = (int)(n - full);
-    ch_vf acc = ch_splat(-__builtin_inff()), e;
-    float mx, sum;
+    ch_vf acc = ch_splat(init);
+    float mx;
     int64_t j;
     int l;
     for (j = 0; j < full; j += CH_LANES)
@@ -348,22 +344,47 @@ static void tb_softmax_row(int64_t n, const float *x, float *y)
         mx = acc[l] > mx ? acc[l] : mx;
     for (j = full; j < n; ++j)
         mx = x[j] > mx ? x[j] : mx;
-    acc = ch_splat(0.0f);
+    return mx;
+}
+
+/* y[j] = e^(x[j] - base) for j < n (x == y allowed); returns their sum, added in
+ * CH_LANES lanes then across them, then the tail. */
+static float ch_row_exp_sum(int64_t n, const float *x, float *y, float base)
+{
+    const int64_t full = n / CH_LANES * CH_LANES;
+    const int rest = (int)(n - full);
+    const ch_vf b = ch_splat(base);
+    ch_vf acc = ch_splat(0.0f), e;
+    float sum = 0.0f;
+    int64_t j;
+    int l;
     for (j = 0; j < full; j += CH_LANES) {
-        e = ch_exp(ch_loadu(x + j) - mx);
+        e = ch_exp(ch_loadu(x + j) - b);
         ch_storeu(y + j, e);
         acc += e;
     }
-    sum = 0.0f;
     for (l = 0; l < CH_LANES; ++l)
         sum += acc[l];
     if (rest > 0) {
-        e = ch_exp(ch_gather(x + full, 1, rest) - mx);
+        e = ch_exp(ch_gather(x + full, 1, rest) - b);
         for (l = 0; l < rest; ++l) {
             y[full + l] = e[l];
             sum += e[l];
         }
     }
+    return sum;
+}
+
+/* y[0:n] = softmax(x[0:n]) (x == y allowed): the row maximum, y = e^(x - max) and
+ * its sum (ch_row_max, ch_row_exp_sum), then y / sum. A NaN in the row never becomes
+ * the maximum; it comes back through e^(NaN - max). The lanes, and so the order of a
+ * row's additions, depend on the ISA; every row goes through the same operations
+ * whatever the thread split. */
+static void tb_softmax_row(int64_t n, const float *x, float *y)
+{
+    const int64_t full = n / CH_LANES * CH_LANES;
+    const float sum = ch_row_exp_sum(n, x, y, ch_row_max(n, x, -__builtin_inff()));
+    int64_t j;
     for (j = 0; j < full; j += CH_LANES)
         ch_storeu(y + j, ch_loadu(y + j) / sum);
     for (j = full; j < n; ++j)
@@ -378,38 +399,10 @@ static void tb_softmax_row(int64_t n, const float *x, float *y)
  * *mx - base): the factor by which the row's earlier sums must be scaled. */
 static float tb_attn_row(int64_t n, float *s, float *mx, float *sum)
 {
-    const int64_t full = n / CH_LANES * CH_LANES;
-    const int rest = (int)(n - full);
-    ch_vf acc = ch_splat(*mx), e, b;
-    float m, base, total, alpha;
-    int64_t j;
-    int l;
-    for (j = 0; j < full; j += CH_LANES)
-        acc = ch_vmax(ch_loadu(s + j), acc);
-    m = acc[0];
-    for (l = 1; l < CH_LANES; ++l)
-        m = acc[l] > m ? acc[l] : m;
-    for (j = full; j < n; ++j)
-        m = s[j] > m ? s[j] : m;
-    base = m == -__builtin_inff() ? 0.0f : m;
-    b = ch_splat(base);
-    alpha = ch_exp(ch_splat(*mx) - b)[0];
-    acc = ch_splat(0.0f);
-    for (j = 0; j < full; j += CH_LANES) {
-        e = ch_exp(ch_loadu(s + j) - b);
-        ch_storeu(s + j, e);
-        acc += e;
-    }
-    total = 0.0f;
-    for (l = 0; l < CH_LANES; ++l)
-        total += acc[l];
-    if (rest > 0) {
-        e = ch_exp(ch_gather(s + full, 1, rest) - b);
-        for (l = 0; l < rest; ++l) {
-            s[full + l] = e[l];
-            total += e[l];
-        }
-    }
+    const float m = ch_row_max(n, s, *mx);
+    const float base = m == -__builtin_inff() ? 0.0f : m;
+    const float alpha = ch_exp(ch_splat(*mx - base))[0];
+    const float total = ch_row_exp_sum(n, s, s, base);
     *mx = m;
     *sum = *sum * alpha + total;
     return alpha;
