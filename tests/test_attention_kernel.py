@@ -1,7 +1,11 @@
 """tirbyoc_attention_f32 through cffi against float64 numpy, on every instruction set:
 batches with broadcast inputs and masks, both K layouts, strided rows, masks of every
-kind and polarity, non-finite values, results independent of the thread count, and the
-error statuses. (Random single-batch cases: the kernel fuzz; sanitizers: the driver.)
+kind and polarity (bytes other than 1, strided mask rows, 8-byte runs), NaN / +-inf in
+Q, K and V, results independent of the thread count, empty sizes, and the error
+statuses with nothing written. (Random single-batch cases: the kernel fuzz; sanitizers:
+the driver.) The reference is the unfused graph in float64 with IEEE products (0 * inf is
+NaN); scores stay far from float32's exp underflow, the one place where float32 and
+float64 results part (test_weights_that_underflow_in_float32_follow_the_float32_graph).
 
 Tolerance: max|got - ref| <= (2e-6 + 1.2e-7 * S) * max|ref| over the finite reference
 values, where S is the largest sum of |q_p k_p| * |scale| of a score: a score's float32
@@ -13,6 +17,9 @@ import numpy as np
 import pytest
 
 from tirbyoc import kernels
+
+# a @ b in float64 with IEEE semantics (0 * inf = NaN), which BLAS does not promise
+from .test_kernel_fuzz import ieee_matmul
 
 RTOL = 2e-6
 SCORE_RTOL = 1.2e-7
@@ -32,7 +39,7 @@ def reference(q, k, v, *, k_layout="nt", scale=1.0, divide=False, mask=None,
     q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
     kk = np.swapaxes(k, -1, -2) if k_layout == "nt" else k
     with np.errstate(invalid="ignore", over="ignore"):
-        s = q @ kk
+        s = _ieee_batched(q, kk)
         s = s / np.float64(np.float32(scale)) if divide else s * np.float64(np.float32(scale))
         if mask is not None:
             s = np.where((mask == 0) if mask_keep else (mask != 0), -np.inf, s)
@@ -40,8 +47,19 @@ def reference(q, k, v, *, k_layout="nt", scale=1.0, divide=False, mask=None,
         p = e / e.sum(-1, keepdims=True)
         if empty_zero:
             p = np.where(np.all(s == -np.inf, -1, keepdims=True), 0.0, p)
-        # 0 * inf = NaN, as the unfused graph computes it (BLAS does not promise that)
-        return np.einsum("...ij,...jc->...ic", p, v)
+        # 0 * inf = NaN, as the unfused graph computes it
+        return _ieee_batched(p, v)
+
+
+def _ieee_batched(a, b):
+    """a @ b over broadcast leading dimensions, with ieee_matmul for each matrix."""
+    lead = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    a = np.broadcast_to(a, lead + a.shape[-2:])
+    b = np.broadcast_to(b, lead + b.shape[-2:])
+    out = np.empty(lead + (a.shape[-2], b.shape[-1]))
+    for idx in np.ndindex(*lead):
+        out[idx] = ieee_matmul(a[idx], b[idx])
+    return out
 
 
 def score_bound(q, k, k_layout="nt", scale=1.0, divide=False):
@@ -54,6 +72,8 @@ def score_bound(q, k, k_layout="nt", scale=1.0, divide=False):
 
 def assert_matches(got, ref, bound=0.0):
     assert np.array_equal(np.isnan(got), np.isnan(ref))
+    inf = np.isinf(ref)
+    assert np.array_equal(got[inf], ref[inf])  # the same infinities
     finite = np.isfinite(ref)
     if finite.any():
         err = np.abs(got[finite] - ref[finite]).max()
@@ -99,11 +119,23 @@ def test_strided_rows_and_broadcast_inputs(each_isa):
     q = big[:, :37, :16]                    # row stride 90
     k = rand(rng, 1, 50, 70)[:, :45, :16]   # one K for every batch item, row stride 70
     v = rand(rng, 1, 45, 20)                # one V
-    out = np.full((3, 37, 33), 7.0, np.float32)[:, :, :20]
-    got = kernels.attention(q, k, v, scale=4.0, divide=True, out=out)
+    full = np.full((3, 37, 33), 7.0, np.float32)
+    got = kernels.attention(q, k, v, scale=4.0, divide=True, out=full[:, :, :20])
     assert_matches(got, reference(q, k, v, scale=4.0, divide=True),
                    score_bound(q, k, scale=4.0, divide=True))
-    assert (np.full((3, 37, 33), 7.0, np.float32)[:, :, 20:] == 7.0).all()
+    assert (full[:, :, 20:] == 7.0).all()  # the stride padding of O is untouched
+    assert np.array_equal(full[:, :, :20], got)
+
+
+@pytest.mark.parametrize("k_batch,v_batch", [(1, 3), (3, 1)])
+def test_k_or_v_alone_broadcast(each_isa, k_batch, v_batch):
+    """K shared by the batch and V not, and the other way round (batch strides 0 and
+    not), with a causal mask offset past the first key chunk."""
+    rng = np.random.default_rng(5 + k_batch)
+    q, k, v = rand(rng, 3, 45, 24), rand(rng, k_batch, 270, 24), rand(rng, v_batch, 270, 40)
+    mask = np.triu(np.ones((45, 270), bool), 226)  # row i keeps keys 0 .. 225 + i
+    got = kernels.attention(q, k, v, scale=0.2, mask=mask)
+    assert_matches(got, reference(q, k, v, scale=0.2, mask=mask), score_bound(q, k, scale=0.2))
 
 
 def test_ieee_cases_as_the_unfused_graph(each_isa):
@@ -146,23 +178,166 @@ def test_empty_sizes(each_isa):
     assert_matches(kernels.attention(q0, k0, v), reference(q0, k0, v))  # d == 0: uniform
 
 
+SPECIALS = np.array([np.nan, np.inf, -np.inf, 0.0], np.float32)
+
+
+def sprinkle(rng, x, count):
+    """``count`` random entries of x replaced by NaN, +inf, -inf or 0 (in place)."""
+    flat = x.reshape(-1)
+    flat[rng.integers(0, flat.size, count)] = rng.choice(SPECIALS, count)
+
+
+@pytest.mark.parametrize("k_layout", ["nt", "nn"])
+def test_non_finite_inputs_as_the_unfused_graph(each_isa, k_layout):
+    """NaN, +inf, -inf and zeros in Q, K and V, under every mask kind and flag: NaN exactly
+    where the float64 graph has it, the same infinities, the rest within tolerance. Also
+    rows whose scores are all -inf (a -inf in q against positive keys: NaN, or 0 with
+    empty_zero) or all +inf (NaN), and an inf in V past a causal row's keys."""
+    rng = np.random.default_rng(10 + (k_layout == "nn"))
+    b, m, n, d, dv = 2, 31, 300, 33, 20
+    seen = {"nan": 0, "inf": 0, "finite": 0, "all_-inf": 0}
+    for trial in range(8):
+        q, k, v = rand(rng, b, m, d), rand(rng, b, n, d), rand(rng, b, n, dv)
+        k[:, :, 0] = np.abs(k[:, :, 0]) + 0.1  # q[.., 0] = -inf: every score -inf
+        for x, count in ((q, 3), (k[1], 3), (v, 3)):
+            sprinkle(rng, x, count)
+        if trial % 2:
+            sprinkle(rng, k[0], 1)  # else K[0] stays finite for the all -inf row below
+        q[0, 7, 0], q[1, 8, 0] = -np.inf, np.inf
+        v[1, n - 2, 3] = np.inf  # past the keys of every causal row but the last ones
+        kk = k if k_layout == "nt" else np.ascontiguousarray(np.swapaxes(k, 1, 2))
+        kind = ("none", "causal", "random", "padding")[trial % 4]
+        mask = {"none": None, "causal": ~np.tril(np.ones((m, n), bool)),
+                "random": rng.random((b, m, n)) < 0.5,
+                "padding": np.arange(n)[None, None, :] >= rng.integers(0, n, (b, 1, 1))}[kind]
+        keep = mask is not None and trial % 3 == 0
+        if keep:
+            mask = ~mask
+        flags = dict(divide=trial % 2 == 1, mask_keep=keep, empty_zero=trial % 4 >= 2)
+        scale = 3.0 if flags["divide"] else 0.3
+        got = kernels.attention(q, kk, v, k_layout=k_layout, scale=scale, mask=mask, **flags)
+        ref = reference(q, kk, v, k_layout=k_layout, scale=scale, mask=mask, **flags)
+        assert_matches(got, ref, score_bound(q, kk, k_layout, scale, flags["divide"]))
+        if mask is None or kind == "padding":
+            assert np.isnan(ref[1, 8]).all()                                 # +inf scores
+            if np.isfinite(k[0]).all() and np.isfinite(q[0, 7, 1:]).all():
+                # all -inf: NaN, or 0 * V with empty_zero (NaN only where V is not finite)
+                want = np.where(np.isfinite(v[0]).all(axis=0), 0.0, np.nan) \
+                    if flags["empty_zero"] else np.nan
+                assert np.array_equal(ref[0, 7], np.broadcast_to(want, (dv,)), equal_nan=True)
+                seen["all_-inf"] += 1
+        seen["nan"] += int(np.isnan(ref).sum())
+        seen["inf"] += int(np.isinf(ref).sum())
+        seen["finite"] += int(np.isfinite(ref).sum())
+    assert all(seen.values()), seen  # every kind of result was checked
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_mask_bytes_strides_and_structure(each_isa, keep):
+    """Mask bytes other than 1 (2, 0x80, 0xff count as true), mask rows with a stride
+    wider than the row, 2-D masks (one for the whole batch), [batch, 1, n] and [1, 1, n]
+    masks (ldmask 0), runs of 8 equal bytes at every phase (the kernel reads the mask 8
+    bytes at a time), prefix masks, rows with nothing masked and fully masked rows."""
+    rng = np.random.default_rng(20 + keep)
+    b, m, n, d, dv = 2, 29, 301, 16, 24
+    q, k, v = rand(rng, b, m, d), rand(rng, b, n, d), rand(rng, b, n, dv)
+    j = np.arange(n)
+    runs = ((j[None, :] + np.arange(m)[:, None]) // 8) % 2 == 1
+    runs[3] = False                    # nothing masked
+    runs[4] = True                     # everything masked
+    runs[5] = j >= 17                  # a prefix of 17 keys kept
+    runs[6] = j < 290                  # only the last 11 kept
+    cases = {
+        "runs": runs,
+        "random": rng.random((b, m, n)) < 0.7,
+        "rows": rng.random((b, 1, n)) < 0.4,
+        "one_row": (rng.random((1, 1, n)) < 0.4),
+    }
+    for name, masked in cases.items():
+        for empty_zero in (False, True):
+            want_bits = masked != keep          # what the bytes say
+            base = np.zeros(masked.shape[:-1] + (n + 13,), np.uint8)
+            base[..., :n] = np.where(want_bits, rng.choice([1, 2, 0x80, 0xFF], masked.shape), 0)
+            base[..., n:] = 0x5A               # the padding must not be read
+            mask = base[..., :n]
+            got = kernels.attention(q, k, v, scale=0.25, mask=mask, mask_keep=keep,
+                                    empty_zero=empty_zero)
+            ref = reference(q, k, v, scale=0.25, mask=mask, mask_keep=keep,
+                            empty_zero=empty_zero)
+            assert_matches(got, ref, score_bound(q, k, scale=0.25))
+            if name == "runs":
+                assert np.isnan(ref[:, 4]).all() != empty_zero    # the fully masked row
+                assert (got[:, 4] == 0).all() == empty_zero
+
+
+def test_weights_that_underflow_in_float32_follow_the_float32_graph(each_isa):
+    """The one place where the float64 reference and a float32 computation part: a weight
+    below float32's smallest value (a score gap over about 103) is 0 in float32, so an inf
+    in V gives 0 * inf = NaN as the unfused float32 graph does, where float64 would still
+    see a tiny weight and give inf. The other tests keep score gaps far below that."""
+    q = np.ones((1, 1), np.float32)
+    v = np.array([[np.inf], [1.0]], np.float32)
+    for gap, want in ((50.0, np.inf), (200.0, np.nan)):
+        k = np.array([[0.0], [gap]], np.float32)
+        got = kernels.attention(q, k, v)[0, 0]
+        s = (q @ k.T)[0]
+        p = np.exp(s - s.max()) / np.exp(s - s.max()).sum()   # float32, as the graph
+        with np.errstate(invalid="ignore"):
+            graph32 = (p * v[:, 0]).sum()
+        assert np.isnan(want) == np.isnan(got) == np.isnan(graph32)
+        if not np.isnan(want):
+            assert got == graph32 == want
+
+
 def test_invalid_arguments_write_nothing():
+    """Every invalid argument gives its status and leaves O untouched; strides and sizes
+    are checked even when there is nothing to compute; NULL is accepted only for what a
+    call does not read."""
     ffi, lib = kernels.load()
-    q = np.ones((4, 8), np.float32)
+    x = np.ones((4, 8), np.float32)
+    mask = np.zeros((4, 8), np.uint8)
     o = np.full((4, 8), 3.0, np.float32)
     fp = lambda a: ffi.cast("float *", a.ctypes.data)  # noqa: E731
+    mp = ffi.cast("uint8_t *", mask.ctypes.data)
 
-    def call(m=4, n=4, d=8, dv=8, ldq=8, ldk=8, ldv=8, ldo=8, layout=1, flags=0, q_=True):
-        return lib.tirbyoc_attention_f32(1, m, n, d, dv, fp(q) if q_ else ffi.NULL, ldq, 0,
-                                         fp(q), ldk, 0, layout, fp(q), ldv, 0, ffi.NULL, 0, 0,
-                                         flags, 1.0, fp(o), ldo, 0)
+    def call(**kw):
+        args = dict(batch=1, m=4, n=4, d=8, dv=8, q=fp(x), ldq=8, sq=0, k=fp(x), ldk=8, sk=0,
+                    layout=1, v=fp(x), ldv=8, sv=0, mask=ffi.NULL, ldm=0, sm=0, flags=0,
+                    scale=1.0, o=fp(o), ldo=8, so=0)
+        assert set(kw) <= set(args)
+        args.update(kw)
+        return lib.tirbyoc_attention_f32(*args.values())
 
-    assert call(layout=2) == kernels.TIRBYOC_EINVAL
-    assert call(flags=8) == kernels.TIRBYOC_EINVAL
-    assert call(m=-1) == kernels.TIRBYOC_ESIZE
-    assert call(d=4000, dv=97, ldq=4000, ldk=4000, ldv=97, ldo=97) == kernels.TIRBYOC_ESIZE
-    assert call(ldq=7) == kernels.TIRBYOC_ESTRIDE
-    assert call(ldo=7) == kernels.TIRBYOC_ESTRIDE
-    assert call(q_=False) == kernels.TIRBYOC_ENULL
+    EINVAL, ESIZE, ESTRIDE, ENULL = (kernels.TIRBYOC_EINVAL, kernels.TIRBYOC_ESIZE,
+                                     kernels.TIRBYOC_ESTRIDE, kernels.TIRBYOC_ENULL)
+    bad = [
+        (dict(layout=2), EINVAL), (dict(layout=-1), EINVAL), (dict(layout=3), EINVAL),
+        (dict(flags=8), EINVAL), (dict(flags=1 | 1 << 30), EINVAL), (dict(flags=-1), EINVAL),
+        (dict(batch=-1), ESIZE), (dict(m=-1), ESIZE), (dict(n=-1), ESIZE),
+        (dict(d=-1), ESIZE), (dict(dv=-2**63), ESIZE),
+        (dict(sq=-1), ESIZE), (dict(sk=-8), ESIZE), (dict(sv=-1), ESIZE), (dict(so=-1), ESIZE),
+        (dict(sm=-1), ESIZE), (dict(ldm=-1), ESIZE),
+        (dict(d=4000, dv=97, ldq=4000, ldk=4000, ldv=97, ldo=97), ESIZE),   # d + dv > 4096
+        (dict(d=4097, dv=0, ldq=4097, ldk=4097, ldv=0, ldo=0), ESIZE),
+        (dict(ldq=7), ESTRIDE), (dict(ldk=7), ESTRIDE), (dict(layout=0, ldk=3), ESTRIDE),
+        (dict(ldv=7), ESTRIDE), (dict(ldo=7), ESTRIDE), (dict(mask=mp, ldm=3), ESTRIDE),
+        (dict(m=0, ldq=7), ESTRIDE), (dict(batch=0, ldo=1), ESTRIDE),
+        (dict(q=ffi.NULL), ENULL), (dict(k=ffi.NULL), ENULL), (dict(v=ffi.NULL), ENULL),
+        (dict(o=ffi.NULL), ENULL), (dict(n=0, o=ffi.NULL), ENULL),
+        (dict(n=0, d=0, ldq=0, q=ffi.NULL, k=ffi.NULL, v=ffi.NULL, o=ffi.NULL), ENULL),
+    ]
+    for kw, want in bad:
+        assert call(**kw) == want, kw
+        assert (o == 3.0).all(), kw  # nothing written
+    # what a call does not read may be NULL; ldmask is not read without a mask
+    assert call(m=0, q=ffi.NULL, k=ffi.NULL, v=ffi.NULL, o=ffi.NULL) == kernels.TIRBYOC_OK
+    assert call(dv=0, ldv=0, ldo=0, q=ffi.NULL, k=ffi.NULL, v=ffi.NULL,
+                o=ffi.NULL) == kernels.TIRBYOC_OK
+    assert call(batch=0, q=ffi.NULL, k=ffi.NULL, v=ffi.NULL, o=ffi.NULL) == kernels.TIRBYOC_OK
     assert (o == 3.0).all()
+    assert call(ldm=2) == kernels.TIRBYOC_OK                      # no mask: ldm unused
+    assert call(mask=mp, ldm=0, d=0, ldq=0, ldk=0, q=ffi.NULL, k=ffi.NULL) == \
+        kernels.TIRBYOC_OK                                        # d = 0: uniform weights
+    assert (o == 1.0).all()                                       # the mean of V's ones
     assert "memory" in kernels.status_message(kernels.TIRBYOC_ENOMEM)
+    assert kernels.TIRBYOC_ENOMEM == 6 and 6 in kernels.error_statuses()

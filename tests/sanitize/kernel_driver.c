@@ -887,17 +887,27 @@ static void softmax_rows(uint64_t *rng)
 }
 
 /* tirbyoc_attention_f32: tile, unit and key-chunk edges, both K layouts, a batch with
- * broadcast K/V, strided rows, no / causal / random masks (the mask ending exactly at its
- * last byte), fully masked rows, an inf in V past a causal row's keys; threads as set by
- * the caller. Reference: double precision, IEEE semantics of the unfused graph. */
+ * broadcast K/V, strided rows, no / random / causal / padding masks (the mask ending exactly
+ * at its last byte; random and causal masks with a row stride wider than the row, padding
+ * masks one row for all, ldmask 0), fully masked rows, an inf in V past a causal row's
+ * keys, NaN and +-inf in Q and K (`specials`); threads as set by the caller, or (for
+ * `threads_check`) 1, 2 and 3 threads giving the same bits. Reference: double precision,
+ * IEEE semantics of the unfused graph. */
+enum { ATT_NO_MASK, ATT_RANDOM, ATT_CAUSAL, ATT_PADDING, ATT_MASK_KINDS };
+
 static void attention_case(uint64_t *rng, int64_t batch, int64_t m, int64_t n, int64_t d,
-                           int64_t dv, int k_nk, int mask_kind, int flags)
+                           int64_t dv, int k_nk, int mask_kind, int flags, int specials,
+                           int threads_check)
 {
     const int64_t ldq = d + rng_int(rng, 0, 2), ldv = dv + rng_int(rng, 0, 2);
     const int64_t ldk = (k_nk ? d : n) + rng_int(rng, 0, 2), ldo = dv + rng_int(rng, 0, 2);
     const int64_t krows = k_nk ? n : d, kcols = k_nk ? d : n;
     const int64_t sq = span(m, d, ldq), sk = batch > 1 && (m % 2) ? 0 : span(krows, kcols, ldk);
     const int64_t sv = sk == 0 ? 0 : span(n, dv, ldv), so = span(m, dv, ldo);
+    /* the padding mask is one row for every query row (ldmask 0) */
+    const int64_t mrows = mask_kind == ATT_PADDING ? 1 : m;
+    const int64_t ldm = mask_kind == ATT_PADDING ? 0 : n + rng_int(rng, 0, 1) * 9;
+    const int64_t plen = rng_int(rng, 0, n); /* keys kept by the padding mask */
     const float scale = (flags & TIRBYOC_ATT_DIVIDE) ? 4.0f : 0.25f;
     const int keep = (flags & TIRBYOC_ATT_MASK_KEEP) != 0;
     buf_t bq, bk, bv, bo;
@@ -905,45 +915,58 @@ static void attention_case(uint64_t *rng, int64_t batch, int64_t m, int64_t n, i
     float *k = buf_alloc(&bk, (size_t)(sk * (batch - 1)) + span(krows, kcols, ldk), 2);
     float *v = buf_alloc(&bv, (size_t)(sv * (batch - 1)) + span(n, dv, ldv), 3);
     float *o = buf_alloc(&bo, (size_t)(so * (batch - 1)) + span(m, dv, ldo), 0);
+    const size_t mbytes = mrows > 0 && n > 0 ? (size_t)((mrows - 1) * (ldm ? ldm : n) + n) : 0;
     uint8_t *mask = NULL;
     double worst = 0;
     int64_t b, i, j, c, p;
     size_t t;
+    int32_t st;
     for (t = 0; t < bq.n; ++t) q[t] = rng_float(rng) * 2;
     for (t = 0; t < bk.n; ++t) k[t] = rng_float(rng) * 2;
     for (t = 0; t < bv.n; ++t) v[t] = rng_float(rng);
-    for (t = 0; t < bo.n; ++t) o[t] = 1.2345e30f;
-    if (mask_kind == 2 && n > 3 && dv > 0)
+    for (t = 0; t < bo.n; ++t) o[t] = UNWRITTEN;
+    if (mask_kind == ATT_CAUSAL && n > 3 && dv > 0)
         v[(n - 1) * ldv] = INFINITY; /* past every causal row but the last */
-    if (mask_kind != 0 && m * n > 0) {
-        mask = (uint8_t *)malloc((size_t)(m * n));
-        for (i = 0; i < m; ++i)
+    if (specials && m > 2 && d > 0 && n > 1) {
+        q[(m / 3) * ldq] = nan_f();                     /* a NaN row */
+        q[(m / 2) * ldq + d - 1] = INFINITY;           /* +-inf scores (or NaN) */
+        k[k_nk ? (n - 1) * ldk : n - 1] = -INFINITY;    /* the last key's first value */
+    }
+    if (mask_kind != ATT_NO_MASK && mbytes > 0) {
+        mask = (uint8_t *)malloc(mbytes);
+        memset(mask, 0xA5, mbytes); /* the stride padding */
+        for (i = 0; i < mrows; ++i)
             for (j = 0; j < n; ++j) {
-                int masked = mask_kind == 1 ? rng_int(rng, 0, 2) == 0 : j > i;
-                if (i == m / 2 && mask_kind == 1)
+                int masked = mask_kind == ATT_RANDOM ? rng_int(rng, 0, 2) == 0
+                             : mask_kind == ATT_CAUSAL ? j > i : j >= plen;
+                if (i == m / 2 && mask_kind == ATT_RANDOM)
                     masked = 1; /* a fully masked row */
-                mask[i * n + j] = (uint8_t)(masked != keep ? 1 + rng_int(rng, 0, 1) * 254 : 0);
+                mask[i * ldm + j] = (uint8_t)(masked != keep ? 1 + rng_int(rng, 0, 1) * 254 : 0);
             }
     }
-    check(tirbyoc_attention_f32(batch, m, n, d, dv, q, ldq, sq, k, ldk, sk,
-                                k_nk ? TIRBYOC_B_NK : TIRBYOC_B_KN, v, ldv, sv, mask, n, 0,
-                                flags, scale, o, ldo, so) == TIRBYOC_OK,
-          "status", "tirbyoc_attention_f32", m, n, d, NULL);
-    for (b = 0; b < batch; ++b)
+    st = tirbyoc_attention_f32(batch, m, n, d, dv, q, ldq, sq, k, ldk, sk,
+                               k_nk ? TIRBYOC_B_NK : TIRBYOC_B_KN, v, ldv, sv, mask, ldm, 0,
+                               flags, scale, o, ldo, so);
+    check(st == TIRBYOC_OK, "status", "tirbyoc_attention_f32", m, n, d, NULL);
+    for (b = 0; b < batch && st == TIRBYOC_OK; ++b)
         for (i = 0; i < m; ++i) {
             double *sc = (double *)malloc(sizeof(double) * (size_t)(n > 0 ? n : 1));
             double mx = -INFINITY, sum = 0;
+            int nan_score = 0;
             for (j = 0; j < n; ++j) {
                 double dot = 0;
                 for (p = 0; p < d; ++p)
                     dot += (double)q[b * sq + i * ldq + p] *
                            (double)k[b * sk + (k_nk ? j * ldk + p : p * ldk + j)];
                 dot = (flags & TIRBYOC_ATT_DIVIDE) ? dot / scale : dot * scale;
-                if (mask != NULL && (mask[i * n + j] != 0) != keep)
+                if (mask != NULL && (mask[(mask_kind == ATT_PADDING ? 0 : i) * ldm + j] != 0) != keep)
                     dot = -INFINITY;
                 sc[j] = dot;
+                nan_score |= isnan(dot);
                 mx = dot > mx ? dot : mx;
             }
+            if (nan_score)
+                mx = NAN; /* as the graph's max: NaN propagates */
             for (j = 0; j < n; ++j)
                 sum += exp(sc[j] - (mx == -INFINITY ? 0 : mx));
             for (c = 0; c < dv; ++c) {
@@ -957,6 +980,8 @@ static void attention_case(uint64_t *rng, int64_t batch, int64_t m, int64_t n, i
                     want = 0;
                 if (isnan(want) || isnan(got))
                     err = isnan(want) == isnan(got) ? 0 : INFINITY;
+                else if (isinf(want) || isinf(got))
+                    err = want == got ? 0 : INFINITY;
                 else
                     /* score rounding grows with d (|scores| up to about d / 4) */
                     err = fabs(got - want) > 1e-5 * fabs(want) + 1e-6 * (d > 32 ? d / 16.0 : 2)
@@ -966,41 +991,123 @@ static void attention_case(uint64_t *rng, int64_t batch, int64_t m, int64_t n, i
             free(sc);
         }
     {
-        char detail[96];
-        snprintf(detail, sizeof(detail), "batch=%lld dv=%lld mask=%d flags=%d worst %.3g",
-                 (long long)batch, (long long)dv, mask_kind, flags, worst);
+        char detail[112];
+        snprintf(detail, sizeof(detail), "batch=%lld dv=%lld mask=%d flags=%d specials=%d worst %.3g",
+                 (long long)batch, (long long)dv, mask_kind, flags, specials, worst);
         check(worst == 0, "attention result", "tirbyoc_attention_f32", m, n, d, detail);
+    }
+    /* the stride padding of O is untouched (batch items start right after the last
+     * row's DV floats: that row has none) */
+    {
+        int ok = 1;
+        for (b = 0; b < batch; ++b)
+            for (i = 0; i + 1 < m; ++i)
+                for (c = dv; c < ldo; ++c)
+                    ok &= o[b * so + i * ldo + c] == UNWRITTEN;
+        check(ok, "stride padding of O written", "tirbyoc_attention_f32", m, n, d, NULL);
+    }
+    if (threads_check && bo.n > 0) {
+        float *first = (float *)malloc(bo.n * sizeof(float));
+        const int saved = tirbyoc_num_threads();
+        int th;
+        memcpy(first, o, bo.n * sizeof(float));
+        for (th = 1; th <= 3; ++th) {
+            tirbyoc_set_num_threads(th);
+            for (t = 0; t < bo.n; ++t) o[t] = UNWRITTEN;
+            check(tirbyoc_attention_f32(batch, m, n, d, dv, q, ldq, sq, k, ldk, sk,
+                                        k_nk ? TIRBYOC_B_NK : TIRBYOC_B_KN, v, ldv, sv, mask,
+                                        ldm, 0, flags, scale, o, ldo, so) == TIRBYOC_OK,
+                  "status (threads)", "tirbyoc_attention_f32", m, n, d, NULL);
+            check(memcmp(first, o, bo.n * sizeof(float)) == 0, "result differs between thread counts",
+                  "tirbyoc_attention_f32", m, n, d, NULL);
+        }
+        tirbyoc_set_num_threads(saved);
+        free(first);
     }
     free(mask);
     buf_free(&bq); buf_free(&bk); buf_free(&bv); buf_free(&bo);
 }
 
-static void attention_cases(uint64_t *rng)
+/* Every invalid argument gives its status and leaves O (all of its buffer) untouched. */
+static void attention_errors(void)
+{
+    enum { M = 4, N = 6, D = 8, DV = 5 };
+    static const char *const name = "tirbyoc_attention_f32";
+    float q[M * D], k[N * D], v[N * DV], o[M * DV];
+    uint8_t mask[M * N];
+    int ok = 1, t;
+    for (t = 0; t < M * D; ++t) q[t] = 0.5f;
+    for (t = 0; t < N * D; ++t) k[t] = 0.25f;
+    for (t = 0; t < N * DV; ++t) v[t] = 1.0f;
+    for (t = 0; t < M * DV; ++t) o[t] = UNWRITTEN;
+    memset(mask, 0, sizeof(mask));
+#define ATT(batch, m, n, d, dv, qp, ldq, sq, kp, ldk, sk, lay, vp, ldv, sv, mp, ldm, sm, fl, op, ldo, so) \
+    tirbyoc_attention_f32(batch, m, n, d, dv, qp, ldq, sq, kp, ldk, sk, lay, vp, ldv, sv, mp, ldm, sm, \
+                          fl, 1.0f, op, ldo, so)
+#define ATT_BAD(want, what, ...) check(ATT(__VA_ARGS__) == (want), what, name, M, N, D, "status")
+    ATT_BAD(TIRBYOC_EINVAL, "k_layout packed", 1, M, N, D, DV, q, D, 0, k, D, 0, TIRBYOC_B_PACKED, v, DV, 0, NULL, 0, 0, 0, o, DV, 0);
+    ATT_BAD(TIRBYOC_EINVAL, "k_layout -1", 1, M, N, D, DV, q, D, 0, k, D, 0, -1, v, DV, 0, NULL, 0, 0, 0, o, DV, 0);
+    ATT_BAD(TIRBYOC_EINVAL, "unknown flag", 1, M, N, D, DV, q, D, 0, k, D, 0, TIRBYOC_B_NK, v, DV, 0, NULL, 0, 0, 8, o, DV, 0);
+    ATT_BAD(TIRBYOC_EINVAL, "high flag", 1, M, N, D, DV, q, D, 0, k, D, 0, TIRBYOC_B_NK, v, DV, 0, NULL, 0, 0, 1 << 30, o, DV, 0);
+    ATT_BAD(TIRBYOC_ESIZE, "batch < 0", -1, M, N, D, DV, q, D, 0, k, D, 0, TIRBYOC_B_NK, v, DV, 0, NULL, 0, 0, 0, o, DV, 0);
+    ATT_BAD(TIRBYOC_ESIZE, "m < 0", 1, -1, N, D, DV, q, D, 0, k, D, 0, TIRBYOC_B_NK, v, DV, 0, NULL, 0, 0, 0, o, DV, 0);
+    ATT_BAD(TIRBYOC_ESIZE, "n < 0", 1, M, INT64_MIN, D, DV, q, D, 0, k, D, 0, TIRBYOC_B_NK, v, DV, 0, NULL, 0, 0, 0, o, DV, 0);
+    ATT_BAD(TIRBYOC_ESIZE, "d < 0", 1, M, N, -1, DV, q, D, 0, k, D, 0, TIRBYOC_B_NK, v, DV, 0, NULL, 0, 0, 0, o, DV, 0);
+    ATT_BAD(TIRBYOC_ESIZE, "dv < 0", 1, M, N, D, -3, q, D, 0, k, D, 0, TIRBYOC_B_NK, v, DV, 0, NULL, 0, 0, 0, o, DV, 0);
+    ATT_BAD(TIRBYOC_ESIZE, "stride_q < 0", 2, M, N, D, DV, q, D, -1, k, D, 0, TIRBYOC_B_NK, v, DV, 0, NULL, 0, 0, 0, o, DV, 0);
+    ATT_BAD(TIRBYOC_ESIZE, "stride_k < 0", 2, M, N, D, DV, q, D, 0, k, D, -1, TIRBYOC_B_NK, v, DV, 0, NULL, 0, 0, 0, o, DV, 0);
+    ATT_BAD(TIRBYOC_ESIZE, "stride_v < 0", 2, M, N, D, DV, q, D, 0, k, D, 0, TIRBYOC_B_NK, v, DV, -1, NULL, 0, 0, 0, o, DV, 0);
+    ATT_BAD(TIRBYOC_ESIZE, "stride_mask < 0", 1, M, N, D, DV, q, D, 0, k, D, 0, TIRBYOC_B_NK, v, DV, 0, mask, N, -1, 0, o, DV, 0);
+    ATT_BAD(TIRBYOC_ESIZE, "ldmask < 0", 1, M, N, D, DV, q, D, 0, k, D, 0, TIRBYOC_B_NK, v, DV, 0, mask, -1, 0, 0, o, DV, 0);
+    ATT_BAD(TIRBYOC_ESIZE, "stride_o < 0", 2, M, N, D, DV, q, D, 0, k, D, 0, TIRBYOC_B_NK, v, DV, 0, NULL, 0, 0, 0, o, DV, -1);
+    ATT_BAD(TIRBYOC_ESIZE, "d + dv > 4096", 1, M, N, 4000, 97, q, 4000, 0, k, 4000, 0, TIRBYOC_B_NK, v, 97, 0, NULL, 0, 0, 0, o, 97, 0);
+    ATT_BAD(TIRBYOC_ESTRIDE, "ldq < d", 1, M, N, D, DV, q, D - 1, 0, k, D, 0, TIRBYOC_B_NK, v, DV, 0, NULL, 0, 0, 0, o, DV, 0);
+    ATT_BAD(TIRBYOC_ESTRIDE, "ldk < d", 1, M, N, D, DV, q, D, 0, k, D - 1, 0, TIRBYOC_B_NK, v, DV, 0, NULL, 0, 0, 0, o, DV, 0);
+    ATT_BAD(TIRBYOC_ESTRIDE, "ldk < n", 1, M, N, D, DV, q, D, 0, k, N - 1, 0, TIRBYOC_B_KN, v, DV, 0, NULL, 0, 0, 0, o, DV, 0);
+    ATT_BAD(TIRBYOC_ESTRIDE, "ldv < dv", 1, M, N, D, DV, q, D, 0, k, D, 0, TIRBYOC_B_NK, v, DV - 1, 0, NULL, 0, 0, 0, o, DV, 0);
+    ATT_BAD(TIRBYOC_ESTRIDE, "ldmask < n", 1, M, N, D, DV, q, D, 0, k, D, 0, TIRBYOC_B_NK, v, DV, 0, mask, N - 1, 0, 0, o, DV, 0);
+    ATT_BAD(TIRBYOC_ESTRIDE, "ldo < dv", 1, M, N, D, DV, q, D, 0, k, D, 0, TIRBYOC_B_NK, v, DV, 0, NULL, 0, 0, 0, o, DV - 1, 0);
+    ATT_BAD(TIRBYOC_ENULL, "q NULL", 1, M, N, D, DV, NULL, D, 0, k, D, 0, TIRBYOC_B_NK, v, DV, 0, NULL, 0, 0, 0, o, DV, 0);
+    ATT_BAD(TIRBYOC_ENULL, "k NULL", 1, M, N, D, DV, q, D, 0, NULL, D, 0, TIRBYOC_B_NK, v, DV, 0, NULL, 0, 0, 0, o, DV, 0);
+    ATT_BAD(TIRBYOC_ENULL, "v NULL", 1, M, N, D, DV, q, D, 0, k, D, 0, TIRBYOC_B_NK, NULL, DV, 0, NULL, 0, 0, 0, o, DV, 0);
+    ATT_BAD(TIRBYOC_ENULL, "o NULL", 1, M, N, D, DV, q, D, 0, k, D, 0, TIRBYOC_B_NK, v, DV, 0, NULL, 0, 0, 0, NULL, DV, 0);
+    for (t = 0; t < M * DV; ++t)
+        ok &= o[t] == UNWRITTEN;
+    check(ok, "O written despite an error", name, M, N, D, NULL);
+    /* nothing to compute: NULL everywhere is fine; no keys: O = 0 */
+    check(ATT(1, 0, N, D, DV, NULL, D, 0, NULL, D, 0, TIRBYOC_B_NK, NULL, DV, 0, NULL, 0, 0, 0, NULL, DV, 0) == TIRBYOC_OK,
+          "m = 0 with NULL", name, 0, N, D, NULL);
+    check(ATT(1, M, 0, D, DV, q, D, 0, NULL, D, 0, TIRBYOC_B_NK, NULL, DV, 0, NULL, 0, 0, 0, o, DV, 0) == TIRBYOC_OK,
+          "n = 0", name, M, 0, D, NULL);
+    for (t = 0, ok = 1; t < M * DV; ++t)
+        ok &= o[t] == 0.0f;
+    check(ok, "n = 0 gives zeros", name, M, 0, D, NULL);
+#undef ATT_BAD
+#undef ATT
+}
+
+static void attention_cases(uint64_t *rng, int threaded)
 {
     static const int64_t shapes[][5] = {
         /* batch, m, n, d, dv */
         {1, 1, 1, 1, 1}, {2, 13, 17, 5, 7}, {3, 15, 257, 16, 33}, {1, 57, 300, 64, 64},
         {2, 14, 40, 300, 20}, {1, 6, 0, 4, 3}, {1, 4, 9, 0, 5}, {12, 64, 64, 16, 16},
+        {1, 7, 33, 3000, 1000}, {2, 25, 520, 17, 257},
     };
+    const size_t count = sizeof(shapes) / sizeof(shapes[0]);
     size_t si;
     int variant;
-    for (si = 0; si < sizeof(shapes) / sizeof(shapes[0]); ++si)
-        for (variant = 0; variant < 3; ++variant)
+    for (si = 0; si < count; ++si)
+        for (variant = 0; variant < ATT_MASK_KINDS; ++variant)
             attention_case(rng, shapes[si][0], shapes[si][1], shapes[si][2], shapes[si][3],
-                           shapes[si][4], (int)((si + variant) % 2), variant,
-                           (int)((si + (size_t)variant) % 8));
-    check(tirbyoc_attention_f32(1, 2, 3, 4, 5, NULL, 4, 0, NULL, 4, 0, TIRBYOC_B_NK, NULL, 5,
-                                0, NULL, 0, 0, 0, 1.0f, NULL, 5, 0) == TIRBYOC_ENULL,
-          "NULL refused", "tirbyoc_attention_f32", 2, 3, 4, NULL);
-    check(tirbyoc_attention_f32(1, 2, 3, 4, 5, NULL, 3, 0, NULL, 4, 0, TIRBYOC_B_NK, NULL, 5,
-                                0, NULL, 0, 0, 0, 1.0f, NULL, 5, 0) == TIRBYOC_ESTRIDE,
-          "stride refused", "tirbyoc_attention_f32", 2, 3, 4, NULL);
-    check(tirbyoc_attention_f32(1, 2, 3, 4000, 97, NULL, 4000, 0, NULL, 4000, 0, TIRBYOC_B_NK,
-                                NULL, 97, 0, NULL, 0, 0, 0, 1.0f, NULL, 97, 0) == TIRBYOC_ESIZE,
-          "d + dv > 4096 refused", "tirbyoc_attention_f32", 2, 3, 4000, NULL);
-    check(tirbyoc_attention_f32(1, 2, 3, 4, 5, NULL, 4, 0, NULL, 4, 0, TIRBYOC_B_NK, NULL, 5,
-                                0, NULL, 0, 0, 8, 1.0f, NULL, 5, 0) == TIRBYOC_EINVAL,
-          "unknown flag refused", "tirbyoc_attention_f32", 2, 3, 4, NULL);
+                           shapes[si][4], (int)((si + (size_t)variant) % 2), variant,
+                           (int)((si + (size_t)variant) % 8), (int)((si + (size_t)variant) % 3 == 1),
+                           0);
+    /* above the threading threshold (2 MFLOP): the same bits on 1, 2 and 3 threads */
+    attention_case(rng, 3, 100, 300, 32, 32, 1, ATT_CAUSAL, TIRBYOC_ATT_EMPTY_ZERO, 1, 1);
+    if (!threaded)
+        attention_case(rng, 2, 70, 257, 40, 24, 0, ATT_RANDOM, TIRBYOC_ATT_MASK_KEEP, 0, 1);
+    attention_errors();
 }
 
 static void matmul_chains(uint64_t *rng, int threaded)
@@ -1030,7 +1137,7 @@ static void matmul_chains(uint64_t *rng, int threaded)
                               (int)((ci + si) % 2), ops, (int)(si % 2));
         }
     softmax_rows(rng);
-    attention_cases(rng);
+    attention_cases(rng, threaded);
     if (threaded)
         return;
     {   /* tirbyoc_unary_f32: tails of every vector width, in place too */
@@ -1099,6 +1206,6 @@ int main(int argc, char **argv)
         fprintf(stderr, "  %s done: %ld checks so far\n", ISA_NAMES[i], n_checks);
     }
     printf("kernel_driver: mode=%s isas=%s kernels=%d checks=%ld failures=%ld\n", mode, isas,
-           N_KERNELS + 4, n_checks, n_failures);
+           N_KERNELS + 6, n_checks, n_failures);
     return n_failures == 0 ? 0 : 1;
 }
