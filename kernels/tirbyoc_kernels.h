@@ -228,8 +228,9 @@ typedef enum tirbyoc_attention_flag {
  *   V_q[j][c] = v[q * stride_v + j * ldv + c]   (j < N, c < DV, ldv >= DV)
  *   O_q[i][c] = o[q * stride_o + i * ldo + c]   (ldo >= DV)
  *   mask (may be NULL: nothing masked): mask_q[i][j] = mask[q * stride_mask
- *       + i * ldmask + j], one byte per score; a zero byte masks the score
- *       unless TIRBYOC_ATT_MASK_KEEP says a nonzero byte keeps it. stride_mask
+ *       + i * ldmask + j], one byte per score; a nonzero byte masks the
+ *       score (with TIRBYOC_ATT_MASK_KEEP: a nonzero byte keeps it, a zero
+ *       byte masks it). stride_mask
  *       or ldmask 0 broadcasts the mask over the batch or the rows.
  * Batch strides of 0 broadcast an input. Semantics follow the unfused graph
  * exactly where IEEE values are concerned: a row whose scores are all -inf

@@ -103,8 +103,10 @@ def error_statuses():
 
 
 def _check(func, status):
+    """Raises RuntimeError naming the kernel (a function or its name) for an error status."""
     if status != TIRBYOC_OK:
-        raise RuntimeError(f"{func.__name__} failed: {status_message(status)} (status {status})")
+        name = func if isinstance(func, str) else func.__name__
+        raise RuntimeError(f"{name} failed: {status_message(status)} (status {status})")
 
 
 @functools.lru_cache(maxsize=None)
