@@ -412,9 +412,7 @@ int32_t tirbyoc_dense_acc_f32_nn(int64_t m, int64_t n, int64_t k,
 
 /* ---- the general entry point: batched, with an epilogue chain ---- */
 
-/* Number of operations in a chain; -1 if it is invalid (an unknown code, or
- * a nonzero code after the first TIRBYOC_EPI_END). */
-static int chain_length(int64_t ops, int *uses_bias, int *uses_residual)
+int tb_chain_length(int64_t ops, int *uses_bias, int *uses_residual)
 {
     int len = 0, ended = 0, i;
     *uses_bias = *uses_residual = 0;
@@ -488,7 +486,7 @@ int32_t tirbyoc_matmul_f32(int64_t batch, int64_t m, int64_t n, int64_t k,
     status = check_args(layouts[b_layout], m, n, k, a, lda, b, ldb, c, ldc);
     if (status != TIRBYOC_OK)
         return status;
-    len = chain_length(epilogue, &uses_bias, &uses_residual);
+    len = tb_chain_length(epilogue, &uses_bias, &uses_residual);
     if (len < 0)
         return TIRBYOC_EEPILOGUE;
     if (uses_residual && ldr < n)

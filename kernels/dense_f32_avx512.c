@@ -651,8 +651,51 @@ typedef char check_blocks[ISA_KC <= TB_KC_MAX && ISA_NC <= TB_NC_MAX &&
                               ? 1
                               : -1];
 
+/* ---- the convolution's implicit im2col (conv_gather.h) ---- */
+
+static inline void cg_run(float *d, const float *row, int64_t iw, int64_t sw,
+                          int64_t w, int t0, int len)
+{
+    /* lanes [t0 + lo, t0 + hi) hold columns inside [0, w) */
+    const __mmask16 run = (__mmask16)(((1u << len) - 1u) << t0);
+    int64_t lo = 0, hi = 0;
+    __m512 v = _mm512_setzero_ps();
+    if (row != NULL) {
+        lo = iw >= 0 ? 0 : (-iw + sw - 1) / sw;
+        hi = iw >= w ? 0 : (w - iw + sw - 1) / sw;
+        lo = lo < len ? lo : len;
+        hi = hi < len ? hi : len;
+    }
+    if (hi > lo) {
+        const __mmask16 in = (__mmask16)((((1u << (hi - lo)) - 1u)
+                                          << (t0 + lo)));
+        const float *first = row + iw + lo * sw;
+        if (sw == 1) {
+            /* the hi - lo columns, then moved up to their lanes */
+            v = _mm512_maskz_loadu_ps(mask_n(hi - lo), first);
+            v = _mm512_maskz_expand_ps(in, v);
+        } else {
+            const __m512i idx = _mm512_mullo_epi32(
+                _mm512_sub_epi32(
+                    _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11,
+                                      12, 13, 14, 15),
+                    _mm512_set1_epi32((int)(t0 + lo))),
+                _mm512_set1_epi32((int)sw));
+            v = _mm512_mask_i32gather_ps(v, in, idx, first, 4);
+        }
+    }
+    _mm512_mask_storeu_ps(d, run, v);
+}
+
+static inline void cg_copy16(float *d, const float *src)
+{
+    _mm512_storeu_ps(d, _mm512_loadu_ps(src));
+}
+
+#include "conv_gather.h"
+
 const tb_isa tb_isa_avx512 = {
     "avx512", X_MR, X_NR, ISA_KC, ISA_NC, ukernel, pack_a, pack_w, small_cols,
     nt_direct, X_DJ, 16 * X_DV,
-    tb_chain_block, tb_unary_row, tb_softmax_row, tb_attn_row,
+    tb_chain_block, tb_unary_row, tb_softmax_row, tb_attn_row, tb_conv_gather,
 };

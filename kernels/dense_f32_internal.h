@@ -43,6 +43,12 @@ typedef struct tb_chain {
     int64_t ldr;
 } tb_chain;
 
+/* Number of operations in a chain; -1 if it is invalid (an unknown code, or
+ * a nonzero code after the first TIRBYOC_EPI_END). *uses_bias and
+ * *uses_residual: whether it has those operations (dense_f32.c). */
+TB_INTERNAL int tb_chain_length(int64_t ops, int *uses_bias,
+                                int *uses_residual);
+
 /* Micro-kernel flags. */
 #define TB_ACCUMULATE 1 /* C holds a partial sum over earlier K blocks */
 #define TB_LAST 2       /* last K block: apply the epilogue chain */
@@ -120,6 +126,28 @@ typedef void (*tb_softmax_fn)(int64_t n, const float *x, float *y);
  * weights, returns the factor for the row's earlier output. */
 typedef float (*tb_attn_row_fn)(int64_t n, float *s, float *mx, float *sum);
 
+/* A convolution's implicit column matrix (conv_f32.c, conv_gather.h): row k
+ * = (c, r, s) of the weight's [OC][C][KH][KW] order, column p = output pixel
+ * oh * OW + ow, value x[c][oh * sh - pt + r * dh][ow * sw - pl + s * dw] (0
+ * outside the image); row k (the bias step) is ones. */
+typedef struct tb_conv_geom {
+    int64_t h, w, kh, kw, sh, sw, pt, pl, dh, dw, ow, k;
+} tb_conv_geom;
+
+/* 16 consecutive output pixels (fewer in a block's last panel). */
+typedef struct tb_conv_panel {
+    int64_t orow, ocol; /* the first pixel's output row and column */
+    int64_t cnt;        /* pixels, <= 16 */
+    int single;         /* 16 pixels, all on output row orow */
+} tb_conv_panel;
+
+/* Rows [k0, k0 + kc) of an image's column matrix for the panels pn[0:np]
+ * into dst[q * dps + r * 16 + t] (zeros past a panel's pixels). */
+typedef void (*tb_conv_gather_fn)(const tb_conv_geom *g, const float *img,
+                                  int64_t k0, int64_t kc,
+                                  const tb_conv_panel *pn, int64_t np,
+                                  float *dst, int64_t dps);
+
 typedef struct tb_isa {
     const char *name;
     int mr;      /* rows of a register tile (<= TB_MR_MAX) */
@@ -137,6 +165,7 @@ typedef struct tb_isa {
     tb_unary_fn unary;
     tb_softmax_fn softmax;
     tb_attn_row_fn attn_row;
+    tb_conv_gather_fn conv_gather;
 } tb_isa;
 
 TB_INTERNAL extern const tb_isa tb_isa_generic;

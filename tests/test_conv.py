@@ -38,10 +38,16 @@ def _check(model, shape, expected, seed=0):
     return report
 
 
+def _no_tvm_convs(report):
+    """Every PrimFunc named for a conv is the kernel call (none is TVM's conv2d)."""
+    convs = {name: how for name, how in report.schedules.items() if "conv2d" in name}
+    assert convs and all(how == "kernel tirbyoc_conv2d_f32" for how in convs.values()), convs
+
+
 def test_small_cnn():
     """Two 3x3 convs with bias and relu, global average pool, Linear."""
     _check(examples.small_cnn_torch(), (2, 3, 16, 16),
-           ["batch_matmul_relu", "batch_matmul_relu", "dense_bias"])
+           ["conv2d_bias_relu", "conv2d_bias_relu", "dense_bias"])
 
 
 def test_resnet_blocks_fold_batch_norms_and_fuse_shortcuts():
@@ -51,9 +57,9 @@ def test_resnet_blocks_fold_batch_norms_and_fuse_shortcuts():
     relu; the projection's add belongs to one of the two convs that meet there."""
     model = examples.resnet_torch((1, 1), (16, 32), 10)
     report = _check(model, (1, 3, 40, 40), [
-        "batch_matmul_relu", "batch_matmul_relu", "batch_matmul_residual_relu",
-        "batch_matmul_relu", "batch_matmul_residual_relu", "batch_matmul", "dense_bias"])
-    assert not any("conv2d" in name for name in report.schedules), report.schedules
+        "conv2d_bias_relu", "conv2d_bias_relu", "conv2d_bias_residual_relu",
+        "conv2d_bias_relu", "conv2d_bias_residual_relu", "conv2d_bias", "dense_bias"])
+    _no_tvm_convs(report)
 
 
 class _Conv(torch.nn.Module):
@@ -75,7 +81,8 @@ class _Conv(torch.nn.Module):
 ], ids=["3x3s2", "5x5-dilated", "1x3s21", "1x1", "1x1s2-nobias"])
 def test_conv_shapes(kw):
     k = kw.pop("k")
-    _check(_Conv(5, 7, k, **kw).eval(), (2, 5, 13, 11), ["batch_matmul_relu"])
+    expected = "conv2d_bias_relu" if kw.get("bias", True) else "conv2d_relu"
+    _check(_Conv(5, 7, k, **kw).eval(), (2, 5, 13, 11), [expected])
 
 
 def test_grouped_convs_stay_convs():
@@ -93,8 +100,8 @@ def test_depthwise_separable_blocks():
     in the kernel call. Products of equal shapes share one PrimFunc (TVM deduplicates
     them): at 48x48 the last spatial sizes repeat, 14 products in 10 PrimFuncs."""
     model = examples.mobilenet_torch(width=0.25, classes=10)
-    report = _check(model, (1, 3, 48, 48), ["batch_matmul_relu6"] * 10 + ["dense_bias"])
-    assert not any("conv2d" in name for name in report.schedules), report.schedules
+    report = _check(model, (1, 3, 48, 48), ["conv2d_bias_relu6"] * 10 + ["dense_bias"])
+    _no_tvm_convs(report)
 
 
 def test_weight_as_input_stays_a_conv():

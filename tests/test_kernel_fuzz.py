@@ -242,6 +242,8 @@ def draw_case(symbol, isa, seed, index, rng, fixed_layout):
     extra = ()
     if "attention" in symbol:
         m, n, k, big, extra = draw_attention(rng, index)
+    elif "conv2d" in symbol:
+        m, n, k, big, extra = draw_conv(rng, index)
     elif index < len(PINNED):
         m, n, k = PINNED[index]
         big = 2 * m * n * k >= PAR_FLOPS
@@ -320,6 +322,61 @@ def draw_attention(rng, index):
         ("scale_factor", float(rng.choice([1.0, 0.25, -1.0, 2.0]))),
     )
     return m, n, d, big, extra
+
+
+# tirbyoc_conv2d_f32 (kernels/conv_f32.c): an implicit product [OC, K] x [K, OH * OW]
+# per image, K = C * KH * KW (+ 1 for the bias step), row groups of 14 / 6 / 4 channels,
+# pixel panels of 16, K blocks of up to 512 / 256, threads from 4 MFLOP, the 1x1 stride-1
+# unpadded path ("plain"). Case.m is OC, Case.n the pixels OH * OW, Case.k K; the rest of
+# the geometry and the chain are in Case.extra.
+CONV_C_EDGES = (1, 2, 3, 16, 17, 28, 56, 57)
+CONV_OC_EDGES = (1, 2, 13, 14, 15, 16, 28, 29, 33, 64)
+CONV_HW_EDGES = (1, 2, 3, 7, 14, 15, 16, 17, 31, 33)
+# (batch, c, h, w, oc, kh, kw, stride, pad, dilation) of the first cases
+CONV_PINNED = ((1, 3, 8, 8, 5, 3, 3, 1, 1, 1), (0, 3, 8, 8, 5, 3, 3, 1, 1, 1),
+               (2, 0, 5, 5, 4, 3, 3, 1, 1, 1), (1, 4, 6, 6, 0, 1, 1, 1, 0, 1),
+               (1, 8, 9, 9, 16, 1, 1, 1, 0, 1), (1, 57, 6, 7, 15, 3, 3, 1, 1, 1),
+               (2, 16, 20, 20, 29, 3, 3, 2, 1, 1), (1, 3, 30, 30, 14, 7, 7, 2, 3, 1),
+               (1, 5, 4, 4, 3, 3, 3, 1, 3, 2), (1, 64, 14, 14, 64, 3, 3, 1, 1, 1))
+
+
+def draw_conv(rng, index):
+    """(m, n, k, big, extra) of a tirbyoc_conv2d_f32 case."""
+    def dim(edges, hi):
+        return int(rng.choice(edges)) if rng.random() < 0.5 else max(1, _log_uniform(rng, hi))
+
+    big = index >= len(CONV_PINNED) and rng.random() < P_BIG
+    while True:
+        if index < len(CONV_PINNED):
+            n_img, c, h, w, oc, kh, kw, st, pd, dl = CONV_PINNED[index]
+            sh = sw = st
+            pt = pl = pd
+            dh = dw = dl
+        else:
+            n_img = int(rng.choice([1, 1, 1, 2, 3]))
+            c, oc = dim(CONV_C_EDGES, 70), dim(CONV_OC_EDGES, 80)
+            h, w = dim(CONV_HW_EDGES, 40), dim(CONV_HW_EDGES, 40)
+            kh, kw = (int(x) for x in rng.choice([1, 1, 2, 3, 3, 3, 5, 7], size=2))
+            sh, sw = (int(x) for x in rng.choice([1, 1, 1, 2, 3], size=2))
+            dh, dw = (int(x) for x in rng.choice([1, 1, 1, 2], size=2))
+            pt, pl = (int(x) for x in rng.choice([0, 0, 1, 1, 2, 3, -1], size=2))
+            if rng.random() < 0.15:  # the plain path: 1x1, stride 1, no padding
+                kh = kw = sh = sw = 1
+                pt = pl = 0
+        oh = max(0, (h + 2 * pt - dh * (kh - 1) - 1) // sh + 1)
+        ow = max(0, (w + 2 * pl - dw * (kw - 1) - 1) // sw + 1)
+        if index >= len(CONV_PINNED) and rng.random() < 0.15:  # any output size is valid
+            oh, ow = max(0, oh + int(rng.integers(-1, 3))), max(0, ow + int(rng.integers(-1, 3)))
+        flops = 2 * n_img * oc * oh * ow * c * kh * kw
+        if index >= len(CONV_PINNED) and oh * ow == 0 and rng.random() > 0.05:
+            continue  # a few empty outputs, not a quarter of the cases
+        if index < len(CONV_PINNED) or ((PAR_FLOPS <= flops <= BIG_FLOPS) if big
+                                        else flops <= SMALL_FLOPS):
+            break
+    extra = (("batch", n_img), ("c", c), ("h", h), ("w", w), ("kh", kh), ("kw", kw),
+             ("sh", sh), ("sw", sw), ("pt", pt), ("pl", pl), ("dh", dh), ("dw", dw),
+             ("oh", oh), ("ow", ow))
+    return oc, oh * ow, c * kh * kw, flops >= PAR_FLOPS, extra
 
 
 # --- buffers --------------------------------------------------------------------
@@ -516,6 +573,33 @@ class Operands:
         return full, buf, 0 if c.get("mask_row_bcast") else ldm
 
     @functools.cached_property
+    def conv(self):
+        """The tensors of a conv case, contiguous, as [rows, cols] buffers: x [N * C, H * W],
+        weight [OC, K], bias [1, OC], residual and y [N * OC, OH * OW]; and the chain (a
+        bias first where the case has one, a residual a third of the time, up to two
+        unary operations)."""
+        c, g = self.case, dict(self.case.extra)
+        n_img, p = g["batch"], g["oh"] * g["ow"]
+        x = self._input("x", n_img * g["c"], g["h"] * g["w"], g["h"] * g["w"], c.offsets[0])
+        wt = self._input("w", c.m, c.k, c.k, c.offsets[1])
+        ops = [str(o) for o in self.rng.choice(CHAIN_UNARY, size=int(self.rng.integers(0, 3)))]
+        if self.rng.random() < 0.33:
+            ops.insert(int(self.rng.integers(0, len(ops) + 1)), "residual")
+        if c.bias:
+            ops.insert(0, "bias")
+        bias = self._input("bias", 1, c.m, c.m, c.offsets[2]) if c.bias else None
+        res = (self._input("residual", n_img * c.m, p, p, c.offsets[4])
+               if "residual" in ops else None)
+        y = Buffer(n_img * c.m, p, p, c.offsets[3], SENTINEL_BITS)
+        y.view[:] = UNWRITTEN
+        self.buffers["y"] = y
+        return x, wt, bias, res, y, tuple(ops)
+
+    @functools.cached_property
+    def y(self):
+        return self.conv[4]
+
+    @functools.cached_property
     def packed_size(self):
         n, k = self.case.n, self.case.k
         return -(-n // 16) * 16 * k
@@ -680,6 +764,30 @@ def attention_args(ops):
             Arg("scale", attention_scale(c)),
             _matrix(ops, "o", ops.o, c.m * dv > 0), _stride("ldo", ops.o, dv),
             Arg("so", 0, invalid=(-1,))]
+
+
+def conv_args(ops):
+    """tirbyoc_conv2d_f32: every tensor contiguous (its strides are its shape)."""
+    c, g = ops.case, dict(ops.case.extra)
+    x, wt, bias, res, y, names = ops.conv
+    out = g["batch"] * c.m * g["oh"] * g["ow"] > 0  # nothing is read without an output
+    epi = kernels.encode_epilogue(names)
+    late_bias = kernels.encode_epilogue(("relu", "bias"))
+    null = LIBRARY.ffi.NULL
+    return [_size("batch", g["batch"]), _size("c", g["c"]), _size("h", g["h"]),
+            _size("w", g["w"]),
+            _matrix(ops, "x", x, out and g["c"] * g["h"] * g["w"] > 0),
+            _size("oc", c.m), _size("kh", g["kh"]), _size("kw", g["kw"]),
+            _matrix(ops, "weight", wt, out and c.k > 0),
+            Arg("sh", g["sh"], invalid=(0, -1)), Arg("sw", g["sw"], invalid=(0, -3)),
+            Arg("pt", g["pt"], invalid=(2**31, -(2**31))), Arg("pl", g["pl"], invalid=(2**40,)),
+            Arg("dh", g["dh"], invalid=(0,)), Arg("dw", g["dw"], invalid=(-1,)),
+            _size("oh", g["oh"]), _size("ow", g["ow"]),
+            # SCALE, BIAS after another operation, an unknown code
+            Arg("epilogue", epi, invalid=(9, late_bias, 12, 15 << 4)),
+            _matrix(ops, "bias", bias, out) if bias is not None else Arg("bias", null),
+            _matrix(ops, "residual", res, out) if res is not None else Arg("residual", null),
+            _matrix(ops, "y", y, out)]
 
 
 def attention_scale(case):
@@ -864,6 +972,49 @@ def attention_expected(ops, groups):
     return out, np.where(np.isfinite(out), tol, 0.0)
 
 
+def conv_expected(ops, groups):
+    """float64 im2col (exact zeros in the padding) times the weight per image, with IEEE
+    products (0 * inf = NaN), then the chain; tolerance as matmul_expected."""
+    c, g = ops.case, dict(ops.case.extra)
+    x, wt, bias, res, y, names = ops.conv
+    n_img, oh, ow = g["batch"], g["oh"], g["ow"]
+    xs = x.view.astype(np.float64).reshape(n_img, g["c"], g["h"], g["w"])
+    w2 = wt.view.astype(np.float64)
+    vals, errs = [], []
+    with np.errstate(invalid="ignore", over="ignore"):
+        for img in xs:
+            cols = np.zeros((g["c"], g["kh"], g["kw"], oh, ow))
+            for r in range(g["kh"]):
+                rows = np.arange(oh) * g["sh"] - g["pt"] + r * g["dh"]
+                for t in range(g["kw"]):
+                    cs = np.arange(ow) * g["sw"] - g["pl"] + t * g["dw"]
+                    ok = (((rows >= 0) & (rows < g["h"]))[:, None]
+                          & ((cs >= 0) & (cs < g["w"]))[None, :])
+                    if g["h"] and g["w"]:
+                        got = img[:, np.clip(rows, 0, g["h"] - 1)][:, :, np.clip(cs, 0, g["w"] - 1)]
+                        cols[:, r, t] = np.where(ok, got, 0.0)
+            cols = cols.reshape(c.k, oh * ow)
+            vals.append(ieee_matmul(w2, cols) if c.k else np.zeros((c.m, oh * ow)))
+            terms = (_finite(w2) ** 2) @ (_finite(cols) ** 2)
+            errs.append(np.sqrt(terms) * 1e-5 * max(1.0, math.sqrt(c.k) / 8))
+        v = np.concatenate(vals) if vals else np.zeros((0, oh * ow))
+        err = np.concatenate(errs) if errs else np.zeros((0, oh * ow))
+        finite_in = np.isfinite(v)
+        for name in names:
+            if name == "bias":
+                v = v + np.tile(bias.view.astype(np.float64).reshape(-1, 1), (n_img, 1))
+            elif name == "residual":
+                v = v + res.view.astype(np.float64)
+            else:
+                v = CHAIN_REFERENCE[name](v)
+                err = err * 1.2
+            finite_in &= np.isfinite(v)
+            err = err + 1e-6 * np.abs(np.where(np.isfinite(v), v, 0.0))
+    finite = np.isfinite(v)
+    max_ref = np.abs(v[finite]).max() if finite.any() else 0.0
+    return v, np.where(finite_in, np.maximum(err, max_ref * 1e-6), 0.0)
+
+
 def dense_expected(ops, groups):
     return _dense_expected(ops, groups.get("epi"))
 
@@ -907,6 +1058,7 @@ FAMILIES = (
     Family(r"tirbyoc_matmul_f32", matmul_args, matmul_expected),
     Family(r"tirbyoc_softmax_f32", softmax_args, softmax_expected),
     Family(r"tirbyoc_attention_f32", attention_args, attention_expected, output="o"),
+    Family(r"tirbyoc_conv2d_f32", conv_args, conv_expected, output="y"),
 )
 # Exported functions that are not kernels, and where they are exercised.
 NOT_KERNELS = {
@@ -965,6 +1117,15 @@ def algorithm(case):
             f"mask_{case.get('mask')}"
         return path + ("+threads" if 2 * case.m * case.n * (case.k + dv) >= ATT_PAR_FLOPS
                        and case.m * dv * case.n else "")
+    if "conv2d" in case.symbol:
+        g = dict(case.extra)
+        if case.m * case.n * g["batch"] == 0:
+            return "empty"
+        plain = (g["kh"], g["kw"], g["sh"], g["sw"], g["pt"], g["pl"], g["oh"], g["ow"]) == \
+            (1, 1, 1, 1, 0, 0, g["h"], g["w"])
+        return ("plain" if plain else "gather") + (
+            "+threads" if 2 * g["batch"] * case.m * case.n * (case.k + case.bias) >= PAR_FLOPS
+            else "")
     if "softmax" in case.symbol:
         return "empty" if case.m * case.n == 0 else \
             "rows+threads" if case.m > 1 and case.m * case.n >= 32768 else "rows"

@@ -31,6 +31,7 @@ HEADER = "kernels/tirbyoc_kernels.h"
 KERNEL_SOURCES = [
     "kernels/dense_f32.c",
     "kernels/attention_f32.c",
+    "kernels/conv_f32.c",
     "kernels/dense_f32_generic.c",
     "kernels/dense_f32_avx2.c",
     "kernels/dense_f32_avx512.c",

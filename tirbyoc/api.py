@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import _tvm as T
-from . import attention, fallback, relax_prep, softmax, weights
+from . import attention, conv, fallback, relax_prep, softmax, weights
 from .matcher import Region
 from .normalize import INTRINSIC_ATTR, normalize
 from .schedule_rule import ScheduleRule, registry
@@ -140,15 +140,22 @@ def _show(expr) -> str:
 
 # What the kernels that the graph level places (before legalization) stand for.
 _GRAPH_LEVEL = {softmax.INTRINSIC: "R.nn.softmax over the last axis",
-                attention.INTRINSIC: attention.DESCRIPTION}
+                attention.INTRINSIC: attention.DESCRIPTION,
+                conv.INTRINSIC: conv.DESCRIPTION}
+
+
+def _graph_level(intrinsic: str) -> str:
+    """What a kernel placed before legalization stands for (``conv2d_bias_relu`` is a
+    ``conv2d`` with that chain)."""
+    return _GRAPH_LEVEL.get(intrinsic, _GRAPH_LEVEL.get(intrinsic.split("_")[0],
+                                                        "offloaded earlier"))
 
 
 def _already_offloaded_rows(func_name, func):
     normal = normalize(func)
     return [ExplainRow(func_name, n.name, True, str(n.block.annotations[INTRINSIC_ATTR]),
                        n.offloaded_kernel, n.name,
-                       _GRAPH_LEVEL.get(str(n.block.annotations[INTRINSIC_ATTR]),
-                                        "offloaded earlier"))
+                       _graph_level(str(n.block.annotations[INTRINSIC_ATTR])))
             for n in normal.nests if n.offloaded_kernel is not None]
 
 

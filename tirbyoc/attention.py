@@ -31,7 +31,7 @@ import math
 from dataclasses import dataclass
 
 from . import _tvm as T
-from .bindings import Bindings, is_op, rewrite_relax_functions, shape_of
+from .bindings import Bindings, is_op, rewrite_relax_functions, shape_of, tir_dims
 from .normalize import INTRINSIC_ATTR, OFFLOADED_ATTR
 
 R = T.relax_ns
@@ -264,21 +264,6 @@ def _shapes_fit(q, k, v, pv, qk) -> bool:
     return all(_same(_batch(s), batch) or _same(_batch(s), 1) for s in (qs, ks, vs, ss))
 
 
-def _dims(shape, names):
-    """TIR dims for a Relax shape: constants stay, each symbolic dim becomes one TIR
-    variable per distinct expression (shared, so that equal dims are checked equal)."""
-    out = []
-    for dim in shape:
-        if isinstance(dim, T.IntImm):
-            out.append(T.const(int(dim), "int64"))
-            continue
-        key = str(dim)
-        if key not in names:
-            names[key] = T.Var(f"n{len(names)}", "int64")
-        out.append(names[key])
-    return out
-
-
 def _kernel_func(region: _Region):
     from .rewrite import status_checks
 
@@ -287,7 +272,7 @@ def _kernel_func(region: _Region):
     for name, expr in (("q", region.q), ("k", region.k), ("v", region.v),
                        ("mask", region.mask), ("o", region.out)):
         if expr is not None:
-            bufs[name] = T.decl_buffer(_dims(shape_of(expr), names),
+            bufs[name] = T.decl_buffer(tir_dims(shape_of(expr), names),
                                        "bool" if name == "mask" else "float32", name)
     q, k, v, o = bufs["q"], bufs["k"], bufs["v"], bufs["o"]
     m, d = q.shape[-2], q.shape[-1]

@@ -24,6 +24,22 @@ def shape_of(expr):
     return list(values) if values is not None else None
 
 
+def tir_dims(shape, names: dict) -> list:
+    """TIR dims for a Relax shape (of a kernel call's buffer): constants stay, each
+    symbolic dim becomes one TIR variable per distinct expression, kept in ``names``
+    across the buffers of one PrimFunc (so that equal dims are bound equal)."""
+    out = []
+    for dim in shape:
+        if isinstance(dim, T.IntImm):
+            out.append(T.const(int(dim), "int64"))
+            continue
+        key = str(dim)
+        if key not in names:
+            names[key] = T.Var(f"n{len(names)}", "int64")
+        out.append(names[key])
+    return out
+
+
 class Bindings:
     """A Relax function's variable bindings: ``values`` (variable -> bound expression)
     and ``uses`` (variable -> how many bindings, and the function's result, read it)."""

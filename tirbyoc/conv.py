@@ -1,37 +1,33 @@
-"""Convolutions as matrix products: ``R.nn.conv2d`` with a constant weight becomes an
-im2col of its input (layout ops TVM fuses and schedules) and one matmul with the weight
-as ``[K, OC]``, which the dense family offloads with its epilogue (the weight packed at
-compile time, the bias and a relu in the same kernel call).
+"""Convolutions as kernel calls: ``R.nn.conv2d`` with a constant weight, and what follows
+it, becomes one ``R.call_tir`` of a PrimFunc that calls ``tirbyoc_conv2d_f32`` (an implicit
+matrix product on the dense micro-kernels, the input gathered straight into their packed
+panels; see ``kernels/conv_f32.c``).
 
 Before legalization, for a float32 ``conv2d`` in NCHW / OIHW with ``groups == 1``, static
-channels and spatial sizes, and a constant weight:
+channels and spatial sizes (the batch may be symbolic), and a constant weight:
 
-    y = conv2d(x, W) (+ b) (-> batch_norm in inference mode) (+ r) (-> relu)
+    y = conv2d(x, W) (+ b) (-> batch_norm in inference mode) (+ r) (-> relu | relu6)
 
 becomes
 
-    cols = im2col(x)                       [N, C * KH * KW (+ 1), OH * OW]: pad, one
-                                           strided slice per kernel tap, stack, reshape
-                                           (a 1x1 stride-1 conv reads x as it is); with a
-                                           bias, one more row of ones
-    z = relu(W' @ cols)                    W' = W as [OC, C * KH * KW] (+ the bias as
-                                           its last column); a batch norm after the conv
-                                           is folded into W' and the bias at compile time
-                                           (+ r: a tensor of y's shape, e.g. a ResNet
-                                           shortcut, added before the relu)
-    y = reshape(z, [N, OC, OH, OW])        NCHW as the product gives it: no transpose
+    y = call_tir(tirbyoc_conv2d, [x, W', b' (if any), r (if any)])
+
+with the kernel's epilogue chain bias, residual, activation in that order. ``b`` is a
+per-channel constant; a batch norm after the conv is folded into ``W'`` and ``b'`` at
+compile time in float64 and rounded once: ``W * gamma / sqrt(var + eps)``,
+``(b - mean) * gamma / sqrt(var + eps) + beta``. ``r`` is any tensor of ``y``'s shape (a
+ResNet shortcut), added before the activation; where two convs meet at an add (a
+projection shortcut), the add goes to the first. The activation is a relu or a ReLU6
+(``clip(0, 6)``). Every intermediate of the replaced ops must be used only by the next one.
 
 A depthwise conv (``groups`` = input channels = output channels) is instead the sum over
 its kernel taps of a strided slice of the padded input times that tap's per-channel weight,
 with the same bias, batch norm, shortcut and activation after it: elementwise ops that TVM
 fuses into one PrimFunc (one pass over the output) and tirbyoc's Injective rule schedules.
-The activation is a relu or a ReLU6 (``clip(0, 6)``).
 
-Every intermediate of the replaced ops must be used only by the next one. The folding is
-computed in float64 and rounded once: ``W * gamma / sqrt(var + eps)``,
-``(b - mean) * gamma / sqrt(var + eps) + beta``. A batch norm in training mode, another
-layout, groups other than 1 or the channel count, a weight that is not a constant, or a symbolic channel or
-spatial size keep TVM's ``conv2d``.
+A batch norm in training mode, another layout, groups other than 1 or the channel count, a
+weight that is not a constant, or a symbolic channel or spatial size keep TVM's
+``conv2d``.
 """
 
 from __future__ import annotations
@@ -41,9 +37,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import _tvm as T
-from .bindings import Bindings, is_op, shape_of
+from .bindings import Bindings, is_op, shape_of, tir_dims
+from .normalize import INTRINSIC_ATTR, OFFLOADED_ATTR
 
 R = T.relax_ns
+SYMBOL = "tirbyoc_conv2d_f32"
+INTRINSIC = "conv2d"
+DESCRIPTION = "R.nn.conv2d (+ bias, batch norm, shortcut, relu) as one kernel call"
+# Mirrors tirbyoc_epilogue_op (tirbyoc_kernels.h).
+_EPI = {"bias": 1, "relu": 2, "relu6": 3, "residual": 11}
 
 
 def _static_shape(expr):
@@ -170,40 +172,68 @@ def _batch_norm(b: Bindings, var, call, data):
     return scale, beta - mean.astype(np.float64) * scale, out
 
 
-def _emit(bb, x, residual, plan: _Plan):
-    n, c, h, w = _static_shape(x)
-    _, oc, oh, ow = plan.out_shape
-    _, _, kh, kw = plan.weight.shape
+def _kernel_func(plan: _Plan, x, residual, out_ty):
+    """The PrimFunc whose only block calls ``tirbyoc_conv2d_f32`` for ``plan``: buffers x,
+    the weight, the bias (if any), the residual (if any) and the output."""
+    from .rewrite import status_checks
+
+    names = {}
+    xb = T.decl_buffer(tir_dims(shape_of(x), names), "float32", "x")
+    wb = T.decl_buffer([T.const(int(d), "int64") for d in plan.weight.shape], "float32", "w")
+    bb = None if plan.bias is None else T.decl_buffer(
+        [T.const(int(plan.bias.shape[0]), "int64")], "float32", "bias")
+    yshape = tir_dims(out_ty.shape.values, names)
+    rb = None if residual is None else T.decl_buffer(tir_dims(shape_of(residual), names),
+                                                     "float32", "residual")
+    yb = T.decl_buffer(yshape, "float32", "y")
+    n, c, h, w = xb.shape
+    oc, _, kh, kw = wb.shape
+    _, _, oh, ow = yb.shape
     sh, sw = plan.strides
-    pt, pl, pb, pr = plan.padding
+    pt, pl, _, _ = plan.padding
     dh, dw = plan.dilation
-    op = R.op
-    src = x
-    if any(plan.padding):
-        src = bb.emit(op.nn.pad(x, [0, 0, 0, 0, pt, pb, pl, pr]))
+    # the chain, in order: bias, shortcut, activation
+    names_ = ((["bias"] if bb is not None else []) + (["residual"] if rb is not None else [])
+              + ([plan.act] if plan.act else []))
+    code = sum(_EPI[op] << (4 * i) for i, op in enumerate(names_))
+
+    def i64(v):
+        return T.const(int(v), "int64")
+
+    args = [n, c, h, w, T.buffer_pointer(xb, "r"), oc, kh, kw, T.buffer_pointer(wb, "r"),
+            i64(sh), i64(sw), i64(pt), i64(pl), i64(dh), i64(dw), oh, ow, i64(code),
+            T.buffer_pointer(bb, "r") if bb is not None else T.null_pointer(),
+            T.buffer_pointer(rb, "r") if rb is not None else T.null_pointer(),
+            T.buffer_pointer(yb, "w")]
+    call = T.call_extern("int32", SYMBOL, args)
+    inputs = [b for b in (xb, wb, bb, rb) if b is not None]
+    block = T.make_block("tirbyoc_conv2d", status_checks(SYMBOL, call),
+                         reads=[T.full_region(b) for b in inputs], writes=[T.full_region(yb)],
+                         annotations={OFFLOADED_ATTR: SYMBOL,
+                                      INTRINSIC_ATTR: "_".join([INTRINSIC] + names_)})
+    root = T.make_block("root", T.make_realize(block), reads=[], writes=[], annotations={})
+    func = T.prim_func_of(inputs + [yb], T.make_realize(root))
+    return func.with_attr("tirx.noalias", True)
+
+
+def _emit(bb, x, residual, plan: _Plan, out_ty, funcs):
+    """The region's replacement: one kernel call, or for a depthwise conv its taps."""
     if plan.depthwise:
+        src = x
+        if any(plan.padding):
+            pt, pl, pb, pr = plan.padding
+            src = bb.emit(R.op.nn.pad(x, [0, 0, 0, 0, pt, pb, pl, pr]))
         return _emit_depthwise(bb, src, residual, plan)
-    if (kh, kw, sh, sw) == (1, 1, 1, 1):
-        cols = src
-    else:
-        taps = [bb.emit(op.strided_slice(src, [2, 3], [r * dh, s * dw],
-                                         [r * dh + (oh - 1) * sh + 1,
-                                          s * dw + (ow - 1) * sw + 1], [sh, sw]))
-                for r in range(kh) for s in range(kw)]
-        cols = bb.emit(op.stack(taps, axis=2))                   # [N, C, KK, OH, OW]
-    cols = bb.emit(op.reshape(cols, [n, c * kh * kw, oh * ow]))  # [N, K, P]
-    weight = plan.weight.reshape(oc, -1)
+    kernel = _kernel_func(plan, x, residual, out_ty)
+    key = T.structural_hash(kernel)
+    if key not in funcs:
+        funcs[key] = bb.add_func(kernel, "tirbyoc_conv2d")
+    args = [x, R.const(plan.weight.astype(np.float32), "float32")]
     if plan.bias is not None:
-        # the bias as one more term of the product: a row of ones under the columns
-        ones = bb.emit(op.ones(R.ShapeExpr([n, 1, oh * ow]), "float32"))
-        cols = bb.emit(op.concat([cols, ones], axis=1))
-        weight = np.concatenate([weight, plan.bias[:, None]], axis=1)
-    z = bb.emit(op.matmul(R.const(weight.astype(np.float32), "float32"), cols,
-                          out_dtype="float32"))                 # [N, OC, P]
-    if plan.residual is not None:
-        z = bb.emit(op.add(z, bb.emit(op.reshape(residual, [n, oc, oh * ow]))))
-    z = _activation(bb, z, plan.act)
-    return bb.emit(op.reshape(z, [n, oc, oh, ow]))
+        args.append(R.const(plan.bias.astype(np.float32), "float32"))
+    if residual is not None:
+        args.append(residual)
+    return bb.emit(R.call_tir(funcs[key], args, out_ty))
 
 
 def _activation(bb, z, act):
@@ -244,9 +274,10 @@ def _emit_depthwise(bb, src, residual, plan: _Plan):
 
 @R.expr_functor.mutator
 class _Rewriter(R.PyExprMutator):
-    def __init__(self, mod, plans):
+    def __init__(self, mod, plans, funcs):
         super().__init__(mod)
         self.plans = plans
+        self.funcs = funcs
 
     def visit_var_binding_(self, binding):
         plan = self.plans.get(binding.var)
@@ -254,15 +285,16 @@ class _Rewriter(R.PyExprMutator):
             super().visit_var_binding_(binding)
             return
         residual = None if plan.residual is None else self.visit_expr(plan.residual)
-        new = _emit(self.builder_, self.visit_expr(plan.x), residual, plan)
+        new = _emit(self.builder_, self.visit_expr(plan.x), residual, plan, binding.var.ty,
+                    self.funcs)
         self.set_var_remap(binding.var, new)
 
 
-def convs_as_matmuls(mod):
-    """``mod`` with every convolution of the form above an im2col and a matmul (a new
-    module; functions with a ``Codegen`` attribute untouched)."""
-    out = mod
-    for gv, func in mod.functions_items():
+def offload_convs(mod):
+    """``mod`` with every convolution of the form above one kernel call (a depthwise one
+    its taps); a new module, functions with a ``Codegen`` attribute untouched."""
+    out, funcs = mod, {}
+    for gv, func in list(mod.functions_items()):
         if not isinstance(func, R.Function) or (func.attrs and "Codegen" in func.attrs):
             continue
         b = Bindings(func)
@@ -278,7 +310,9 @@ def convs_as_matmuls(mod):
                     plans[found[0]] = found[1]
         if not plans:
             continue
-        new = _Rewriter(out, plans).visit_expr(func)
-        out = out.clone() if out is mod else out
+        rewriter = _Rewriter(out, plans, funcs)
+        new = rewriter.visit_expr(func)
+        out = rewriter.builder_.get()
+        out = out.clone() if out.same_as(mod) else out
         out.update_func(gv, R.analysis.remove_all_unused(new))
     return out

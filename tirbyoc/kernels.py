@@ -503,3 +503,59 @@ def attention(q, k, v, *, k_layout="nt", scale=1.0, divide=False, mask=None, mas
         batch, m, n, d, dv, ptr(q3), ldq, sq, ptr(k3), ldk, sk, B_LAYOUTS[k_layout],
         ptr(v3), ldv, sv, mask_ptr, ldm, sm, flags, float(scale), ptr(out3), ldo, so))
     return out3[0] if squeeze and out.ndim == 3 else out
+
+
+def conv2d(x, weight, *, stride=1, padding=0, dilation=1, epilogue=(), bias=None,
+           residual=None, out_size=None, out=None):
+    """``chain(conv2d(x, weight))`` via ``tirbyoc_conv2d_f32`` (NCHW, OIHW, groups 1).
+
+    ``x``: float32 [batch, C, H, W]; ``weight``: [OC, C, KH, KW]; both C-contiguous.
+    ``stride``, ``dilation``: an int or (h, w); ``padding``: an int, (h, w) or (top, left)
+    with ``out_size`` (OH, OW) given explicitly (any padding; the default output size is
+    PyTorch's for symmetric padding). ``epilogue``: operation names in order
+    (``EPILOGUE_OPS``; "bias" only first, per output channel, with ``bias`` [OC]);
+    ``residual``: shaped like the output. Returns ``out`` [batch, OC, OH, OW].
+    """
+    def pair(v, name):
+        v = (v, v) if isinstance(v, (int, np.integer)) else tuple(v)
+        if len(v) != 2:
+            raise ValueError(f"{name} must be an int or a pair, got {v!r}")
+        return int(v[0]), int(v[1])
+
+    (sh, sw), (pt, pl), (dh, dw) = (pair(stride, "stride"), pair(padding, "padding"),
+                                    pair(dilation, "dilation"))
+    if x.ndim != 4 or weight.ndim != 4 or weight.shape[1] != x.shape[1]:
+        raise ValueError(f"x must be [N, C, H, W] and weight [OC, C, KH, KW], got "
+                         f"{x.shape} and {weight.shape}")
+    batch, c, h, w = x.shape
+    oc, _, kh, kw = weight.shape
+    if out_size is None:
+        out_size = ((h + 2 * pt - dh * (kh - 1) - 1) // sh + 1 if sh > 0 else 0,
+                    (w + 2 * pl - dw * (kw - 1) - 1) // sw + 1 if sw > 0 else 0)
+    oh, ow = (max(int(v), 0) for v in out_size)
+    shape = (batch, oc, oh, ow)
+    for name, arr in (("x", x), ("weight", weight), ("bias", bias), ("residual", residual)):
+        if arr is not None and (arr.dtype != np.float32 or not arr.flags.c_contiguous):
+            raise ValueError(f"{name} must be C-contiguous float32")
+    if bias is not None and bias.shape != (oc,):
+        raise ValueError(f"bias must have shape ({oc},), got {bias.shape}")
+    if residual is not None and residual.shape != shape:
+        raise ValueError(f"residual must have the output's shape {shape}, got "
+                         f"{residual.shape}")
+    if out is None:
+        out = np.empty(shape, np.float32)
+    if out.shape != shape or out.dtype != np.float32 or not out.flags.c_contiguous:
+        raise ValueError(f"out must be C-contiguous float32 of shape {shape}")
+    if any(a is not None and np.may_share_memory(out, a)
+           for a in (x, weight, bias, residual)):
+        raise ValueError("out must not overlap the inputs")
+    ffi, lib = load()
+
+    def ptr(arr):
+        return ffi.NULL if arr is None or arr.size == 0 else ffi.cast("float *",
+                                                                      arr.ctypes.data)
+
+    _check("tirbyoc_conv2d_f32", lib.tirbyoc_conv2d_f32(
+        batch, c, h, w, ptr(x), oc, kh, kw, ptr(weight), sh, sw, pt, pl, dh, dw, oh, ow,
+        encode_epilogue(epilogue), ptr(bias), ptr(residual), ptr(out)))
+    return out

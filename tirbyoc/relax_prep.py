@@ -83,8 +83,9 @@ def prepare(mod, fuse="auto", softmax=True):
     further; its composites (tirbyoc's and other codegens' alike) become PrimFuncs by
     ``FuseTIR`` as TVM would make them.
 
-    ``softmax``: before legalization, attention regions (matmul, scale, mask, softmax,
-    matmul) become one fused kernel call (``tirbyoc.attention``), then any other float32
+    ``softmax``: before legalization, convolutions with what follows them become one
+    kernel call each (``tirbyoc.conv``), attention regions (matmul, scale, mask, softmax,
+    matmul) one fused kernel call (``tirbyoc.attention``), then any other float32
     ``R.nn.softmax`` over the last axis a kernel call (``tirbyoc.softmax``); not in a
     module the graph level partitioned.
     """
@@ -101,11 +102,9 @@ def prepare(mod, fuse="auto", softmax=True):
         fuse = False  # the graph level already chose what goes together
     if not legalized and not scope.chosen:
         if softmax:
-            from .conv import convs_as_matmuls
+            from .conv import offload_convs
 
-            # NOTE: before sink_reshapes, which then moves each conv's output reshape
-            # below a residual add, so that the add joins the product's epilogue
-            mod = convs_as_matmuls(mod)
+            mod = offload_convs(mod)
         mod = sink_reshapes(mod)
         if softmax:
             from .attention import offload_attention

@@ -1110,6 +1110,162 @@ static void attention_cases(uint64_t *rng, int threaded)
     attention_errors();
 }
 
+/* ---- tirbyoc_conv2d_f32 ---- */
+
+/* One conv against a double direct sum: every tensor in a block that ends
+ * exactly at its last float (ASan sees a read past any of them); a NaN in x
+ * when `specials`; the same bits on 1, 2 and 3 threads when `threads_check`. */
+static void conv_case(uint64_t *rng, int64_t n, int64_t c, int64_t h, int64_t w,
+                      int64_t oc, int64_t kh, int64_t kw, int64_t sh, int64_t sw,
+                      int64_t pt, int64_t pl, int64_t dh, int64_t dw, int64_t ops,
+                      int specials, int threads_check)
+{
+    static const char *const name = "tirbyoc_conv2d_f32";
+    const int64_t oh = (h + 2 * pt - dh * (kh - 1) - 1) / sh + 1;
+    const int64_t ow = (w + 2 * pl - dw * (kw - 1) - 1) / sw + 1;
+    const int has_bias = (ops & 15) == TIRBYOC_EPI_BIAS;
+    int has_res = 0, e;
+    buf_t bx, bw, bb, br, by;
+    float *x = buf_alloc(&bx, (size_t)(n * c * h * w), 1);
+    float *wt = buf_alloc(&bw, (size_t)(oc * c * kh * kw), 2);
+    float *bias = buf_alloc(&bb, has_bias ? (size_t)oc : 0, 3);
+    float *res, *y;
+    double worst = 0;
+    int64_t b, o, i, j, ci, r, t;
+    size_t q;
+    int32_t st;
+    for (e = 0; e < 16; ++e)
+        has_res |= (int)(((uint64_t)ops >> (4 * e)) & 15u) == TIRBYOC_EPI_RESIDUAL;
+    res = buf_alloc(&br, has_res ? (size_t)(n * oc * oh * ow) : 0, 1);
+    y = buf_alloc(&by, (size_t)(n * oc * oh * ow), 0);
+    for (q = 0; q < bx.n; ++q) x[q] = rng_float(rng);
+    for (q = 0; q < bw.n; ++q) wt[q] = rng_float(rng);
+    for (q = 0; q < bb.n; ++q) bias[q] = rng_float(rng);
+    for (q = 0; q < br.n; ++q) res[q] = rng_float(rng);
+    for (q = 0; q < by.n; ++q) y[q] = UNWRITTEN;
+    if (specials && bx.n > 0)
+        x[bx.n / 2] = nan_f();
+    st = tirbyoc_conv2d_f32(n, c, h, w, x, oc, kh, kw, wt, sh, sw, pt, pl, dh, dw, oh, ow,
+                            ops, has_bias ? bias : NULL, has_res ? res : NULL, y);
+    check(st == TIRBYOC_OK, "status", name, oc, oh * ow, c * kh * kw, NULL);
+    for (b = 0; b < n && st == TIRBYOC_OK; ++b)
+        for (o = 0; o < oc; ++o)
+            for (i = 0; i < oh; ++i)
+                for (j = 0; j < ow; ++j) {
+                    const size_t at = (size_t)(((b * oc + o) * oh + i) * ow + j);
+                    double want = 0, size = 0, got = y[at];
+                    for (ci = 0; ci < c; ++ci)
+                        for (r = 0; r < kh; ++r)
+                            for (t = 0; t < kw; ++t) {
+                                const int64_t ih = i * sh - pt + r * dh, iw = j * sw - pl + t * dw;
+                                double term;
+                                if (ih < 0 || ih >= h || iw < 0 || iw >= w)
+                                    continue;
+                                term = (double)x[((b * c + ci) * h + ih) * w + iw] *
+                                       (double)wt[((o * c + ci) * kh + r) * kw + t];
+                                want += term;
+                                size += fabs(term);
+                            }
+                    for (e = 0; e < 16; ++e) {
+                        const int op = (int)(((uint64_t)ops >> (4 * e)) & 15u);
+                        if (op == TIRBYOC_EPI_BIAS)
+                            want += bias[o], size += fabs((double)bias[o]);
+                        else if (op == TIRBYOC_EPI_RESIDUAL)
+                            want += res[at], size += fabs((double)res[at]);
+                        else if (op != TIRBYOC_EPI_END)
+                            want = unary_d(op, want);
+                    }
+                    if (isnan(want) || isnan(got)) {
+                        check(isnan(want) && isnan(got), "NaN placement", name, oc, oh * ow,
+                              c * kh * kw, NULL);
+                        continue;
+                    }
+                    {
+                        const double err = fabs(got - want) / (size * 1e-5 + 1e-6);
+                        worst = err > worst ? err : worst;
+                    }
+                }
+    check(worst <= 1.0, "accuracy", name, oc, oh * ow, c * kh * kw, NULL);
+    if (threads_check && st == TIRBYOC_OK) {
+        const int saved = tirbyoc_num_threads();
+        float *first = (float *)malloc(by.n * sizeof(float) + 1);
+        memcpy(first, y, by.n * sizeof(float));
+        for (e = 1; e <= 3; ++e) {
+            tirbyoc_set_num_threads(e);
+            check(tirbyoc_conv2d_f32(n, c, h, w, x, oc, kh, kw, wt, sh, sw, pt, pl, dh, dw, oh,
+                                     ow, ops, has_bias ? bias : NULL, has_res ? res : NULL,
+                                     y) == TIRBYOC_OK, "status (threads)", name, oc, oh * ow,
+                  c * kh * kw, NULL);
+            check(memcmp(first, y, by.n * sizeof(float)) == 0,
+                  "result differs between thread counts", name, oc, oh * ow, c * kh * kw, NULL);
+        }
+        tirbyoc_set_num_threads(saved);
+        free(first);
+    }
+    buf_free(&bx); buf_free(&bw); buf_free(&bb); buf_free(&br); buf_free(&by);
+}
+
+/* Every invalid argument gives its status and leaves y untouched. */
+static void conv_errors(void)
+{
+    static const char *const name = "tirbyoc_conv2d_f32";
+    float x[2 * 5 * 5], wt[3 * 2 * 9], bias[3], y[3 * 5 * 5];
+    int t, ok = 1;
+    const int64_t relu_bias = TIRBYOC_EPI_RELU | TIRBYOC_EPI_BIAS << 4;
+    for (t = 0; t < 50; ++t) x[t] = 1.0f;
+    for (t = 0; t < 54; ++t) wt[t] = 0.5f;
+    for (t = 0; t < 3; ++t) bias[t] = 0.25f;
+    for (t = 0; t < 75; ++t) y[t] = UNWRITTEN;
+#define CONV(nn, cc, ss, pp, dd, oo, ops, xp, wp, bp) \
+    tirbyoc_conv2d_f32(nn, cc, 5, 5, xp, 3, 3, 3, wp, ss, 1, pp, 1, dd, 1, oo, 5, ops, bp, NULL, y)
+    check(CONV(-1, 2, 1, 1, 1, 5, 0, x, wt, NULL) == TIRBYOC_ESIZE, "negative batch", name, 3, 25, 18, "status");
+    check(CONV(1, 2, 1, 1, 1, (int64_t)1 << 31, 0, x, wt, NULL) == TIRBYOC_ESIZE, "huge size", name, 3, 25, 18, "status");
+    check(CONV(1, 2, 0, 1, 1, 5, 0, x, wt, NULL) == TIRBYOC_EINVAL, "stride 0", name, 3, 25, 18, "status");
+    check(CONV(1, 2, 1, 1, -1, 5, 0, x, wt, NULL) == TIRBYOC_EINVAL, "dilation -1", name, 3, 25, 18, "status");
+    check(CONV(1, 2, 1, (int64_t)1 << 31, 1, 5, 0, x, wt, NULL) == TIRBYOC_EINVAL, "padding", name, 3, 25, 18, "status");
+    check(CONV(1, 2, 1, 1, 1, 5, relu_bias, x, wt, bias) == TIRBYOC_EEPILOGUE, "bias not first", name, 3, 25, 18, "status");
+    check(CONV(1, 2, 1, 1, 1, 5, TIRBYOC_EPI_SCALE, x, wt, NULL) == TIRBYOC_EEPILOGUE, "scale", name, 3, 25, 18, "status");
+    check(CONV(1, 2, 1, 1, 1, 5, TIRBYOC_EPI_BIAS, x, wt, NULL) == TIRBYOC_ENULL, "NULL bias", name, 3, 25, 18, "status");
+    check(CONV(1, 2, 1, 1, 1, 5, TIRBYOC_EPI_RESIDUAL, x, wt, NULL) == TIRBYOC_ENULL, "NULL residual", name, 3, 25, 18, "status");
+    check(CONV(1, 2, 1, 1, 1, 5, 0, NULL, wt, NULL) == TIRBYOC_ENULL, "NULL x", name, 3, 25, 18, "status");
+    check(CONV(1, 2, 1, 1, 1, 5, 0, x, NULL, NULL) == TIRBYOC_ENULL, "NULL weight", name, 3, 25, 18, "status");
+#undef CONV
+    for (t = 0; t < 75; ++t)
+        ok &= to_bits(y[t]) == to_bits(UNWRITTEN);
+    check(ok, "wrote y on an error", name, 3, 25, 18, NULL);
+}
+
+static void conv_cases(uint64_t *rng, int threaded)
+{
+    static const int64_t shapes[][13] = {
+        /* n, c, h, w, oc, kh, kw, sh, sw, pt, pl, dh, dw */
+        {1, 3, 8, 8, 5, 3, 3, 1, 1, 1, 1, 1, 1},   {2, 5, 13, 11, 7, 3, 3, 2, 2, 1, 1, 1, 1},
+        {1, 4, 17, 19, 15, 5, 5, 1, 1, 2, 1, 1, 2}, {1, 3, 30, 30, 14, 7, 7, 2, 2, 3, 3, 1, 1},
+        {1, 9, 7, 7, 33, 1, 1, 1, 1, 0, 0, 1, 1},   {3, 17, 5, 3, 4, 1, 1, 1, 1, 0, 0, 1, 1},
+        {1, 8, 12, 12, 6, 1, 1, 2, 2, 0, 0, 1, 1},  {1, 2, 4, 4, 3, 3, 3, 1, 1, 3, 3, 2, 2},
+        {1, 57, 6, 7, 16, 3, 3, 1, 1, 1, 1, 1, 1},  {1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 1, 1},
+        {1, 2, 20, 40, 3, 3, 1, 3, 1, 1, 0, 1, 1},  {2, 0, 5, 5, 4, 3, 3, 1, 1, 1, 1, 1, 1},
+    };
+    static const int64_t chains[] = {
+        0, TIRBYOC_EPI_BIAS | TIRBYOC_EPI_RELU << 4,
+        TIRBYOC_EPI_BIAS | TIRBYOC_EPI_RESIDUAL << 4 | TIRBYOC_EPI_RELU6 << 8,
+        TIRBYOC_EPI_RESIDUAL | TIRBYOC_EPI_SILU << 4,
+        TIRBYOC_EPI_BIAS | TIRBYOC_EPI_GELU_ERF << 4 | TIRBYOC_EPI_TANH << 8,
+    };
+    size_t si, ci;
+    for (si = 0; si < sizeof(shapes) / sizeof(shapes[0]); ++si)
+        for (ci = 0; ci < sizeof(chains) / sizeof(chains[0]); ++ci) {
+            const int64_t *g = shapes[si];
+            conv_case(rng, g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7], g[8], g[9], g[10],
+                      g[11], g[12], chains[ci], (int)((si + ci) % 3 == 0), 0);
+        }
+    /* above the threading threshold: pixel blocks, then channel blocks */
+    conv_case(rng, 1, 16, 40, 40, 24, 3, 3, 1, 1, 1, 1, 1, 1, chains[2], 0, 1);
+    if (!threaded)
+        conv_case(rng, 1, 64, 7, 7, 130, 3, 3, 1, 1, 1, 1, 1, 1, chains[1], 1, 1);
+    conv_errors();
+}
+
 static void matmul_chains(uint64_t *rng, int threaded)
 {
     /* every operation once, in chains of up to 4; sizes on tile edges */
@@ -1138,6 +1294,7 @@ static void matmul_chains(uint64_t *rng, int threaded)
         }
     softmax_rows(rng);
     attention_cases(rng, threaded);
+    conv_cases(rng, threaded);
     if (threaded)
         return;
     {   /* tirbyoc_unary_f32: tails of every vector width, in place too */

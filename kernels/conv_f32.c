@@ -1,0 +1,310 @@
+/*
+ * conv_f32.c - 2-D convolution, float32, NCHW (tirbyoc_conv2d_f32), as an
+ * implicit matrix product on the instruction set's own building blocks:
+ *
+ *     Y_n[o][p] = sum_k  W[o][k] * X_n[k][p]   (+ bias[o]), then the chain
+ *
+ * with o an output channel, p an output pixel (oh * OW + ow) and k a kernel
+ * tap (c, r, s) of the weight's [OC][C][KH][KW] order. Y_n is the image's
+ * [OC, OH * OW] output, row-major: NCHW as it is, no transpose. The column
+ * matrix X_n is never stored: each K block of a block of pixels is gathered
+ * straight from the image into the micro-kernel's 16-pixel panels (an
+ * implicit im2col), zeros where a tap falls in the padding. A 1x1 stride-1
+ * conv without padding reads the image as its [C, H * W] matrix through
+ * the dense packing routine.
+ *
+ * The bias rides in the product as one more K step: a bias column after the
+ * weight's row in the packed A tile, a row of ones under the gathered
+ * panels. Residual, activations and the rest of the chain are applied to
+ * each register tile before it is stored, as in the dense kernels.
+ *
+ * Work units are (image, block of output channels, block of pixels); a unit
+ * gathers each K block of its pixels once and sweeps every row group of
+ * its channels over it. Channels are split into blocks only when there are
+ * too few pixel blocks to keep the threads busy. Units are handed out by an
+ * atomic counter; each output is computed the same way whichever thread
+ * takes it (same K blocks, same order), so results do not depend on the
+ * thread count.
+ */
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "dense_f32_internal.h"
+
+/* Below this many flops a call stays on the calling thread. */
+#define CONV_PAR_FLOPS (4.0 * 1024 * 1024)
+/* Units per thread wanted before channels are split into blocks. */
+#define CONV_UNITS_PER_THREAD 3
+/* Sizes above this are refused (keeps every index computation in range). */
+#define CONV_DIM_MAX ((int64_t)1 << 31)
+
+typedef struct {
+    const tb_isa *isa;
+    int64_t batch, c, h, w, oc;
+    tb_conv_geom g; /* the column matrix; g.k = C * KH * KW */
+    const float *x, *wt, *bias;
+    float *y;
+    int64_t kt;     /* k, plus the bias step */
+    int64_t p;      /* OH * OW */
+    int plain;      /* 1x1, stride 1, no padding: X_n is the image itself */
+    tb_chain chain; /* without the bias; residual of image 0, ldr = p */
+    int64_t pbw, npb; /* pixels per block (whole panels), blocks per image */
+    int64_t nob;      /* blocks of output channels (about equal) */
+    int64_t units;
+    int64_t next; /* the next unit to take (atomic) */
+} conv_job_t;
+
+static int64_t min_i64(int64_t x, int64_t y) { return x < y ? x : y; }
+static int64_t cdiv(int64_t x, int64_t y) { return (x + y - 1) / y; }
+
+/* The panels of pixels [j0, j0 + nc); returns their count. */
+static int64_t panels_of(const conv_job_t *j, int64_t j0, int64_t nc,
+                         tb_conv_panel *pn)
+{
+    int64_t q;
+    for (q = 0; q * 16 < nc; ++q) {
+        const int64_t pix = j0 + q * 16;
+        pn[q].orow = pix / j->g.ow;
+        pn[q].ocol = pix % j->g.ow;
+        pn[q].cnt = min_i64(16, nc - q * 16);
+        pn[q].single = pn[q].cnt == 16 && pn[q].ocol + 16 <= j->g.ow;
+    }
+    return q;
+}
+
+/* Rows [k0, k0 + kc) of the image's column matrix for pixels [j0, j0 + nc)
+ * (the panels pn[0:np]) into dst[q * dps + r * 16 + t]. */
+static void gather(const conv_job_t *j, const float *img, int64_t k0,
+                   int64_t kc, int64_t j0, int64_t nc, const tb_conv_panel *pn,
+                   int64_t np, float *dst, int64_t dps)
+{
+    int64_t q, t;
+    if (!j->plain) {
+        j->isa->conv_gather(&j->g, img, k0, kc, pn, np, dst, dps);
+        return;
+    }
+    /* the image is the [C, H * W] matrix: packed as a dense operand */
+    const int64_t kr = min_i64(kc, j->g.k - k0); /* image rows */
+    if (kr > 0)
+        j->isa->pack_w(TB_W_NN, kr, nc, img + k0 * j->p + j0, j->p, dst, dps);
+    if (kr < kc) /* the bias step */
+        for (q = 0; q < np; ++q)
+            for (t = 0; t < 16; ++t)
+                dst[q * dps + kr * 16 + t] = t < pn[q].cnt ? 1.0f : 0.0f;
+}
+
+/* A[0:mr, k0:k0+kc] of the weight with the bias step -> ap[p * mr + i]. */
+static void pack_weight_rows(const conv_job_t *j, int64_t o0, int mr,
+                             int64_t k0, int64_t kc, float *ap)
+{
+    const int64_t kr = min_i64(kc, j->g.k - k0);
+    int i;
+    if (kr > 0)
+        j->isa->pack_a(mr, kr, j->wt + o0 * j->g.k + k0, j->g.k, ap);
+    if (kr < kc)
+        for (i = 0; i < mr; ++i)
+            ap[kr * mr + i] = j->bias[o0 + i];
+}
+
+/* Unit: image n, channels [o0, o1), pixels [j0, j1). */
+static void conv_unit(const conv_job_t *j, int64_t n, int64_t o0, int64_t o1,
+                      int64_t j0, int64_t j1, float *scratch)
+{
+    const tb_isa *isa = j->isa;
+    const float *img = j->x + n * j->c * j->h * j->w;
+    float *y = j->y + n * j->oc * j->p;
+    float *bbuf = scratch, *abuf = scratch + (size_t)TB_KC_MAX * TB_NC_MAX;
+    const int64_t nc = j1 - j0;
+    const int64_t kblocks = tb_kblocks(j->kt, isa->kc);
+    const int64_t m = o1 - o0, mpanels = cdiv(m, isa->mr);
+    tb_chain ch = j->chain;
+    tb_conv_panel pn[TB_NC_MAX / 16];
+    const int64_t np = panels_of(j, j0, nc, pn);
+    int64_t kb, mp;
+    if (ch.residual != NULL)
+        ch.residual += n * j->oc * j->p;
+    for (kb = 0; kb < kblocks; ++kb) {
+        const int64_t pc = tb_kblock_start(j->kt, kblocks, kb);
+        const int64_t kc = tb_kblock_start(j->kt, kblocks, kb + 1) - pc;
+        const int64_t dps = kc * TB_NR;
+        const int flags = (kb > 0 ? TB_ACCUMULATE : 0) |
+                          (kb == kblocks - 1 ? TB_LAST : 0);
+        gather(j, img, pc, kc, j0, nc, pn, np, bbuf, dps);
+        for (mp = 0; mp < mpanels; ++mp) {
+            const int64_t i0 = o0 + m * mp / mpanels;
+            const int mr = (int)(o0 + m * (mp + 1) / mpanels - i0);
+            int64_t jr;
+            pack_weight_rows(j, i0, mr, pc, kc, abuf);
+            for (jr = 0; jr < nc; jr += isa->nr)
+                isa->ukernel(kc, abuf, bbuf + (jr / TB_NR) * dps, dps,
+                             y + i0 * j->p + j0 + jr, j->p, mr,
+                             (int)min_i64(isa->nr, nc - jr), flags,
+                             ch.ops ? &ch : NULL, i0, j0 + jr);
+        }
+    }
+}
+
+static void conv_task(void *arg, int tid, int nt)
+{
+    conv_job_t *j = (conv_job_t *)arg;
+    float *scratch = tb_scratch();
+    (void)tid;
+    (void)nt;
+    if (scratch == NULL)
+        return; /* the calling thread (which has scratch) takes its units */
+    for (;;) {
+        const int64_t u = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED);
+        int64_t n, ob, pb;
+        if (u >= j->units)
+            return;
+        pb = u % j->npb;
+        ob = u / j->npb % j->nob;
+        n = u / j->npb / j->nob;
+        conv_unit(j, n, j->oc * ob / j->nob, j->oc * (ob + 1) / j->nob,
+                  pb * j->pbw, min_i64(j->p, (pb + 1) * j->pbw), scratch);
+    }
+}
+
+/* Whether every size is in [0, CONV_DIM_MAX) and the tensors' element counts
+ * fit in int64_t. */
+static int sizes_ok(const int64_t *v, int count, int64_t batch, int64_t c,
+                    int64_t h, int64_t w, int64_t oc, int64_t kh, int64_t kw,
+                    int64_t oh, int64_t ow)
+{
+    int i;
+    for (i = 0; i < count; ++i)
+        if (v[i] < 0 || v[i] >= CONV_DIM_MAX)
+            return 0;
+    return (double)batch * (double)c * (double)h * (double)w < 9.0e18 &&
+           (double)batch * (double)oc * (double)oh * (double)ow < 9.0e18 &&
+           (double)oc * (double)c * (double)kh * (double)kw < 9.0e18;
+}
+
+int32_t tirbyoc_conv2d_f32(int64_t batch, int64_t c, int64_t h, int64_t w,
+                           const float *x, int64_t oc, int64_t kh, int64_t kw,
+                           const float *weight, int64_t stride_h,
+                           int64_t stride_w, int64_t pad_top, int64_t pad_left,
+                           int64_t dilation_h, int64_t dilation_w, int64_t oh,
+                           int64_t ow, int64_t epilogue, const float *bias,
+                           const float *residual, float *y)
+{
+    conv_job_t j;
+    const int64_t sizes[] = {batch, c, h, w, oc, kh, kw, oh, ow};
+    int uses_bias, uses_residual, want;
+    int64_t ops = epilogue;
+    double flops;
+
+    if (!sizes_ok(sizes, 9, batch, c, h, w, oc, kh, kw, oh, ow))
+        return TIRBYOC_ESIZE;
+    if (stride_h < 1 || stride_w < 1 || dilation_h < 1 || dilation_w < 1 ||
+        stride_h >= CONV_DIM_MAX || stride_w >= CONV_DIM_MAX ||
+        dilation_h >= CONV_DIM_MAX || dilation_w >= CONV_DIM_MAX ||
+        pad_top <= -CONV_DIM_MAX || pad_top >= CONV_DIM_MAX ||
+        pad_left <= -CONV_DIM_MAX || pad_left >= CONV_DIM_MAX)
+        return TIRBYOC_EINVAL;
+    if (tb_chain_length(epilogue, &uses_bias, &uses_residual) < 0)
+        return TIRBYOC_EEPILOGUE;
+    /* the bias is a K step of the product: it can only come first */
+    if (uses_bias) {
+        if ((epilogue & 15) != TIRBYOC_EPI_BIAS)
+            return TIRBYOC_EEPILOGUE;
+        ops = (int64_t)((uint64_t)epilogue >> 4);
+        if (tb_chain_length(ops, &uses_bias, &uses_residual) < 0 || uses_bias)
+            return TIRBYOC_EEPILOGUE;
+    }
+    /* SCALE and DIVIDE would need a factor: fold it into the weight */
+    {
+        int i;
+        for (i = 0; i < 16; ++i) {
+            const int op = (int)(((uint64_t)ops >> (4 * i)) & 15u);
+            if (op == TIRBYOC_EPI_SCALE || op == TIRBYOC_EPI_DIVIDE)
+                return TIRBYOC_EEPILOGUE;
+        }
+    }
+    if (batch == 0 || oc == 0 || oh == 0 || ow == 0)
+        return TIRBYOC_OK;
+    if (y == NULL || (x == NULL && c * h * w > 0) ||
+        (weight == NULL && c * kh * kw > 0) ||
+        (bias == NULL && (epilogue & 15) == TIRBYOC_EPI_BIAS) ||
+        (residual == NULL && uses_residual))
+        return TIRBYOC_ENULL;
+    if (tb_scratch() == NULL)
+        return TIRBYOC_ENOMEM;
+
+    j.isa = tb_active_isa();
+    j.batch = batch;
+    j.c = c;
+    j.h = h;
+    j.w = w;
+    j.oc = oc;
+    j.g.h = h;
+    j.g.w = w;
+    j.g.kh = kh;
+    j.g.kw = kw;
+    j.g.sh = stride_h;
+    j.g.sw = stride_w;
+    j.g.pt = pad_top;
+    j.g.pl = pad_left;
+    j.g.dh = dilation_h;
+    j.g.dw = dilation_w;
+    j.g.ow = ow;
+    j.g.k = c * kh * kw;
+    j.x = x;
+    j.wt = weight;
+    j.bias = (epilogue & 15) == TIRBYOC_EPI_BIAS ? bias : NULL;
+    j.y = y;
+    j.kt = j.g.k + (j.bias != NULL);
+    j.p = oh * ow;
+    j.plain = kh == 1 && kw == 1 && stride_h == 1 && stride_w == 1 &&
+              pad_top == 0 && pad_left == 0 && oh == h && ow == w;
+    j.chain.ops = ops;
+    j.chain.scale = 1.0f;
+    j.chain.bias = NULL;
+    j.chain.residual = uses_residual ? residual : NULL;
+    j.chain.ldr = j.p;
+
+    if (j.kt == 0) {
+        /* an empty sum: the chain on zeros */
+        int64_t i;
+        for (i = 0; i < batch * oc * j.p; ++i)
+            y[i] = 0.0f;
+        if (ops != 0) {
+            int64_t n;
+            for (n = 0; n < batch; ++n) {
+                tb_chain ch = j.chain;
+                if (ch.residual != NULL)
+                    ch.residual += n * oc * j.p;
+                j.isa->chain(&ch, y + n * oc * j.p, j.p, oc, j.p, 0, 0);
+            }
+        }
+        return TIRBYOC_OK;
+    }
+
+    /* Pixel blocks of about equal width in whole panels, at most nc wide.
+     * When their count does not spread evenly over the threads, split
+     * further: the channels when there are more of them than pixels (each
+     * unit then gathers the same pixels again), else the pixels (each unit
+     * then packs the same weight rows again). */
+    want = tb_num_threads();
+    flops = 2.0 * (double)batch * (double)oc * (double)j.p * (double)j.kt;
+    if (flops < CONV_PAR_FLOPS)
+        want = 1;
+    j.npb = cdiv(j.p, j.isa->nc);
+    j.nob = 1;
+    if (want > 1 && (batch * j.npb) % want != 0 &&
+        batch * j.npb < (int64_t)want * CONV_UNITS_PER_THREAD) {
+        if (oc >= j.p)
+            j.nob = min_i64(oc, want);
+        else
+            j.npb = min_i64(cdiv(j.p, TB_NR), cdiv(j.npb, want) * want);
+    }
+    j.pbw = cdiv(cdiv(j.p, j.npb), TB_NR) * TB_NR;
+    j.npb = cdiv(j.p, j.pbw);
+    j.units = batch * j.nob * j.npb;
+    j.next = 0;
+    if (want > j.units)
+        want = (int)j.units;
+    tb_parallel(conv_task, &j, want < 1 ? 1 : want);
+    return TIRBYOC_OK;
+}
