@@ -81,7 +81,6 @@ class _Plan:
     padding: tuple          # top, left, bottom, right
     dilation: tuple
     out_shape: list         # [N, OC, OH, OW]
-    replaced: set
 
 
 def _plan(b: Bindings, var, call, residuals=True):
@@ -105,7 +104,7 @@ def _plan(b: Bindings, var, call, residuals=True):
     # one matrix product (groups 1), or depthwise: one filter per channel
     if groups != 1 and not (groups == xs[1] == oc and weight.shape[1] == 1):
         return None
-    bias, residual, act, last, replaced = None, None, None, var, set()
+    bias, residual, act, last = None, None, None, var
     while True:
         user = b.only_user(last)
         if user is None:
@@ -135,11 +134,10 @@ def _plan(b: Bindings, var, call, residuals=True):
             act = "relu6"
         else:
             break
-        replaced.add(last)
         last = uvar
     return last, _Plan(x, weight, bias, residual, act, groups != 1, tuple(int(s) for s in attrs.strides),
                        tuple(int(p) for p in attrs.padding),
-                       tuple(int(d) for d in attrs.dilation), ys, replaced)
+                       tuple(int(d) for d in attrs.dilation), ys)
 
 
 def _clip_bounds(call):
