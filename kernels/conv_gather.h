@@ -18,6 +18,25 @@
 
 #include "dense_f32_internal.h"
 
+#ifndef TB_CG_OWN_LOADS
+static inline void cg_run(float *d, const float *row, int64_t iw, int64_t sw,
+                          int64_t w, int t0, int len)
+{
+    int e;
+    for (e = 0; e < len; ++e) {
+        const int64_t col = iw + e * sw;
+        d[t0 + e] = row != NULL && col >= 0 && col < w ? row[col] : 0.0f;
+    }
+}
+
+static inline void cg_copy16(float *restrict d, const float *restrict src)
+{
+    int e;
+    for (e = 0; e < 16; ++e)
+        d[e] = src[e];
+}
+#endif
+
 /* The run lengths of a panel that spans output rows: pixels from (orow,
  * ocol) on, cnt of them, into d[0:16] (zeros past cnt). */
 static void cg_panel_runs(const tb_conv_geom *g, const float *plane,

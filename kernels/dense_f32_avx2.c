@@ -589,24 +589,7 @@ typedef char check_blocks[ISA_KC <= TB_KC_MAX && ISA_NC <= TB_NC_MAX &&
                               ? 1
                               : -1];
 
-/* ---- the convolution's implicit im2col (conv_gather.h) ---- */
-
-static inline void cg_run(float *d, const float *row, int64_t iw, int64_t sw,
-                          int64_t w, int t0, int len)
-{
-    int e;
-    for (e = 0; e < len; ++e) {
-        const int64_t col = iw + e * sw;
-        d[t0 + e] = row != NULL && col >= 0 && col < w ? row[col] : 0.0f;
-    }
-}
-
-static inline void cg_copy16(float *restrict d, const float *restrict src)
-{
-    int e;
-    for (e = 0; e < 16; ++e)
-        d[e] = src[e];
-}
+/* ---- the convolution's implicit im2col (portable loads) ---- */
 
 #include "conv_gather.h"
 

@@ -653,6 +653,8 @@ typedef char check_blocks[ISA_KC <= TB_KC_MAX && ISA_NC <= TB_NC_MAX &&
 
 /* ---- the convolution's implicit im2col (conv_gather.h) ---- */
 
+#define TB_CG_OWN_LOADS 1
+
 static inline void cg_run(float *d, const float *row, int64_t iw, int64_t sw,
                           int64_t w, int t0, int len)
 {
