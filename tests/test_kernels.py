@@ -574,6 +574,7 @@ EXPECTED_SYMBOLS = sorted(FUNC_IDS + [
     "tirbyoc_set_isa", "tirbyoc_isa", "tirbyoc_set_num_threads", "tirbyoc_num_threads",
     "tirbyoc_status_string", "tirbyoc_matmul_f32", "tirbyoc_unary_f32", "tirbyoc_softmax_f32",
     "tirbyoc_attention_f32",
+    "tirbyoc_conv2d_f32",
 ])
 
 
