@@ -55,7 +55,6 @@ typedef struct {
     float *o;
     int64_t ldo, so;
     int64_t nch, unit_rows, row_units, units;
-    int64_t next; /* the next unit to take (atomic) */
 } att_job_t;
 
 static int64_t min_i64(int64_t x, int64_t y) { return x < y ? x : y; }
@@ -273,25 +272,13 @@ static void att_unit(const att_job_t *j, int64_t b, int64_t r0, int64_t r1,
     }
 }
 
-static void att_task(void *arg, int tid, int nt)
+static void att_task(void *arg, int64_t u, float *scratch)
 {
-    att_job_t *j = (att_job_t *)arg;
-    float *scratch = tb_scratch();
-    (void)tid;
-    (void)nt;
-    if (scratch == NULL)
-        return; /* the calling thread (which has scratch) takes its units */
-    for (;;) {
-        const int64_t u = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED);
-        int64_t ru, b;
-        if (u >= j->units)
-            return;
-        /* the last row units (the most keys under a causal mask) first */
-        ru = j->row_units - 1 - u / j->batch;
-        b = u % j->batch;
-        att_unit(j, b, ru * j->unit_rows,
-                 min_i64(j->m, (ru + 1) * j->unit_rows), scratch);
-    }
+    const att_job_t *j = (const att_job_t *)arg;
+    /* the last row units (the most keys under a causal mask) first */
+    const int64_t ru = j->row_units - 1 - u / j->batch, b = u % j->batch;
+    att_unit(j, b, ru * j->unit_rows, min_i64(j->m, (ru + 1) * j->unit_rows),
+             scratch);
 }
 
 int32_t tirbyoc_attention_f32(int64_t batch, int64_t m, int64_t n, int64_t d,
@@ -374,12 +361,11 @@ int32_t tirbyoc_attention_f32(int64_t batch, int64_t m, int64_t n, int64_t d,
     j.unit_rows = (int64_t)j.isa->mr * ATT_UNIT_TILES;
     j.row_units = cdiv(m, j.unit_rows);
     j.units = j.row_units * batch;
-    j.next = 0;
 
     flops = 2.0 * (double)batch * (double)m * (double)n * (double)(d + dv);
     want = min_i64(tb_num_threads(), j.units);
     if (flops < ATT_PAR_FLOPS)
         want = 1;
-    tb_parallel(att_task, &j, want < 1 ? 1 : (int)want);
+    tb_units(att_task, &j, j.units, (int)want);
     return TIRBYOC_OK;
 }

@@ -22,7 +22,7 @@
  * gathers each K block of its pixels once and sweeps every row group of
  * its channels over it. Channels are split into blocks only when there are
  * too few pixel blocks to keep the threads busy. Units are handed out by an
- * atomic counter; each output is computed the same way whichever thread
+ * atomic counter (tb_units); each output is computed the same way whichever thread
  * takes it (same K blocks, same order), so results do not depend on the
  * thread count.
  */
@@ -52,7 +52,6 @@ typedef struct {
     int64_t pbw, npb; /* pixels per block (whole panels), blocks per image */
     int64_t nob;      /* blocks of output channels (about equal) */
     int64_t units;
-    int64_t next; /* the next unit to take (atomic) */
 } conv_job_t;
 
 static int64_t min_i64(int64_t x, int64_t y) { return x < y ? x : y; }
@@ -145,40 +144,28 @@ static void conv_unit(const conv_job_t *j, int64_t n, int64_t o0, int64_t o1,
     }
 }
 
-static void conv_task(void *arg, int tid, int nt)
+static void conv_task(void *arg, int64_t u, float *scratch)
 {
-    conv_job_t *j = (conv_job_t *)arg;
-    float *scratch = tb_scratch();
-    (void)tid;
-    (void)nt;
-    if (scratch == NULL)
-        return; /* the calling thread (which has scratch) takes its units */
-    for (;;) {
-        const int64_t u = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED);
-        int64_t n, ob, pb;
-        if (u >= j->units)
-            return;
-        pb = u % j->npb;
-        ob = u / j->npb % j->nob;
-        n = u / j->npb / j->nob;
-        conv_unit(j, n, j->oc * ob / j->nob, j->oc * (ob + 1) / j->nob,
-                  pb * j->pbw, min_i64(j->p, (pb + 1) * j->pbw), scratch);
-    }
+    const conv_job_t *j = (const conv_job_t *)arg;
+    const int64_t pb = u % j->npb, ob = u / j->npb % j->nob;
+    const int64_t n = u / j->npb / j->nob;
+    conv_unit(j, n, j->oc * ob / j->nob, j->oc * (ob + 1) / j->nob,
+              pb * j->pbw, min_i64(j->p, (pb + 1) * j->pbw), scratch);
 }
 
-/* Whether every size is in [0, CONV_DIM_MAX) and the tensors' element counts
- * fit in int64_t. */
-static int sizes_ok(const int64_t *v, int count, int64_t batch, int64_t c,
-                    int64_t h, int64_t w, int64_t oc, int64_t kh, int64_t kw,
-                    int64_t oh, int64_t ow)
+/* Whether the n sizes are all in [0, CONV_DIM_MAX) and each product of the
+ * four at idx[t][0..3] (a tensor's element count) fits in int64_t. */
+static int sizes_ok(const int64_t *v, int n, const int idx[3][4])
 {
-    int i;
-    for (i = 0; i < count; ++i)
+    int i, t;
+    for (i = 0; i < n; ++i)
         if (v[i] < 0 || v[i] >= CONV_DIM_MAX)
             return 0;
-    return (double)batch * (double)c * (double)h * (double)w < 9.0e18 &&
-           (double)batch * (double)oc * (double)oh * (double)ow < 9.0e18 &&
-           (double)oc * (double)c * (double)kh * (double)kw < 9.0e18;
+    for (t = 0; t < 3; ++t)
+        if ((double)v[idx[t][0]] * (double)v[idx[t][1]] * (double)v[idx[t][2]] *
+                (double)v[idx[t][3]] >= 9.0e18)
+            return 0;
+    return 1;
 }
 
 int32_t tirbyoc_conv2d_f32(int64_t batch, int64_t c, int64_t h, int64_t w,
@@ -191,11 +178,13 @@ int32_t tirbyoc_conv2d_f32(int64_t batch, int64_t c, int64_t h, int64_t w,
 {
     conv_job_t j;
     const int64_t sizes[] = {batch, c, h, w, oc, kh, kw, oh, ow};
+    /* x, y and the weight: [batch, c, h, w], [batch, oc, oh, ow], [oc, c, kh, kw] */
+    static const int tensors[3][4] = {{0, 1, 2, 3}, {0, 4, 7, 8}, {4, 1, 5, 6}};
     int uses_bias, uses_residual, want;
     int64_t ops = epilogue;
     double flops;
 
-    if (!sizes_ok(sizes, 9, batch, c, h, w, oc, kh, kw, oh, ow))
+    if (!sizes_ok(sizes, 9, tensors))
         return TIRBYOC_ESIZE;
     if (stride_h < 1 || stride_w < 1 || dilation_h < 1 || dilation_w < 1 ||
         stride_h >= CONV_DIM_MAX || stride_w >= CONV_DIM_MAX ||
@@ -302,9 +291,6 @@ int32_t tirbyoc_conv2d_f32(int64_t batch, int64_t c, int64_t h, int64_t w,
     j.pbw = cdiv(cdiv(j.p, j.npb), TB_NR) * TB_NR;
     j.npb = cdiv(j.p, j.pbw);
     j.units = batch * j.nob * j.npb;
-    j.next = 0;
-    if (want > j.units)
-        want = (int)j.units;
-    tb_parallel(conv_task, &j, want < 1 ? 1 : want);
+    tb_units(conv_task, &j, j.units, want);
     return TIRBYOC_OK;
 }

@@ -185,6 +185,14 @@ TB_INTERNAL int tb_num_threads(void);
  * it) or cannot start threads. Returns when all calls have returned.
  */
 TB_INTERNAL void tb_parallel(tb_task_fn fn, void *arg, int want);
+/*
+ * Runs fn(arg, u, scratch) for u = 0 .. units-1 on up to `want` threads, the
+ * units handed out in order through an atomic counter; scratch is the
+ * running thread's tb_scratch(). A worker without scratch takes no unit (the
+ * caller must have checked its own). Returns when all units are done.
+ */
+typedef void (*tb_unit_fn)(void *arg, int64_t unit, float *scratch);
+TB_INTERNAL void tb_units(tb_unit_fn fn, void *arg, int64_t units, int want);
 /* Per-thread scratch of TB_SCRATCH_FLOATS floats, 64-byte aligned,
  * allocated on a thread's first use; NULL if that allocation failed. */
 TB_INTERNAL float *tb_scratch(void);

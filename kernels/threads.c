@@ -318,3 +318,39 @@ void tb_parallel(tb_task_fn fn, void *arg, int want)
     }
     pool_unlock();
 }
+
+/* tb_units: each thread (with scratch) takes units from the counter. */
+typedef struct {
+    tb_unit_fn fn;
+    void *arg;
+    int64_t units;
+    int64_t next; /* the next unit to take (atomic) */
+} units_job_t;
+
+static void units_task(void *arg, int tid, int nt)
+{
+    units_job_t *job = (units_job_t *)arg;
+    float *scratch = tb_scratch();
+    (void)tid;
+    (void)nt;
+    if (scratch == NULL)
+        return; /* the calling thread (which has scratch) takes the units */
+    for (;;) {
+        const int64_t u = __atomic_fetch_add(&job->next, 1, __ATOMIC_RELAXED);
+        if (u >= job->units)
+            return;
+        job->fn(job->arg, u, scratch);
+    }
+}
+
+void tb_units(tb_unit_fn fn, void *arg, int64_t units, int want)
+{
+    units_job_t job;
+    job.fn = fn;
+    job.arg = arg;
+    job.units = units;
+    job.next = 0;
+    if (want > units)
+        want = (int)units;
+    tb_parallel(units_task, &job, want < 1 ? 1 : want);
+}

@@ -195,6 +195,12 @@ def set_num_threads(n):
         raise ValueError(f"invalid thread count {n!r}")
 
 
+def _float_ptr(arr):
+    """A float pointer to ``arr``'s data for cffi; NULL for None or an empty array."""
+    ffi, _ = load()
+    return ffi.NULL if arr is None or arr.size == 0 else ffi.cast("float *", arr.ctypes.data)
+
+
 def _aligned_empty(size, align=64):
     """Uninitialized float32 array of ``size`` elements whose data is ``align``-byte aligned."""
     extra = align // 4
@@ -230,11 +236,9 @@ def pack_weight(w, layout="nt"):
     """
     n, k, ldw = _weight_dims(w, layout)
     packed = _aligned_empty(packed_weight_size(n, k))
-    ffi, lib = load()
+    _, lib = load()
     func = getattr(lib, f"tirbyoc_pack_weight_f32_{layout}")
-    w_ptr = ffi.NULL if w.size == 0 else ffi.cast("float *", w.ctypes.data)
-    p_ptr = ffi.NULL if packed.size == 0 else ffi.cast("float *", packed.ctypes.data)
-    _check(func, func(n, k, w_ptr, ldw, p_ptr))
+    _check(func, func(n, k, _float_ptr(w), ldw, _float_ptr(packed)))
     return packed
 
 
@@ -295,15 +299,11 @@ def dense(a, w, bias=None, activation=None, layout="nt", out=None, n=None):
     ffi, lib = load()
     func = getattr(lib, f"tirbyoc_dense{'_' + activation if activation else ''}_f32_{layout}")
 
-    def ptr(arr):
-        if arr is None or arr.size == 0:
-            return ffi.NULL
-        return ffi.cast("float *", arr.ctypes.data)
 
     if layout == "packed":
-        status = func(m, n, k, ptr(a), lda, ptr(w), ptr(bias), ptr(out), ldc)
+        status = func(m, n, k, _float_ptr(a), lda, _float_ptr(w), _float_ptr(bias), _float_ptr(out), ldc)
     else:
-        status = func(m, n, k, ptr(a), lda, ptr(w), ldw, ptr(bias), ptr(out), ldc)
+        status = func(m, n, k, _float_ptr(a), lda, _float_ptr(w), ldw, _float_ptr(bias), _float_ptr(out), ldc)
     _check(func, status)
     return out
 
@@ -387,14 +387,11 @@ def matmul(a, b, *, b_layout="nn", epilogue=(), scale=1.0, bias=None, residual=N
         raise ValueError("out must not overlap the inputs")
     ffi, lib = load()
 
-    def ptr(arr):
-        return ffi.NULL if arr is None or arr.size == 0 else ffi.cast("float *",
-                                                                      arr.ctypes.data)
 
     _check("tirbyoc_matmul_f32", lib.tirbyoc_matmul_f32(
-        batch, m, n, k, ptr(a3), lda, sa, ptr(b if b_layout == "packed" else b3), ldb, sb,
-        B_LAYOUTS[b_layout], ptr(out3), ldc, sc, encode_epilogue(epilogue), float(scale),
-        ptr(bias), ptr(residual), ldr, sr))
+        batch, m, n, k, _float_ptr(a3), lda, sa, _float_ptr(b if b_layout == "packed" else b3), ldb, sb,
+        B_LAYOUTS[b_layout], _float_ptr(out3), ldc, sc, encode_epilogue(epilogue), float(scale),
+        _float_ptr(bias), _float_ptr(residual), ldr, sr))
     return out3[0] if squeeze and out.ndim == 3 else out
 
 
@@ -496,12 +493,10 @@ def attention(q, k, v, *, k_layout="nt", scale=1.0, divide=False, mask=None, mas
              | (ATTENTION_FLAGS["mask_keep"] if mask_keep else 0)
              | (ATTENTION_FLAGS["empty_zero"] if empty_zero else 0))
 
-    def ptr(arr):
-        return ffi.NULL if arr.size == 0 else ffi.cast("float *", arr.ctypes.data)
 
     _check("tirbyoc_attention_f32", lib.tirbyoc_attention_f32(
-        batch, m, n, d, dv, ptr(q3), ldq, sq, ptr(k3), ldk, sk, B_LAYOUTS[k_layout],
-        ptr(v3), ldv, sv, mask_ptr, ldm, sm, flags, float(scale), ptr(out3), ldo, so))
+        batch, m, n, d, dv, _float_ptr(q3), ldq, sq, _float_ptr(k3), ldk, sk, B_LAYOUTS[k_layout],
+        _float_ptr(v3), ldv, sv, mask_ptr, ldm, sm, flags, float(scale), _float_ptr(out3), ldo, so))
     return out3[0] if squeeze and out.ndim == 3 else out
 
 
@@ -551,11 +546,8 @@ def conv2d(x, weight, *, stride=1, padding=0, dilation=1, epilogue=(), bias=None
         raise ValueError("out must not overlap the inputs")
     ffi, lib = load()
 
-    def ptr(arr):
-        return ffi.NULL if arr is None or arr.size == 0 else ffi.cast("float *",
-                                                                      arr.ctypes.data)
 
     _check("tirbyoc_conv2d_f32", lib.tirbyoc_conv2d_f32(
-        batch, c, h, w, ptr(x), oc, kh, kw, ptr(weight), sh, sw, pt, pl, dh, dw, oh, ow,
-        encode_epilogue(epilogue), ptr(bias), ptr(residual), ptr(out)))
+        batch, c, h, w, _float_ptr(x), oc, kh, kw, _float_ptr(weight), sh, sw, pt, pl, dh, dw, oh, ow,
+        encode_epilogue(epilogue), _float_ptr(bias), _float_ptr(residual), _float_ptr(out)))
     return out
