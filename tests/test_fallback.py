@@ -330,3 +330,129 @@ def test_symbolic_rows_vectorize_without_lane_predicates(length):
     got = tirbyoc.run(tirbyoc.compile(mod), x)
     np.testing.assert_array_equal(got, np.where(np.tril(np.ones((length, length), bool)),
                                                 x, -np.inf))
+
+
+# ---- pooling and padded taps ----
+
+def _max_pool_3x3_s2(x):  # ResNet's stem pool
+    return relax.op.nn.max_pool2d(x, (3, 3), (2, 2), (1, 1, 1, 1))
+
+
+def _avg_pool_2x2(x):
+    return relax.op.nn.avg_pool2d(x, (2, 2), (2, 2))
+
+
+def _avg_pool_3x3_padded(x):  # the division counts only the pixels inside
+    return relax.op.nn.avg_pool2d(x, (3, 3), (1, 1), (1, 1, 1, 1), count_include_pad=False)
+
+
+def _global_mean(x):  # AdaptiveAvgPool2d(1)
+    return relax.op.mean(x, axis=[2, 3], keepdims=True)
+
+
+def _global_max(x):
+    return relax.op.max(x, axis=[2, 3], keepdims=True)
+
+
+# name: (build, rule expected when the output rows are at least WindowReduction.MIN_ROW
+# wide; None: whatever rule, as long as one takes it)
+POOL_OPS = {
+    "max_pool_3x3_s2": (_max_pool_3x3_s2, "WindowReduction"),
+    "avg_pool_2x2": (_avg_pool_2x2, "WindowReduction"),
+    "avg_pool_3x3_padded": (_avg_pool_3x3_padded, "WindowReduction"),
+    "global_mean": (_global_mean, "RowReduction"),
+    "global_max": (_global_max, "RowReduction"),
+}
+
+
+def _legalized(mod):
+    return tvm.transform.Sequential(tvm.relax.backend.cpu_generic.pipeline.legalize_passes(None))(mod)
+
+
+@pytest.mark.parametrize("hw", [(56, 56), (25, 19), (14, 14), (7, 7)])
+@pytest.mark.parametrize("op", sorted(POOL_OPS))
+def test_pooling_rules_match_tvms_unscheduled_build(op, hw):
+    """max / average pooling (padded or not) and global pooling: the rule that takes each
+    (output rows of at least 8: WindowReduction, lanes along the row; one output per
+    channel: RowReduction, lanes along the pixels), and numerics within 1e-5 of TVM's
+    default build (max pooling exactly)."""
+    build, rule = POOL_OPS[op]
+    mod = _one_op_module((2, 24, *hw), build)
+    xs = _inputs(mod, None, np.random.default_rng(hw[0]))
+    ref = tirbyoc.run(tvm.compile(mod, target="llvm"), *xs)
+    how = fallback.describe_schedules(_legalized(mod))
+    assert not any(h.startswith("unscheduled") for h in how.values()), how
+    if rule == "RowReduction" or ref.shape[-1] >= fallback.WindowReduction.MIN_ROW:
+        assert f"schedule: tirbyoc {rule}" in how.values(), how
+    else:
+        assert "schedule: tirbyoc WindowReduction" not in how.values(), how
+    got = tirbyoc.run(tirbyoc.compile(mod), *xs)
+    if op.startswith(("max", "global_max")):
+        np.testing.assert_array_equal(got, ref)
+    else:
+        np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
+
+
+def _scheduled_func(mod, rule):
+    with TARGET:
+        func = next(f for _, f in _legalized(mod).functions_items()
+                    if isinstance(f, tirx.PrimFunc))
+        sch = rule.apply(func, TARGET)
+    assert sch is not None
+    names, kinds = [], set()
+    tvm_ffi.structural_walk(sch.mod["main"],
+                            [(tvm.s_tir.SBlock, lambda b: names.append(b.name_hint))])
+    tvm_ffi.structural_walk(sch.mod["main"], [(tirx.For, lambda f: kinds.add(int(f.kind)))])
+    return names, kinds
+
+
+def test_window_reduction_puts_lanes_along_the_output_row():
+    """The max pool's window loops run outside vector lanes of outputs: a vectorized
+    update block, rows in parallel, the padding its own loop nest."""
+    names, kinds = _scheduled_func(_one_op_module((1, 8, 56, 56), _max_pool_3x3_s2),
+                                   fallback.WindowReduction())
+    assert {int(tirx.ForKind.PARALLEL), int(tirx.ForKind.VECTORIZED)} <= kinds
+    assert any(n.endswith("_update") for n in names) and any(n.endswith("_init") for n in names)
+    assert "pad_temp" in names, names
+    # a global pooling is not a window along the row: WindowReduction leaves it
+    with TARGET:
+        func = next(f for _, f in _legalized(_one_op_module((1, 8, 56, 56), _global_mean))
+                    .functions_items() if isinstance(f, tirx.PrimFunc))
+        assert fallback.WindowReduction().apply(func, TARGET) is None
+
+
+def _padded_taps(x):
+    """A depthwise 3x3 convolution as tirbyoc writes it for the graph: one padding, nine
+    shifted slices of it times a per-channel weight, summed."""
+    c = int(x.ty.shape[1])
+    h, w = int(x.ty.shape[2]), int(x.ty.shape[3])
+    rng = np.random.default_rng(c)
+    xp = relax.op.nn.pad(x, [0, 0, 0, 0, 1, 1, 1, 1])
+    total = None
+    for r in range(3):
+        for s in range(3):
+            tap = relax.op.strided_slice(xp, [2, 3], [r, s], [r + h, s + w])
+            wt = relax.const(rng.standard_normal((1, c, 1, 1)).astype(np.float32))
+            term = relax.op.multiply(tap, wt)
+            total = term if total is None else relax.op.add(total, term)
+    return total
+
+
+@pytest.mark.parametrize("hw", [(28, 28), (17, 9)])
+def test_a_padding_read_by_several_taps_stays_its_own_loop_nest(hw):
+    """Injective keeps a padding that several blocks read (inlined, each of the nine reads
+    would test the bounds, and the sum would not vectorize); numerics against TVM's default
+    build."""
+    mod = _one_op_module((1, 16, *hw), _padded_taps)
+    names, kinds = _scheduled_func(mod, fallback.Injective())
+    assert any(n.startswith("PadInput") for n in names), names
+    assert int(tirx.ForKind.VECTORIZED) in kinds
+    xs = _inputs(mod, None, np.random.default_rng(1))
+    ref = tirbyoc.run(tvm.compile(mod, target="llvm"), *xs)
+    np.testing.assert_allclose(tirbyoc.run(tirbyoc.compile(mod), *xs), ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("extent,lanes", [(64, 16), (28, 14), (56, 14), (40, 10), (58, 16),
+                                          (17, 16)])
+def test_lanes_avoid_a_partial_last_vector(extent, lanes):
+    assert fallback._lanes(extent) == lanes

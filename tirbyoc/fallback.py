@@ -6,11 +6,15 @@ runs as its naive, single-threaded loop nest. ``tirbyoc.pipeline`` (and so
 every PrimFunc that is not scheduled yet (offloaded ones are):
 
     dl.cpu.GEMV()        matrix-vector products (TVM's)
+    WindowReduction()    pooling (max / average over a window): output rows in parallel,
+                         outputs along the row in vector lanes, the window outside them
     RowReduction()       row reductions with elementwise steps: softmax, masked softmax,
-                         layer norm, a mask's "any" over rows: rows in parallel, row sums
-                         and maxima in vector lanes (rfactor), elementwise steps vectorized
+                         layer norm, a mask's "any" over rows, global pooling: rows in
+                         parallel, row sums and maxima in vector lanes (rfactor),
+                         elementwise steps vectorized
     dl.cpu.Reduction()   other row reductions (TVM's: rows in parallel, scalar sums)
     Injective()          elementwise / layout ops: parallel outer loops, vectorized inner
+                         (a padding that several blocks read stays its own loop nest)
     OuterParallel()      any other function: each block's leading spatial loops in parallel
 
 Before RowReduction, dl.cpu.Reduction and Injective schedule a function, its float32
@@ -34,6 +38,18 @@ PARALLEL_MIN_ITERS = 64
 VECTOR_LANES = 16
 
 
+def _lanes(extent) -> int:
+    """Vector lanes for a loop longer than VECTOR_LANES: VECTOR_LANES, or for a static
+    length that it does not divide, the largest divisor from VECTOR_LANES / 2 up (28 and
+    56 run as vectors of 14): a split with a partial last chunk carries a lane predicate,
+    and a predicated vector loop is scalarized."""
+    if isinstance(extent, int) and extent % VECTOR_LANES:
+        for lanes in range(VECTOR_LANES - 1, VECTOR_LANES // 2 - 1, -1):
+            if extent % lanes == 0:
+                return lanes
+    return VECTOR_LANES
+
+
 class Injective(T.DlightScheduleRule):
     """Elementwise and layout PrimFuncs (every block spatial): intermediate blocks inlined,
     the outer loops fused and run in parallel, the innermost loop vectorized."""
@@ -47,7 +63,9 @@ class Injective(T.DlightScheduleRule):
         blocks = T.dlight_blocks(sch)
         if not blocks or not all(b.is_injective() for b in blocks):
             return None
-        for block in T.dlight_try_inline(sch, blocks):
+        shared = _shared_pads(sch, blocks)
+        rest = T.dlight_try_inline(sch, [b for b in blocks if b not in shared])
+        for block in sorted(shared + rest, key=lambda b: blocks.index(b)):
             self._schedule_block(sch, block.block_rv)
         return sch
 
@@ -56,7 +74,7 @@ class Injective(T.DlightScheduleRule):
         """Vectorize a loop: split into VECTOR_LANES lanes when longer (or symbolic)."""
         extent = T.dlight_extent(sch, inner)
         if not isinstance(extent, int) or extent > VECTOR_LANES:
-            outer, lanes = sch.split(inner, [None, VECTOR_LANES])
+            outer, lanes = sch.split(inner, [None, _lanes(extent)])
             sch.vectorize(lanes)
             if not isinstance(extent, int):
                 # a symbolic length: LoopPartition splits off the partial last chunk, so
@@ -79,6 +97,88 @@ class Injective(T.DlightScheduleRule):
             iters = T.dlight_extent(sch, outer)
             if not isinstance(iters, int) or iters >= PARALLEL_MIN_ITERS:
                 sch.parallel(outer)
+
+
+class WindowReduction(T.DlightScheduleRule):
+    """Pooling: one reduction of a single input over a window (max / average pooling),
+    with elementwise steps before it (padding) and after it (the average's division).
+    Output rows in parallel; along the output's last axis, runs of outputs are reduced
+    side by side in vector lanes, the window loops outside the lanes; each step of the
+    function is its own loop nest. A window reduction whose output's last axis is short
+    (global pooling: one output per channel) is left to RowReduction.
+
+    Only spatial loops are split over threads or lanes, and each output's window is
+    reduced in its written order, so results do not depend on the thread count."""
+
+    # shortest output row worth vector lanes
+    MIN_ROW = 8
+
+    def apply(self, func, target, tunable=False):  # noqa: ARG002 (dlight's signature)
+        if not isinstance(func, T.PrimFunc) or target is None or target.kind.name != "llvm":
+            return None
+        if _count_reductions(func) != 1:
+            return None
+        try:
+            return self._schedule(func)
+        except Exception:  # noqa: BLE001 (a form this rule does not know: the next rule's)
+            return None
+
+    def _schedule(self, func):
+        sch = T.Schedule(fastmath.expand_math(func))
+        infos = T.dlight_blocks(sch)
+        if not infos:
+            return None
+        reductions = [b for b in infos if not b.is_injective()]
+        if len(reductions) != 1:
+            return None
+        red = reductions[0]
+        kind = red.dom_kind()
+        spatial = len(kind) - len(kind.lstrip("S"))
+        if spatial == 0 or kind[spatial:].strip("R"):
+            return None
+        stmt = sch.get(red.block_rv)
+        if not _reads_one_tensor(stmt):
+            return None  # not a window over one tensor (a matmul reads two)
+        if not _rows_along_input_rows(stmt):
+            return None  # lanes along the output row would gather from the input
+        loops = sch.get_loops(red.block_rv)
+        if len(loops) != len(kind):
+            return None
+        row = T.dlight_extent(sch, loops[spatial - 1])
+        if not isinstance(row, int) or row < self.MIN_ROW:
+            return None
+        # the other steps: elementwise ones inlined, paddings kept (see _shared_pads)
+        others = []
+        for b in infos:
+            if b is red:
+                continue
+            if not _is_pad(sch.get(b.block_rv)):
+                try:
+                    sch.compute_inline(b.block_rv)
+                    continue
+                except Exception:  # noqa: BLE001 (a consumer: its own loop nest)
+                    pass
+            others.append(b)
+        for b in others:
+            Injective._schedule_block(sch, b.block_rv)
+        # the reduction: rows in parallel, lanes along the output row inside the window
+        loops = sch.get_loops(red.block_rv)
+        last, window = loops[spatial - 1], loops[spatial:]
+        if row > VECTOR_LANES:
+            outer_last, lanes = sch.split(last, [None, _lanes(row)])
+            outer = [*loops[:spatial - 1], outer_last]
+        else:
+            lanes, outer = last, list(loops[:spatial - 1])
+        sch.reorder(*window, lanes)
+        if outer:
+            rows = sch.fuse(*outer) if len(outer) > 1 else outer[0]
+            sch.parallel(rows)
+        # NOTE: vectorize before decompose_reduction (whose init copies the lanes loop,
+        # vectorized too): after it, the update block is no longer a reduction block and
+        # vectorize rejects the loop.
+        sch.vectorize(lanes)
+        sch.decompose_reduction(red.block_rv, window[0])
+        return sch
 
 
 class RowReduction(T.DlightScheduleRule):
@@ -106,7 +206,8 @@ class RowReduction(T.DlightScheduleRule):
         costly = _blocks_with_math(func)
         sch = T.Schedule(fastmath.expand_math(func))
         infos = T.dlight_blocks(sch)
-        if not infos or len(infos) < 2:
+        # one block alone: only a reduction of one tensor (a global max pooling)
+        if not infos or (len(infos) < 2 and not _reads_one_tensor(sch.get(infos[0].block_rv))):
             return None
         reductions = [b for b in infos if not b.is_injective()]
         # NOTE: dlight calls a reduction over an extent of 1 spatial (see _has_reduction):
@@ -122,9 +223,11 @@ class RowReduction(T.DlightScheduleRule):
             if not b.is_injective() and k[lead:].strip("R"):
                 return None
         tail = infos[-1]
-        if tail.is_injective() and len(kinds[-1]) <= lead:
-            # the output has no loop inside the rows (e.g. matmul + bias: every output
-            # element a "row"): not a row reduction
+        if tail.is_injective() and len(kinds[-1]) <= lead and \
+                not all(_reads_one_tensor(sch.get(b.block_rv)) for b in reductions):
+            # the output has no loop inside the rows and a reduction combines tensors
+            # (e.g. matmul + bias: every output element a "row"): not a row reduction. A
+            # global pooling (a mean over each channel's pixels) is one.
             return None
         # NOTE: elementwise producers that are cheap are inlined into their consumers; one
         # that calls exp/tanh/erf (softmax's exp) is kept, not computed once per consumer.
@@ -176,15 +279,18 @@ class RowReduction(T.DlightScheduleRule):
 
     @staticmethod
     def _vector_reduce(sch, block_rv, lead):
-        """rfactor a row reduction over VECTOR_LANES lanes: [(block, kind)] in order,
+        """rfactor a row reduction over vector lanes (``_lanes``): [(block, kind)] in order,
         "V" a vectorized partial reduction, "W" the write-back over the lanes."""
         loops = sch.get_loops(block_rv)
         red = loops[lead:]
         inner = sch.fuse(*red) if len(red) > 1 else red[0]
         extent = T.dlight_extent(sch, inner)
-        if not isinstance(extent, int) or extent < 2 * VECTOR_LANES or extent % VECTOR_LANES:
+        if not isinstance(extent, int):
             return [(block_rv, "R")]
-        outer, lanes = sch.split(inner, [None, VECTOR_LANES])
+        width = _lanes(extent)
+        if extent < 2 * width or extent % width:
+            return [(block_rv, "R")]
+        outer, lanes = sch.split(inner, [None, width])
         try:
             # the lanes are the last dimension of the partial sums' buffer: contiguous
             ndim = len(sch.get(block_rv).writes[0].region)
@@ -247,6 +353,65 @@ class OuterParallel(T.DlightScheduleRule):
         return sch if changed else None
 
 
+def _shared_pads(sch, blocks) -> list:
+    """The padding blocks (an ``if_then_else`` on the indices) that several blocks read,
+    such as the padded input of a depthwise convolution's taps: kept as their own loop
+    nest. Inlined, each read would test the bounds again, and the bounds test keeps the
+    consumer's inner loop from being vectorized."""
+    stmts = [sch.get(b.block_rv) for b in blocks]
+    shared = []
+    for b, stmt in zip(blocks, stmts):
+        if not _is_pad(stmt):
+            continue
+        out = stmt.writes[0].source
+        readers = [other for other in stmts if other is not stmt
+                   and any(r.source.same_as(out) for r in other.reads)]
+        if len(readers) >= 2:
+            shared.append(b)
+    return shared
+
+
+def _reads_one_tensor(stmt) -> bool:
+    """Whether a block writes one buffer and reads one other (a pooling's reduction; a
+    matmul reads two)."""
+    if len(stmt.writes) != 1:
+        return False
+    out = stmt.writes[0].source
+    return len({r.source for r in stmt.reads if not r.source.same_as(out)}) == 1
+
+
+def _rows_along_input_rows(stmt) -> bool:
+    """Whether the last index of each input load of a reduction block moves with its
+    last spatial iterator (a pooling window slides along the input row); a global
+    pooling's last spatial iterator is the channel, and its input row is reduced."""
+    spatial = [iv.var for iv in stmt.iter_vars
+               if iv.iter_type == T.DATA_PAR and not _is_one(iv.dom.extent)]
+    if not spatial:
+        return False
+    last, out = spatial[-1], stmt.writes[0].source
+    loads = []
+    T.structural_walk(stmt.body, [(T.BufferLoad, lambda ld: None if ld.source.same_as(out)
+                                   else loads.append(ld))], order="pre")
+
+    def uses_last(expr):
+        found = []
+        T.structural_walk(expr, [(T.Var, lambda v: found.append(v) if v.same_as(last)
+                                  else None)], order="pre")
+        return bool(found)
+
+    return bool(loads) and all(uses_last(ld.indices[-1]) for ld in loads)
+
+
+def _is_one(extent) -> bool:
+    return isinstance(extent, T.IntImm) and extent.value == 1
+
+
+def _is_pad(stmt) -> bool:
+    """Whether a block stores one ``if_then_else`` (a padding, or any bounds-tested copy)."""
+    return len(stmt.writes) == 1 and isinstance(stmt.body, T.BufferStore) and \
+        T.is_if_then_else(stmt.body.value)
+
+
 def _has_reduction(func) -> bool:
     """Whether any block reduces (a reduction iterator or an init), whatever its extent."""
     # NOTE: dlight's block analysis calls a reduction over an extent of 1 spatial, and
@@ -292,7 +457,8 @@ class WithFastMath(T.DlightScheduleRule):
 
 def schedule_rules() -> list:
     """The rules ``tirbyoc.pipeline`` applies after offloading, in order."""
-    return [T.dlight_cpu_gemv(), RowReduction(), WithFastMath(T.dlight_cpu_reduction()),
+    return [T.dlight_cpu_gemv(), WindowReduction(), RowReduction(),
+            WithFastMath(T.dlight_cpu_reduction()),
             Injective(), OuterParallel()]
 
 
@@ -300,7 +466,7 @@ def _rule_name(rule) -> str:
     if isinstance(rule, WithFastMath):
         rule = rule.rule
     name = type(rule).__name__
-    ours = (Injective, RowReduction, OuterParallel)
+    ours = (Injective, WindowReduction, RowReduction, OuterParallel)
     return f"tirbyoc {name}" if isinstance(rule, ours) else f"dlight cpu.{name}"
 
 
