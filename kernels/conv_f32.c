@@ -272,21 +272,24 @@ int32_t tirbyoc_conv2d_f32(int64_t batch, int64_t c, int64_t h, int64_t w,
 
     /* Pixel blocks of about equal width in whole panels, at most nc wide.
      * When their count does not spread evenly over the threads, split
-     * further: the channels when there are more of them than pixels (each
-     * unit then gathers the same pixels again), else the pixels (each unit
-     * then packs the same weight rows again). */
+     * further: the channels when there are few blocks and more channels than
+     * pixels (each unit then gathers the same pixels again), else the pixels
+     * (each unit then packs the same weight rows again). */
     want = tb_num_threads();
     flops = 2.0 * (double)batch * (double)oc * (double)j.p * (double)j.kt;
     if (flops < CONV_PAR_FLOPS)
         want = 1;
     j.npb = cdiv(j.p, j.isa->nc);
     j.nob = 1;
-    if (want > 1 && (batch * j.npb) % want != 0 &&
-        batch * j.npb < (int64_t)want * CONV_UNITS_PER_THREAD) {
-        if (oc >= j.p)
-            j.nob = min_i64(oc, want);
+    if (want > 1 && (batch * j.npb) % want != 0) {
+        if (batch * j.npb >= (int64_t)want * CONV_UNITS_PER_THREAD || oc < j.p)
+            /* narrower blocks, until the units are a multiple of the threads
+             * (7 blocks of a 56 x 56 image on 2 threads took 4 block times;
+             * 8 narrower ones take 4 narrower ones) */
+            while ((batch * j.npb) % want != 0 && j.npb < cdiv(j.p, TB_NR))
+                ++j.npb;
         else
-            j.npb = min_i64(cdiv(j.p, TB_NR), cdiv(j.npb, want) * want);
+            j.nob = min_i64(oc, want);
     }
     j.pbw = cdiv(cdiv(j.p, j.npb), TB_NR) * TB_NR;
     j.npb = cdiv(j.p, j.pbw);

@@ -8,8 +8,9 @@
  *                               int64_t sw, int64_t w, int t0, int len);
  *
  * writing d[t0 + e] = row[iw + e * sw] for the e < len whose column lies in
- * [0, w), 0 for the others (row NULL: all 0), and nothing else of d; and
- * cg_copy16(d, src): d[0:16] = src[0:16].
+ * [0, w), 0 for the others (row NULL: all 0), and nothing else of d;
+ * cg_copy16(d, src): d[0:16] = src[0:16]; and cg_copy16_s2(d, src):
+ * d[e] = src[2 * e] for e < 16 (reading nothing past src[30]).
  */
 #ifndef TIRBYOC_CONV_GATHER_H
 #define TIRBYOC_CONV_GATHER_H
@@ -34,6 +35,13 @@ static inline void cg_copy16(float *restrict d, const float *restrict src)
     int e;
     for (e = 0; e < 16; ++e)
         d[e] = src[e];
+}
+
+static inline void cg_copy16_s2(float *restrict d, const float *restrict src)
+{
+    int e;
+    for (e = 0; e < 16; ++e)
+        d[e] = src[2 * e];
 }
 #endif
 
@@ -90,8 +98,11 @@ static void tb_conv_gather(const tb_conv_geom *g, const float *img,
                 cg_panel_runs(g, plane, rdh, sdw, p, d);
             } else if (ih < 0 || ih >= g->h) {
                 cg_run(d, NULL, 0, 1, 0, 0, 16);
-            } else if (g->sw == 1 && iw >= 0 && iw + span <= w) {
-                cg_copy16(d, plane + ih * w + iw);
+            } else if (g->sw <= 2 && iw >= 0 && iw + span <= w) {
+                if (g->sw == 1)
+                    cg_copy16(d, plane + ih * w + iw);
+                else
+                    cg_copy16_s2(d, plane + ih * w + iw);
             } else {
                 cg_run(d, plane + ih * w, iw, g->sw, w, 0, 16);
             }

@@ -663,8 +663,13 @@ static inline void cg_run(float *d, const float *row, int64_t iw, int64_t sw,
     int64_t lo = 0, hi = 0;
     __m512 v = _mm512_setzero_ps();
     if (row != NULL) {
-        lo = iw >= 0 ? 0 : (-iw + sw - 1) / sw;
-        hi = iw >= w ? 0 : (w - iw + sw - 1) / sw;
+        if (sw == 1) { /* no divisions on the common path */
+            lo = iw >= 0 ? 0 : -iw;
+            hi = iw >= w ? 0 : w - iw;
+        } else {
+            lo = iw >= 0 ? 0 : (-iw + sw - 1) / sw;
+            hi = iw >= w ? 0 : (w - iw + sw - 1) / sw;
+        }
         lo = lo < len ? lo : len;
         hi = hi < len ? hi : len;
     }
@@ -692,6 +697,16 @@ static inline void cg_run(float *d, const float *row, int64_t iw, int64_t sw,
 static inline void cg_copy16(float *d, const float *src)
 {
     _mm512_storeu_ps(d, _mm512_loadu_ps(src));
+}
+
+/* the even lanes of src[0:31]: two loads and a permute, not a gather */
+static inline void cg_copy16_s2(float *d, const float *src)
+{
+    const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18,
+                                           20, 22, 24, 26, 28, 30);
+    const __m512 lo = _mm512_loadu_ps(src);
+    const __m512 hi = _mm512_maskz_loadu_ps((__mmask16)0x7FFF, src + 16);
+    _mm512_storeu_ps(d, _mm512_permutex2var_ps(lo, even, hi));
 }
 
 #include "conv_gather.h"
