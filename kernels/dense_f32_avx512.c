@@ -678,9 +678,12 @@ static inline void cg_run(float *d, const float *row, int64_t iw, int64_t sw,
                                           << (t0 + lo)));
         const float *first = row + iw + lo * sw;
         if (sw == 1) {
-            /* the hi - lo columns, then moved up to their lanes */
-            v = _mm512_maskz_loadu_ps(mask_n(hi - lo), first);
-            v = _mm512_maskz_expand_ps(in, v);
+            /* one masked load straight into the lanes: lane t reads
+             * first[t - t0 - lo]. The base address lies up to 15 floats
+             * before first, so it is formed as an integer; only the lanes
+             * in `in` are read, all of them inside the row. */
+            const uintptr_t base = (uintptr_t)first - (uintptr_t)(t0 + lo) * sizeof(float);
+            v = _mm512_maskz_loadu_ps(in, (const void *)base);
         } else {
             const __m512i idx = _mm512_mullo_epi32(
                 _mm512_sub_epi32(
