@@ -14,7 +14,8 @@ every PrimFunc that is not scheduled yet (offloaded ones are):
                          elementwise steps vectorized
     dl.cpu.Reduction()   other row reductions (TVM's: rows in parallel, scalar sums)
     Injective()          elementwise / layout ops: parallel outer loops, vectorized inner
-                         (a padding that several blocks read stays its own loop nest)
+                         (a padding that several blocks read stays its own loop nest:
+                         a fill with the pad value, then a copy of the inside)
     OuterParallel()      any other function: each block's leading spatial loops in parallel
 
 Before RowReduction, dl.cpu.Reduction and Injective schedule a function, its float32
@@ -66,7 +67,10 @@ class Injective(T.DlightScheduleRule):
         shared = _shared_pads(sch, blocks)
         rest = T.dlight_try_inline(sch, [b for b in blocks if b not in shared])
         for block in sorted(shared + rest, key=lambda b: blocks.index(b)):
-            self._schedule_block(sch, block.block_rv)
+            if block in shared:
+                _schedule_pad(sch, block.block_rv)
+            else:
+                self._schedule_block(sch, block.block_rv)
         return sch
 
     @staticmethod
@@ -160,7 +164,10 @@ class WindowReduction(T.DlightScheduleRule):
                     pass
             others.append(b)
         for b in others:
-            Injective._schedule_block(sch, b.block_rv)
+            if _is_pad(sch.get(b.block_rv)):
+                _schedule_pad(sch, b.block_rv)
+            else:
+                Injective._schedule_block(sch, b.block_rv)
         # the reduction: rows in parallel, lanes along the output row inside the window
         loops = sch.get_loops(red.block_rv)
         last, window = loops[spatial - 1], loops[spatial:]
@@ -404,6 +411,28 @@ def _rows_along_input_rows(stmt) -> bool:
 
 def _is_one(extent) -> bool:
     return isinstance(extent, T.IntImm) and extent.value == 1
+
+
+def _schedule_pad(sch, block_rv):
+    """A padding as its own loop nest: each row filled with the pad value, then its
+    in-bounds part copied (``decompose_padding``: no bounds test per element, so both
+    inner loops vectorize); rows in parallel. A padding that does not decompose is
+    scheduled as any elementwise block."""
+    loops = sch.get_loops(block_rv)
+    if len(loops) < 2:
+        Injective._schedule_block(sch, block_rv)
+        return
+    try:
+        fill = sch.decompose_padding(block_rv, loops[-1])
+    except Exception:  # noqa: BLE001 (not the pattern decompose_padding knows)
+        Injective._schedule_block(sch, block_rv)
+        return
+    for b in (fill, block_rv):
+        Injective._vectorize(sch, sch.get_loops(b)[-1])
+    outer = sch.fuse(*sch.get_loops(block_rv)[:len(loops) - 1])
+    iters = T.dlight_extent(sch, outer)
+    if not isinstance(iters, int) or iters >= PARALLEL_MIN_ITERS:
+        sch.parallel(outer)
 
 
 def _is_pad(stmt) -> bool:
