@@ -5,7 +5,9 @@
  *     Y_n[o][p] = sum_k  W[o][k] * X_n[k][p]   (+ bias[o]), then the chain
  *
  * with o an output channel, p an output pixel (oh * OW + ow) and k a kernel
- * tap (c, r, s) of the weight's [OC][C][KH][KW] order. Y_n is the image's
+ * tap (c, r, s) of the weight's [OC][C / G][KH][KW] order; in G groups, one
+ * such product per group, over the group's C / G input channels (X_n of the
+ * group's planes) and OC / G output rows. Y_n is the image's
  * [OC, OH * OW] output, row-major: NCHW as it is, no transpose. The column
  * matrix X_n is never stored: each K block of a block of pixels is gathered
  * straight from the image into the micro-kernel's 16-pixel panels (an
@@ -18,7 +20,8 @@
  * panels. Residual, activations and the rest of the chain are applied to
  * each register tile before it is stored, as in the dense kernels.
  *
- * Work units are (image, block of output channels, block of pixels); a unit
+ * Work units are (image, group, block of its output channels, block of
+ * pixels); a unit
  * gathers each K block of its pixels once and sweeps every row group of
  * its channels over it. Channels are split into blocks only when there are
  * too few pixel blocks to keep the threads busy. Units are handed out by an
@@ -42,7 +45,8 @@
 typedef struct {
     const tb_isa *isa;
     int64_t batch, c, h, w, oc;
-    tb_conv_geom g; /* the column matrix; g.k = C * KH * KW */
+    int64_t groups, cg, ocg; /* groups, and input / output channels per group */
+    tb_conv_geom g; /* a group's column matrix; g.k = C / G * KH * KW */
     const float *x, *wt, *bias;
     float *y;
     int64_t kt;     /* k, plus the bias step */
@@ -106,12 +110,13 @@ static void pack_weight_rows(const conv_job_t *j, int64_t o0, int mr,
             ap[kr * mr + i] = j->bias[o0 + i];
 }
 
-/* Unit: image n, channels [o0, o1), pixels [j0, j1). */
-static void conv_unit(const conv_job_t *j, int64_t n, int64_t o0, int64_t o1,
-                      int64_t j0, int64_t j1, float *scratch)
+/* Unit: image n, output channels [o0, o1) (of one group, whose input
+ * channels start at c0), pixels [j0, j1). */
+static void conv_unit(const conv_job_t *j, int64_t n, int64_t c0, int64_t o0,
+                      int64_t o1, int64_t j0, int64_t j1, float *scratch)
 {
     const tb_isa *isa = j->isa;
-    const float *img = j->x + n * j->c * j->h * j->w;
+    const float *img = j->x + (n * j->c + c0) * j->h * j->w;
     float *y = j->y + n * j->oc * j->p;
     float *bbuf = scratch, *abuf = scratch + (size_t)TB_KC_MAX * TB_NC_MAX;
     const int64_t nc = j1 - j0;
@@ -148,9 +153,12 @@ static void conv_task(void *arg, int64_t u, float *scratch)
 {
     const conv_job_t *j = (const conv_job_t *)arg;
     const int64_t pb = u % j->npb, ob = u / j->npb % j->nob;
-    const int64_t n = u / j->npb / j->nob;
-    conv_unit(j, n, j->oc * ob / j->nob, j->oc * (ob + 1) / j->nob,
-              pb * j->pbw, min_i64(j->p, (pb + 1) * j->pbw), scratch);
+    const int64_t gi = u / j->npb / j->nob % j->groups;
+    const int64_t n = u / j->npb / j->nob / j->groups;
+    const int64_t o = gi * j->ocg;
+    conv_unit(j, n, gi * j->cg, o + j->ocg * ob / j->nob,
+              o + j->ocg * (ob + 1) / j->nob, pb * j->pbw,
+              min_i64(j->p, (pb + 1) * j->pbw), scratch);
 }
 
 /* Whether the n sizes are all in [0, CONV_DIM_MAX) and each product of the
@@ -169,7 +177,8 @@ static int sizes_ok(const int64_t *v, int n, const int idx[3][4])
 }
 
 int32_t tirbyoc_conv2d_f32(int64_t batch, int64_t c, int64_t h, int64_t w,
-                           const float *x, int64_t oc, int64_t kh, int64_t kw,
+                           const float *x, int64_t oc, int64_t groups,
+                           int64_t kh, int64_t kw,
                            const float *weight, int64_t stride_h,
                            int64_t stride_w, int64_t pad_top, int64_t pad_left,
                            int64_t dilation_h, int64_t dilation_w, int64_t oh,
@@ -190,7 +199,8 @@ int32_t tirbyoc_conv2d_f32(int64_t batch, int64_t c, int64_t h, int64_t w,
         stride_h >= CONV_DIM_MAX || stride_w >= CONV_DIM_MAX ||
         dilation_h >= CONV_DIM_MAX || dilation_w >= CONV_DIM_MAX ||
         pad_top <= -CONV_DIM_MAX || pad_top >= CONV_DIM_MAX ||
-        pad_left <= -CONV_DIM_MAX || pad_left >= CONV_DIM_MAX)
+        pad_left <= -CONV_DIM_MAX || pad_left >= CONV_DIM_MAX ||
+        groups < 1 || c % groups != 0 || oc % groups != 0)
         return TIRBYOC_EINVAL;
     if (tb_chain_length(epilogue, &uses_bias, &uses_residual) < 0)
         return TIRBYOC_EEPILOGUE;
@@ -214,7 +224,7 @@ int32_t tirbyoc_conv2d_f32(int64_t batch, int64_t c, int64_t h, int64_t w,
     if (batch == 0 || oc == 0 || oh == 0 || ow == 0)
         return TIRBYOC_OK;
     if (y == NULL || (x == NULL && c * h * w > 0) ||
-        (weight == NULL && c * kh * kw > 0) ||
+        (weight == NULL && c / groups * kh * kw > 0) ||
         (bias == NULL && (epilogue & 15) == TIRBYOC_EPI_BIAS) ||
         (residual == NULL && uses_residual))
         return TIRBYOC_ENULL;
@@ -227,6 +237,9 @@ int32_t tirbyoc_conv2d_f32(int64_t batch, int64_t c, int64_t h, int64_t w,
     j.h = h;
     j.w = w;
     j.oc = oc;
+    j.groups = groups;
+    j.cg = c / groups;
+    j.ocg = oc / groups;
     j.g.h = h;
     j.g.w = w;
     j.g.kh = kh;
@@ -238,7 +251,7 @@ int32_t tirbyoc_conv2d_f32(int64_t batch, int64_t c, int64_t h, int64_t w,
     j.g.dh = dilation_h;
     j.g.dw = dilation_w;
     j.g.ow = ow;
-    j.g.k = c * kh * kw;
+    j.g.k = j.cg * kh * kw;
     j.x = x;
     j.wt = weight;
     j.bias = (epilogue & 15) == TIRBYOC_EPI_BIAS ? bias : NULL;
@@ -281,19 +294,21 @@ int32_t tirbyoc_conv2d_f32(int64_t batch, int64_t c, int64_t h, int64_t w,
         want = 1;
     j.npb = cdiv(j.p, j.isa->nc);
     j.nob = 1;
-    if (want > 1 && (batch * j.npb) % want != 0) {
-        if (batch * j.npb >= (int64_t)want * CONV_UNITS_PER_THREAD || oc < j.p)
+    if (want > 1 && (batch * groups * j.npb) % want != 0) {
+        if (batch * groups * j.npb >= (int64_t)want * CONV_UNITS_PER_THREAD ||
+            j.ocg < j.p)
             /* narrower blocks, until the units are a multiple of the threads
              * (7 blocks of a 56 x 56 image on 2 threads took 4 block times;
              * 8 narrower ones take 4 narrower ones) */
-            while ((batch * j.npb) % want != 0 && j.npb < cdiv(j.p, TB_NR))
+            while ((batch * groups * j.npb) % want != 0 &&
+                   j.npb < cdiv(j.p, TB_NR))
                 ++j.npb;
         else
-            j.nob = min_i64(oc, want);
+            j.nob = min_i64(j.ocg, want);
     }
     j.pbw = cdiv(cdiv(j.p, j.npb), TB_NR) * TB_NR;
     j.npb = cdiv(j.p, j.pbw);
-    j.units = batch * j.nob * j.npb;
+    j.units = batch * groups * j.nob * j.npb;
     tb_units(conv_task, &j, j.units, want);
     return TIRBYOC_OK;
 }

@@ -247,14 +247,16 @@ typedef enum tirbyoc_attention_flag {
 int32_t tirbyoc_attention_f32(int64_t batch, int64_t m, int64_t n, int64_t d, int64_t dv, const float *q, int64_t ldq, int64_t stride_q, const float *k, int64_t ldk, int64_t stride_k, int32_t k_layout, const float *v, int64_t ldv, int64_t stride_v, const uint8_t *mask, int64_t ldmask, int64_t stride_mask, int32_t flags, float scale, float *o, int64_t ldo, int64_t stride_o);
 
 /*
- * 2-D convolution, float32, NCHW input and output, OIHW weight, groups 1:
- *   y[n][o][i][j] = chain( sum over c < C, r < KH, s < KW of
- *                          x[n][c][i * stride_h - pad_top + r * dilation_h]
- *                              [j * stride_w - pad_left + s * dilation_w]
- *                          * weight[o][c][r][s] )
+ * 2-D convolution, float32, NCHW input and output, OIHW weight, in groups:
+ *   y[n][o][i][j] = chain( sum over c < C / G, r < KH, s < KW of
+ *                          x[n][g * C / G + c]
+ *                           [i * stride_h - pad_top + r * dilation_h]
+ *                           [j * stride_w - pad_left + s * dilation_w]
+ *                          * weight[o][c][r][s] ),  g = o / (OC / G)
  * for n < batch, o < OC, i < OH, j < OW, where x is 0 outside [0, H) x
- * [0, W) (the padding). Every tensor is contiguous: x [batch, C, H, W],
- * weight [OC, C, KH, KW], y and residual [batch, OC, OH, OW]. OH and OW are
+ * [0, W) (the padding) and G = groups divides C and OC (1: an ordinary
+ * convolution). Every tensor is contiguous: x [batch, C, H, W],
+ * weight [OC, C / G, KH, KW], y and residual [batch, OC, OH, OW]. OH and OW are
  * given, not derived, so any padding (asymmetric included) is expressed by
  * pad_top / pad_left and the output size; PyTorch's symmetric padding p
  * gives OH = (H + 2p - dilation_h * (KH - 1) - 1) / stride_h + 1.
@@ -266,11 +268,11 @@ int32_t tirbyoc_attention_f32(int64_t batch, int64_t m, int64_t n, int64_t d, in
  * input is gathered straight into the packed panels (no im2col buffer).
  * Errors: TIRBYOC_ESIZE (a negative size or one of 2^31 or more),
  * TIRBYOC_EINVAL (a stride or dilation below 1, a padding of 2^31 or more
- * either way), TIRBYOC_EEPILOGUE (an invalid chain, BIAS not first, SCALE or
+ * either way, groups below 1 or not dividing C and OC), TIRBYOC_EEPILOGUE (an invalid chain, BIAS not first, SCALE or
  * DIVIDE), TIRBYOC_ENULL (also a NULL bias or residual the chain uses),
  * TIRBYOC_ENOMEM.
  */
-int32_t tirbyoc_conv2d_f32(int64_t batch, int64_t c, int64_t h, int64_t w, const float *x, int64_t oc, int64_t kh, int64_t kw, const float *weight, int64_t stride_h, int64_t stride_w, int64_t pad_top, int64_t pad_left, int64_t dilation_h, int64_t dilation_w, int64_t oh, int64_t ow, int64_t epilogue, const float *bias, const float *residual, float *y);
+int32_t tirbyoc_conv2d_f32(int64_t batch, int64_t c, int64_t h, int64_t w, const float *x, int64_t oc, int64_t groups, int64_t kh, int64_t kw, const float *weight, int64_t stride_h, int64_t stride_w, int64_t pad_top, int64_t pad_left, int64_t dilation_h, int64_t dilation_w, int64_t oh, int64_t ow, int64_t epilogue, const float *bias, const float *residual, float *y);
 
 /*
  * Settings (process-wide; every kernel reads them when it starts).

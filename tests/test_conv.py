@@ -85,12 +85,42 @@ def test_conv_shapes(kw):
     _check(_Conv(5, 7, k, **kw).eval(), (2, 5, 13, 11), [expected])
 
 
-def test_grouped_convs_stay_convs():
-    """groups between 1 and the channel count is neither one product nor depthwise:
-    TVM's conv2d, right answer."""
-    model = _Conv(6, 6, 3, padding=1, groups=2).eval()
-    report = _check(model, (1, 6, 9, 9), [])
-    assert any("conv2d" in name for name in report.schedules), report.schedules
+@pytest.mark.parametrize("cin,cout,groups,kw", [
+    (6, 6, 2, dict(padding=1)),
+    (32, 64, 8, dict(stride=2, padding=1)),   # ResNeXt-like
+    (4, 8, 4, dict(padding=1)),               # one input channel per group, two filters
+], ids=["g2", "g8-s2", "depth-multiplier-2"])
+def test_grouped_convs_are_one_kernel_call(cin, cout, groups, kw):
+    """groups between 1 and the channel count (and a depthwise conv with two filters per
+    channel): one kernel call that computes every group, right answer."""
+    model = _Conv(cin, cout, 3, groups=groups, **kw).eval()
+    report = _check(model, (2, cin, 11, 9), ["conv2d_bias_relu"])
+    _no_tvm_convs(report)
+
+
+class _GroupedBlock(torch.nn.Module):
+    """A ResNeXt bottleneck: 1x1, grouped 3x3, 1x1 with batch norms, identity shortcut."""
+
+    def __init__(self, c=64, width=32, groups=8):
+        super().__init__()
+        nn = torch.nn
+        torch.manual_seed(2)
+        self.a = nn.Sequential(nn.Conv2d(c, width, 1, bias=False), nn.BatchNorm2d(width),
+                               nn.ReLU())
+        self.b = nn.Sequential(nn.Conv2d(width, width, 3, padding=1, groups=groups,
+                                         bias=False), nn.BatchNorm2d(width), nn.ReLU())
+        self.c = nn.Sequential(nn.Conv2d(width, c, 1, bias=False), nn.BatchNorm2d(c))
+
+    def forward(self, x):
+        return torch.relu(self.c(self.b(self.a(x))) + x)
+
+
+def test_resnext_block():
+    """Batch norms folded into the grouped conv too, the shortcut in the last call."""
+    model = examples._randomize_batch_norms(_GroupedBlock(), 3).eval()
+    report = _check(model, (1, 64, 14, 14),
+                    ["conv2d_bias_relu", "conv2d_bias_relu", "conv2d_bias_residual_relu"])
+    _no_tvm_convs(report)
 
 
 def test_depthwise_separable_blocks():

@@ -51,16 +51,22 @@ def im2col(x, kh, kw, stride, pad, dil, size):
     return cols.reshape(n, c * kh * kw, oh * ow)
 
 
-def reference(x, wt, stride, pad, dil, size, ops, bias=None, residual=None):
-    """(value, error bound), both [N, OC, OH, OW]."""
-    n = x.shape[0]
+def reference(x, wt, stride, pad, dil, size, ops, bias=None, residual=None, groups=1):
+    """(value, error bound), both [N, OC, OH, OW]: per group, the group's weight rows
+    times the im2col of its input channels."""
+    n, c = x.shape[:2]
     oc, _, kh, kw = wt.shape
-    cols = im2col(x.astype(np.float64), kh, kw, stride, pad, dil, size)
-    w2 = wt.astype(np.float64).reshape(oc, -1)
-    with np.errstate(invalid="ignore", over="ignore"):
-        v = w2 @ cols
-        err = np.sqrt(np.abs(w2) ** 2 @ np.abs(cols) ** 2) * 1e-5 * max(
-            1.0, math.sqrt(w2.shape[1]) / 8)
+    cg, ocg = c // groups, oc // groups
+    vs, errs = [], []
+    for g in range(groups):
+        cols = im2col(x[:, g * cg:(g + 1) * cg].astype(np.float64), kh, kw, stride, pad, dil,
+                      size)
+        w2 = wt[g * ocg:(g + 1) * ocg].astype(np.float64).reshape(ocg, -1)
+        with np.errstate(invalid="ignore", over="ignore"):
+            vs.append(w2 @ cols)
+            errs.append(np.sqrt(np.abs(w2) ** 2 @ np.abs(cols) ** 2) * 1e-5 * max(
+                1.0, math.sqrt(w2.shape[1]) / 8))
+    v, err = np.concatenate(vs, axis=1), np.concatenate(errs, axis=1)
     shape = (n, oc) + tuple(size)
     v, err = v.reshape(shape), err.reshape(shape)
     for op in ops:
@@ -75,17 +81,17 @@ def reference(x, wt, stride, pad, dil, size, ops, bias=None, residual=None):
 
 
 def run_case(rng, n, c, h, w, oc, k, stride=(1, 1), pad=(0, 0), dil=(1, 1), ops=(),
-             size=None):
+             size=None, groups=1):
     kh, kw = (k, k) if isinstance(k, int) else k
     size = size or out_size(h, w, kh, kw, stride, pad, dil)
     x = rng.standard_normal((n, c, h, w)).astype(np.float32)
-    wt = rng.standard_normal((oc, c, kh, kw)).astype(np.float32)
+    wt = rng.standard_normal((oc, c // groups, kh, kw)).astype(np.float32)
     bias = rng.standard_normal(oc).astype(np.float32) if "bias" in ops else None
     residual = (rng.standard_normal((n, oc) + tuple(size)).astype(np.float32)
                 if "residual" in ops else None)
-    got = kernels.conv2d(x, wt, stride=stride, padding=pad, dilation=dil, epilogue=ops,
-                         bias=bias, residual=residual, out_size=size)
-    want, tol = reference(x, wt, stride, pad, dil, size, ops, bias, residual)
+    got = kernels.conv2d(x, wt, stride=stride, padding=pad, dilation=dil, groups=groups,
+                         epilogue=ops, bias=bias, residual=residual, out_size=size)
+    want, tol = reference(x, wt, stride, pad, dil, size, ops, bias, residual, groups)
     assert got.shape == want.shape
     bad = np.abs(got - want) > tol
     assert not bad.any(), (np.argwhere(bad)[:5], np.abs(got - want).max())
@@ -138,6 +144,21 @@ def test_work_splits(each_isa, n, oc, hw):
              ops=("bias", "residual", "relu"))
 
 
+@pytest.mark.parametrize("n,c,oc,groups,k,stride,hw", [
+    (1, 8, 12, 4, 3, 1, 9),       # 2 -> 3 channels per group
+    (2, 6, 6, 3, 1, 1, 7),        # 1x1 in groups: the plain path per group
+    (1, 32, 64, 8, 3, 2, 20),     # ResNeXt-like, stride 2
+    (1, 16, 16, 2, 5, 1, 12),
+    (1, 6, 6, 6, 3, 1, 8),        # one channel per group (depthwise) is a group too
+    (1, 64, 128, 32, 3, 1, 28),   # above the threading threshold: units per group
+], ids=["g4", "g3-1x1", "g8-s2", "g2-5x5", "g6-depthwise", "g32-threads"])
+def test_groups(each_isa, n, c, oc, groups, k, stride, hw):
+    """A grouped conv: each group's output channels from its own input channels, against
+    the float64 reference of each group, with a bias and a residual."""
+    run_case(np.random.default_rng(groups), n, c, hw, hw, oc, k, stride=(stride, stride),
+             pad=(k // 2, k // 2), ops=("bias", "residual", "relu"), groups=groups)
+
+
 @pytest.mark.parametrize("pad,size", [((0, 2), (5, 4)), ((-1, -2), (4, 3)),
                                       ((2, 0), (9, 3)), ((1, 1), (2, 2))],
                          ids=["asym", "negative", "bottom-heavy", "cropped-output"])
@@ -187,7 +208,7 @@ def test_empty_sizes(each_isa):
 
 def _raw(batch=1, c=2, h=4, w=4, oc=3, kh=3, kw=3, stride=(1, 1), pad=(1, 1),
          dil=(1, 1), size=(4, 4), epilogue=0, x=True, weight=True, bias=False,
-         residual=False):
+         residual=False, groups=1):
     """(status, y) of one direct call, y filled with a sentinel first."""
     ffi, lib = kernels.load()
     keep = []
@@ -201,7 +222,7 @@ def _raw(batch=1, c=2, h=4, w=4, oc=3, kh=3, kw=3, stride=(1, 1), pad=(1, 1),
 
     y = np.full(min(max(batch * oc * size[0] * size[1], 1), 1 << 16), 7.0, np.float32)
     status = lib.tirbyoc_conv2d_f32(
-        batch, c, h, w, buf(batch * c * h * w, x), oc, kh, kw,
+        batch, c, h, w, buf(batch * c * h * w, x), oc, groups, kh, kw,
         buf(oc * c * kh * kw, weight), stride[0], stride[1], pad[0], pad[1], dil[0], dil[1],
         size[0], size[1], epilogue, buf(oc, bias), buf(y.size, residual),
         ffi.cast("float *", y.ctypes.data))
@@ -224,9 +245,12 @@ def _raw(batch=1, c=2, h=4, w=4, oc=3, kh=3, kw=3, stride=(1, 1), pad=(1, 1),
     (dict(epilogue=11), kernels.TIRBYOC_ENULL),                          # residual NULL
     (dict(x=False), kernels.TIRBYOC_ENULL),
     (dict(weight=False), kernels.TIRBYOC_ENULL),
+    (dict(groups=0), kernels.TIRBYOC_EINVAL),
+    (dict(groups=2), kernels.TIRBYOC_EINVAL),  # does not divide OC = 3
+    (dict(groups=3), kernels.TIRBYOC_EINVAL),  # does not divide C = 2
 ], ids=["batch", "channels", "out-size", "huge", "stride", "dilation", "padding",
         "bias-late", "scale", "divide", "unknown-op", "no-bias", "no-residual", "no-x",
-        "no-weight"])
+        "no-weight", "groups-0", "groups-oc", "groups-c"])
 def test_errors_write_nothing(kw, status):
     got, y = _raw(**kw)
     assert got == status, kernels.status_message(got)
@@ -237,6 +261,8 @@ def test_wrapper_errors_name_the_problem():
     x = np.ones((1, 2, 4, 4), np.float32)
     with pytest.raises(ValueError, match="weight"):
         kernels.conv2d(x, np.ones((3, 5, 3, 3), np.float32))
+    with pytest.raises(ValueError, match="groups"):  # 2 does not divide OC = 3
+        kernels.conv2d(x, np.ones((3, 1, 3, 3), np.float32), groups=2)
     with pytest.raises(ValueError, match="bias"):
         kernels.conv2d(x, np.ones((3, 2, 3, 3), np.float32), bias=np.ones(2, np.float32),
                        epilogue=("bias",))

@@ -325,7 +325,8 @@ def draw_attention(rng, index):
 
 
 # tirbyoc_conv2d_f32 (kernels/conv_f32.c): an implicit product [OC, K] x [K, OH * OW]
-# per image, K = C * KH * KW (+ 1 for the bias step), row groups of 14 / 6 / 4 channels,
+# per image and group, K = C / groups * KH * KW (+ 1 for the bias step), row groups of
+# 14 / 6 / 4 channels,
 # pixel panels of 16, K blocks of up to 512 / 256, threads from 4 MFLOP, the 1x1 stride-1
 # unpadded path ("plain"). Case.m is OC, Case.n the pixels OH * OW, Case.k K; the rest of
 # the geometry and the chain are in Case.extra.
@@ -364,11 +365,15 @@ def draw_conv(rng, index):
             if rng.random() < 0.15:  # the plain path: 1x1, stride 1, no padding
                 kh = kw = sh = sw = 1
                 pt = pl = 0
+        groups = 1
+        if index >= len(CONV_PINNED) and rng.random() < 0.25:  # any divisor of C and OC
+            common = math.gcd(c, oc)
+            groups = int(rng.choice([d for d in range(1, common + 1) if common % d == 0]))
         oh = max(0, (h + 2 * pt - dh * (kh - 1) - 1) // sh + 1)
         ow = max(0, (w + 2 * pl - dw * (kw - 1) - 1) // sw + 1)
         if index >= len(CONV_PINNED) and rng.random() < 0.15:  # any output size is valid
             oh, ow = max(0, oh + int(rng.integers(-1, 3))), max(0, ow + int(rng.integers(-1, 3)))
-        flops = 2 * n_img * oc * oh * ow * c * kh * kw
+        flops = 2 * n_img * oc * oh * ow * (c // groups) * kh * kw
         if index >= len(CONV_PINNED) and oh * ow == 0 and rng.random() > 0.05:
             continue  # a few empty outputs, not a quarter of the cases
         if index < len(CONV_PINNED) or ((PAR_FLOPS <= flops <= BIG_FLOPS) if big
@@ -376,8 +381,8 @@ def draw_conv(rng, index):
             break
     extra = (("batch", n_img), ("c", c), ("h", h), ("w", w), ("kh", kh), ("kw", kw),
              ("sh", sh), ("sw", sw), ("pt", pt), ("pl", pl), ("dh", dh), ("dw", dw),
-             ("oh", oh), ("ow", ow))
-    return oc, oh * ow, c * kh * kw, flops >= PAR_FLOPS, extra
+             ("oh", oh), ("ow", ow), ("groups", groups))
+    return oc, oh * ow, c // groups * kh * kw, flops >= PAR_FLOPS, extra
 
 
 # --- buffers --------------------------------------------------------------------
@@ -778,7 +783,8 @@ def conv_args(ops):
     return [_size("batch", g["batch"]), _size("c", g["c"]), _size("h", g["h"]),
             _size("w", g["w"]),
             _matrix(ops, "x", x, out and g["c"] * g["h"] * g["w"] > 0),
-            _size("oc", c.m), _size("kh", g["kh"]), _size("kw", g["kw"]),
+            _size("oc", c.m), Arg("groups", g["groups"], invalid=(0, -1)),
+            _size("kh", g["kh"]), _size("kw", g["kw"]),
             _matrix(ops, "weight", wt, out and c.k > 0),
             Arg("sh", g["sh"], invalid=(0, -1)), Arg("sw", g["sw"], invalid=(0, -3)),
             Arg("pt", g["pt"], invalid=(2**31, -(2**31))), Arg("pl", g["pl"], invalid=(2**40,)),
@@ -901,7 +907,7 @@ def matmul_expected(ops, groups):
         v = ieee_matmul(a, w)
         terms = ((_finite(a) ** 2).astype(np.float32) @ (_finite(w) ** 2).astype(np.float32))
         err = np.sqrt(terms.astype(np.float64)) * 1e-5 * max(1.0, math.sqrt(c.k) / 8)
-        finite_in = np.isfinite(v)
+        finite_in, seen = np.isfinite(v), np.zeros(v.shape)
         for name in names:
             if name == "bias":
                 v = v + ops.bias.view.astype(np.float64)
@@ -915,11 +921,21 @@ def matmul_expected(ops, groups):
                 v = CHAIN_REFERENCE[name](v)
                 err = err * 1.2  # |derivative| <= 1.13 for every unary operation
             finite_in &= np.isfinite(v)
+            seen = np.maximum(seen, np.abs(_finite(v)))
             err = err + 1e-6 * np.abs(np.where(np.isfinite(v), v, 0.0))
+    return v, _chain_tolerance(v, err, finite_in, seen)
+
+
+def _chain_tolerance(v, err, finite_in, seen):
+    """Per-element tolerance of a product through a chain: the error bound where every
+    step was finite (at least 1e-6 of the largest finite output); where a step was not
+    but the output is (an Inf that tanh or sigmoid turned into 1 or 0, then a residual
+    added), the float32 rounding of the steps after it, 2e-6 of the largest finite value
+    along the chain (``seen``); 0 (exact: NaN where NaN, the same Inf) elsewhere."""
     finite = np.isfinite(v)
     max_ref = np.abs(v[finite]).max() if finite.any() else 0.0
-    tol = np.maximum(err, max_ref * 1e-6)
-    return v, np.where(finite_in, tol, 0.0)
+    tol = np.where(finite_in, np.maximum(err, max_ref * 1e-6), 2e-6 * seen)
+    return np.where(finite, tol, 0.0)
 
 
 def softmax_expected(ops, groups):
@@ -981,10 +997,15 @@ def conv_expected(ops, groups):
     n_img, oh, ow = g["batch"], g["oh"], g["ow"]
     xs = x.view.astype(np.float64).reshape(n_img, g["c"], g["h"], g["w"])
     w2 = wt.view.astype(np.float64)
+    ng = g["groups"]
+    cg, ocg = g["c"] // ng, c.m // ng
+    # each group's rows of the weight times the im2col of its channels
+    groups_of = [(img[q * cg:(q + 1) * cg], w2[q * ocg:(q + 1) * ocg])
+                 for img in xs for q in range(ng)]
     vals, errs = [], []
     with np.errstate(invalid="ignore", over="ignore"):
-        for img in xs:
-            cols = np.zeros((g["c"], g["kh"], g["kw"], oh, ow))
+        for img, w2 in groups_of:
+            cols = np.zeros((cg, g["kh"], g["kw"], oh, ow))
             for r in range(g["kh"]):
                 rows = np.arange(oh) * g["sh"] - g["pt"] + r * g["dh"]
                 for t in range(g["kw"]):
@@ -995,12 +1016,12 @@ def conv_expected(ops, groups):
                         got = img[:, np.clip(rows, 0, g["h"] - 1)][:, :, np.clip(cs, 0, g["w"] - 1)]
                         cols[:, r, t] = np.where(ok, got, 0.0)
             cols = cols.reshape(c.k, oh * ow)
-            vals.append(ieee_matmul(w2, cols) if c.k else np.zeros((c.m, oh * ow)))
+            vals.append(ieee_matmul(w2, cols) if c.k else np.zeros((ocg, oh * ow)))
             terms = (_finite(w2) ** 2) @ (_finite(cols) ** 2)
             errs.append(np.sqrt(terms) * 1e-5 * max(1.0, math.sqrt(c.k) / 8))
         v = np.concatenate(vals) if vals else np.zeros((0, oh * ow))
         err = np.concatenate(errs) if errs else np.zeros((0, oh * ow))
-        finite_in = np.isfinite(v)
+        finite_in, seen = np.isfinite(v), np.zeros(v.shape)
         for name in names:
             if name == "bias":
                 v = v + np.tile(bias.view.astype(np.float64).reshape(-1, 1), (n_img, 1))
@@ -1010,10 +1031,9 @@ def conv_expected(ops, groups):
                 v = CHAIN_REFERENCE[name](v)
                 err = err * 1.2
             finite_in &= np.isfinite(v)
+            seen = np.maximum(seen, np.abs(_finite(v)))
             err = err + 1e-6 * np.abs(np.where(np.isfinite(v), v, 0.0))
-    finite = np.isfinite(v)
-    max_ref = np.abs(v[finite]).max() if finite.any() else 0.0
-    return v, np.where(finite_in, np.maximum(err, max_ref * 1e-6), 0.0)
+    return v, _chain_tolerance(v, err, finite_in, seen)
 
 
 def dense_expected(ops, groups):
@@ -1124,7 +1144,7 @@ def algorithm(case):
             return "empty"
         plain = (g["kh"], g["kw"], g["sh"], g["sw"], g["pt"], g["pl"], g["oh"], g["ow"]) == \
             (1, 1, 1, 1, 0, 0, g["h"], g["w"])
-        return ("plain" if plain else "gather") + (
+        return ("plain" if plain else "gather") + ("+groups" if g["groups"] > 1 else "") + (
             "+threads" if 2 * g["batch"] * case.m * case.n * (case.k + case.bias) >= PAR_FLOPS
             else "")
     if "softmax" in case.symbol:

@@ -3,8 +3,9 @@ it, becomes one ``R.call_tir`` of a PrimFunc that calls ``tirbyoc_conv2d_f32`` (
 matrix product on the dense micro-kernels, the input gathered straight into their packed
 panels; see ``kernels/conv_f32.c``).
 
-Before legalization, for a float32 ``conv2d`` in NCHW / OIHW with ``groups == 1``, static
-channels and spatial sizes (the batch may be symbolic), and a constant weight:
+Before legalization, for a float32 ``conv2d`` in NCHW / OIHW (in any number of groups:
+one product per group, in the same call), static channels and spatial sizes (the batch
+may be symbolic), and a constant weight:
 
     y = conv2d(x, W) (+ b) (-> batch_norm in inference mode) (+ r) (-> relu | relu6)
 
@@ -25,9 +26,8 @@ its kernel taps of a strided slice of the padded input times that tap's per-chan
 with the same bias, batch norm, shortcut and activation after it: elementwise ops that TVM
 fuses into one PrimFunc (one pass over the output) and tirbyoc's Injective rule schedules.
 
-A batch norm in training mode, another layout, groups other than 1 or the channel count, a
-weight that is not a constant, or a symbolic channel or spatial size keep TVM's
-``conv2d``.
+A batch norm in training mode, another layout, a weight that is not a constant, or a
+symbolic channel or spatial size keep TVM's ``conv2d``.
 """
 
 from __future__ import annotations
@@ -72,11 +72,12 @@ def _const(expr, values):
 @dataclass
 class _Plan:
     x: object
-    weight: np.ndarray      # [OC, C, KH, KW], float64, folded
+    weight: np.ndarray      # [OC, C / groups, KH, KW], float64, folded
     bias: np.ndarray | None  # [OC], float64
     residual: object | None  # a tensor of the output's shape added after the bias
     act: str | None          # "relu" or "relu6"
     depthwise: bool
+    groups: int
     strides: tuple
     padding: tuple          # top, left, bottom, right
     dilation: tuple
@@ -101,8 +102,9 @@ def _plan(b: Bindings, var, call, residuals=True):
     weight = weight.astype(np.float64)
     oc = weight.shape[0]
     groups = int(attrs.groups)
-    # one matrix product (groups 1), or depthwise: one filter per channel
-    if groups != 1 and not (groups == xs[1] == oc and weight.shape[1] == 1):
+    # one product per group; depthwise (one filter per channel) as taps instead
+    depthwise = groups == xs[1] == oc and weight.shape[1] == 1 and groups > 1
+    if groups < 1 or xs[1] % groups or oc % groups or weight.shape[1] * groups != xs[1]:
         return None
     bias, residual, act, last = None, None, None, var
     while True:
@@ -135,7 +137,8 @@ def _plan(b: Bindings, var, call, residuals=True):
         else:
             break
         last = uvar
-    return last, _Plan(x, weight, bias, residual, act, groups != 1, tuple(int(s) for s in attrs.strides),
+    return last, _Plan(x, weight, bias, residual, act, depthwise, groups,
+                       tuple(int(s) for s in attrs.strides),
                        tuple(int(p) for p in attrs.padding),
                        tuple(int(d) for d in attrs.dilation), ys)
 
@@ -198,7 +201,8 @@ def _kernel_func(plan: _Plan, x, residual, out_ty):
     def i64(v):
         return T.const(int(v), "int64")
 
-    args = [n, c, h, w, T.buffer_pointer(xb, "r"), oc, kh, kw, T.buffer_pointer(wb, "r"),
+    args = [n, c, h, w, T.buffer_pointer(xb, "r"), oc, i64(plan.groups), kh, kw,
+            T.buffer_pointer(wb, "r"),
             i64(sh), i64(sw), i64(pt), i64(pl), i64(dh), i64(dw), oh, ow, i64(code),
             T.buffer_pointer(bb, "r") if bb is not None else T.null_pointer(),
             T.buffer_pointer(rb, "r") if rb is not None else T.null_pointer(),

@@ -500,11 +500,12 @@ def attention(q, k, v, *, k_layout="nt", scale=1.0, divide=False, mask=None, mas
     return out3[0] if squeeze and out.ndim == 3 else out
 
 
-def conv2d(x, weight, *, stride=1, padding=0, dilation=1, epilogue=(), bias=None,
+def conv2d(x, weight, *, stride=1, padding=0, dilation=1, groups=1, epilogue=(), bias=None,
            residual=None, out_size=None, out=None):
-    """``chain(conv2d(x, weight))`` via ``tirbyoc_conv2d_f32`` (NCHW, OIHW, groups 1).
+    """``chain(conv2d(x, weight))`` via ``tirbyoc_conv2d_f32`` (NCHW, OIHW).
 
-    ``x``: float32 [batch, C, H, W]; ``weight``: [OC, C, KH, KW]; both C-contiguous.
+    ``x``: float32 [batch, C, H, W]; ``weight``: [OC, C / groups, KH, KW]; both
+    C-contiguous; ``groups`` divides C and OC (PyTorch's ``groups``).
     ``stride``, ``dilation``: an int or (h, w); ``padding``: an int, (h, w) or (top, left)
     with ``out_size`` (OH, OW) given explicitly (any padding; the default output size is
     PyTorch's for symmetric padding). ``epilogue``: operation names in order
@@ -519,9 +520,12 @@ def conv2d(x, weight, *, stride=1, padding=0, dilation=1, epilogue=(), bias=None
 
     (sh, sw), (pt, pl), (dh, dw) = (pair(stride, "stride"), pair(padding, "padding"),
                                     pair(dilation, "dilation"))
-    if x.ndim != 4 or weight.ndim != 4 or weight.shape[1] != x.shape[1]:
-        raise ValueError(f"x must be [N, C, H, W] and weight [OC, C, KH, KW], got "
-                         f"{x.shape} and {weight.shape}")
+    groups = int(groups)
+    if groups < 1 or x.ndim != 4 or weight.ndim != 4 or x.shape[1] % groups or \
+            weight.shape[0] % groups or weight.shape[1] * groups != x.shape[1]:
+        raise ValueError(f"x must be [N, C, H, W] and weight [OC, C / groups, KH, KW] with "
+                         f"groups dividing C and OC, got {x.shape}, {weight.shape} and "
+                         f"groups={groups}")
     batch, c, h, w = x.shape
     oc, _, kh, kw = weight.shape
     if out_size is None:
@@ -545,9 +549,7 @@ def conv2d(x, weight, *, stride=1, padding=0, dilation=1, epilogue=(), bias=None
            for a in (x, weight, bias, residual)):
         raise ValueError("out must not overlap the inputs")
     ffi, lib = load()
-
-
     _check("tirbyoc_conv2d_f32", lib.tirbyoc_conv2d_f32(
-        batch, c, h, w, _float_ptr(x), oc, kh, kw, _float_ptr(weight), sh, sw, pt, pl, dh, dw, oh, ow,
+        batch, c, h, w, _float_ptr(x), oc, groups, kh, kw, _float_ptr(weight), sh, sw, pt, pl, dh, dw, oh, ow,
         encode_epilogue(epilogue), _float_ptr(bias), _float_ptr(residual), _float_ptr(out)))
     return out

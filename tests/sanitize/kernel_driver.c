@@ -1112,11 +1112,12 @@ static void attention_cases(uint64_t *rng, int threaded)
 
 /* ---- tirbyoc_conv2d_f32 ---- */
 
-/* One conv against a double direct sum: every tensor in a block that ends
- * exactly at its last float (ASan sees a read past any of them); a NaN in x
- * when `specials`; the same bits on 1, 2 and 3 threads when `threads_check`. */
+/* One conv (in gr groups) against a double direct sum: every tensor in a
+ * block that ends exactly at its last float (ASan sees a read past any of
+ * them); a NaN in x when `specials`; the same bits on 1, 2 and 3 threads when
+ * `threads_check`. */
 static void conv_case(uint64_t *rng, int64_t n, int64_t c, int64_t h, int64_t w,
-                      int64_t oc, int64_t kh, int64_t kw, int64_t sh, int64_t sw,
+                      int64_t oc, int64_t gr, int64_t kh, int64_t kw, int64_t sh, int64_t sw,
                       int64_t pt, int64_t pl, int64_t dh, int64_t dw, int64_t ops,
                       int specials, int threads_check)
 {
@@ -1124,10 +1125,11 @@ static void conv_case(uint64_t *rng, int64_t n, int64_t c, int64_t h, int64_t w,
     const int64_t oh = (h + 2 * pt - dh * (kh - 1) - 1) / sh + 1;
     const int64_t ow = (w + 2 * pl - dw * (kw - 1) - 1) / sw + 1;
     const int has_bias = (ops & 15) == TIRBYOC_EPI_BIAS;
+    const int64_t cg = c / gr, ocg = oc / gr;
     int has_res = 0, e;
     buf_t bx, bw, bb, br, by;
     float *x = buf_alloc(&bx, (size_t)(n * c * h * w), 1);
-    float *wt = buf_alloc(&bw, (size_t)(oc * c * kh * kw), 2);
+    float *wt = buf_alloc(&bw, (size_t)(oc * cg * kh * kw), 2);
     float *bias = buf_alloc(&bb, has_bias ? (size_t)oc : 0, 3);
     float *res, *y;
     double worst = 0;
@@ -1145,8 +1147,8 @@ static void conv_case(uint64_t *rng, int64_t n, int64_t c, int64_t h, int64_t w,
     for (q = 0; q < by.n; ++q) y[q] = UNWRITTEN;
     if (specials && bx.n > 0)
         x[bx.n / 2] = nan_f();
-    st = tirbyoc_conv2d_f32(n, c, h, w, x, oc, kh, kw, wt, sh, sw, pt, pl, dh, dw, oh, ow,
-                            ops, has_bias ? bias : NULL, has_res ? res : NULL, y);
+    st = tirbyoc_conv2d_f32(n, c, h, w, x, oc, gr, kh, kw, wt, sh, sw, pt, pl, dh, dw, oh,
+                            ow, ops, has_bias ? bias : NULL, has_res ? res : NULL, y);
     check(st == TIRBYOC_OK, "status", name, oc, oh * ow, c * kh * kw, NULL);
     for (b = 0; b < n && st == TIRBYOC_OK; ++b)
         for (o = 0; o < oc; ++o)
@@ -1154,15 +1156,15 @@ static void conv_case(uint64_t *rng, int64_t n, int64_t c, int64_t h, int64_t w,
                 for (j = 0; j < ow; ++j) {
                     const size_t at = (size_t)(((b * oc + o) * oh + i) * ow + j);
                     double want = 0, size = 0, got = y[at];
-                    for (ci = 0; ci < c; ++ci)
+                    for (ci = 0; ci < cg; ++ci)
                         for (r = 0; r < kh; ++r)
                             for (t = 0; t < kw; ++t) {
                                 const int64_t ih = i * sh - pt + r * dh, iw = j * sw - pl + t * dw;
                                 double term;
                                 if (ih < 0 || ih >= h || iw < 0 || iw >= w)
                                     continue;
-                                term = (double)x[((b * c + ci) * h + ih) * w + iw] *
-                                       (double)wt[((o * c + ci) * kh + r) * kw + t];
+                                term = (double)x[((b * c + o / ocg * cg + ci) * h + ih) * w + iw] *
+                                       (double)wt[((o * cg + ci) * kh + r) * kw + t];
                                 want += term;
                                 size += fabs(term);
                             }
@@ -1192,8 +1194,8 @@ static void conv_case(uint64_t *rng, int64_t n, int64_t c, int64_t h, int64_t w,
         memcpy(first, y, by.n * sizeof(float));
         for (e = 1; e <= 3; ++e) {
             tirbyoc_set_num_threads(e);
-            check(tirbyoc_conv2d_f32(n, c, h, w, x, oc, kh, kw, wt, sh, sw, pt, pl, dh, dw, oh,
-                                     ow, ops, has_bias ? bias : NULL, has_res ? res : NULL,
+            check(tirbyoc_conv2d_f32(n, c, h, w, x, oc, gr, kh, kw, wt, sh, sw, pt, pl, dh, dw,
+                                     oh, ow, ops, has_bias ? bias : NULL, has_res ? res : NULL,
                                      y) == TIRBYOC_OK, "status (threads)", name, oc, oh * ow,
                   c * kh * kw, NULL);
             check(memcmp(first, y, by.n * sizeof(float)) == 0,
@@ -1217,7 +1219,7 @@ static void conv_errors(void)
     for (t = 0; t < 3; ++t) bias[t] = 0.25f;
     for (t = 0; t < 75; ++t) y[t] = UNWRITTEN;
 #define CONV(nn, cc, ss, pp, dd, oo, ops, xp, wp, bp) \
-    tirbyoc_conv2d_f32(nn, cc, 5, 5, xp, 3, 3, 3, wp, ss, 1, pp, 1, dd, 1, oo, 5, ops, bp, NULL, y)
+    tirbyoc_conv2d_f32(nn, cc, 5, 5, xp, 3, 1, 3, 3, wp, ss, 1, pp, 1, dd, 1, oo, 5, ops, bp, NULL, y)
     check(CONV(-1, 2, 1, 1, 1, 5, 0, x, wt, NULL) == TIRBYOC_ESIZE, "negative batch", name, 3, 25, 18, "status");
     check(CONV(1, 2, 1, 1, 1, (int64_t)1 << 31, 0, x, wt, NULL) == TIRBYOC_ESIZE, "huge size", name, 3, 25, 18, "status");
     check(CONV(1, 2, 0, 1, 1, 5, 0, x, wt, NULL) == TIRBYOC_EINVAL, "stride 0", name, 3, 25, 18, "status");
@@ -1230,6 +1232,13 @@ static void conv_errors(void)
     check(CONV(1, 2, 1, 1, 1, 5, 0, NULL, wt, NULL) == TIRBYOC_ENULL, "NULL x", name, 3, 25, 18, "status");
     check(CONV(1, 2, 1, 1, 1, 5, 0, x, NULL, NULL) == TIRBYOC_ENULL, "NULL weight", name, 3, 25, 18, "status");
 #undef CONV
+    /* groups: below 1, or not dividing C (2) or OC (3) */
+    check(tirbyoc_conv2d_f32(1, 2, 5, 5, x, 3, 0, 3, 3, wt, 1, 1, 1, 1, 1, 1, 5, 5, 0, NULL,
+                             NULL, y) == TIRBYOC_EINVAL, "groups 0", name, 3, 25, 18, "status");
+    check(tirbyoc_conv2d_f32(1, 2, 5, 5, x, 3, 2, 3, 3, wt, 1, 1, 1, 1, 1, 1, 5, 5, 0, NULL,
+                             NULL, y) == TIRBYOC_EINVAL, "groups 2 of OC 3", name, 3, 25, 18, "status");
+    check(tirbyoc_conv2d_f32(1, 2, 5, 5, x, 3, 3, 3, 3, wt, 1, 1, 1, 1, 1, 1, 5, 5, 0, NULL,
+                             NULL, y) == TIRBYOC_EINVAL, "groups 3 of C 2", name, 3, 25, 18, "status");
     for (t = 0; t < 75; ++t)
         ok &= to_bits(y[t]) == to_bits(UNWRITTEN);
     check(ok, "wrote y on an error", name, 3, 25, 18, NULL);
@@ -1238,7 +1247,7 @@ static void conv_errors(void)
 static void conv_cases(uint64_t *rng, int threaded)
 {
     static const int64_t shapes[][13] = {
-        /* n, c, h, w, oc, kh, kw, sh, sw, pt, pl, dh, dw */
+        /* n, c, h, w, oc, kh, kw, sh, sw, pt, pl, dh, dw (groups: below) */
         {1, 3, 8, 8, 5, 3, 3, 1, 1, 1, 1, 1, 1},   {2, 5, 13, 11, 7, 3, 3, 2, 2, 1, 1, 1, 1},
         {1, 4, 17, 19, 15, 5, 5, 1, 1, 2, 1, 1, 2}, {1, 3, 30, 30, 14, 7, 7, 2, 2, 3, 3, 1, 1},
         {1, 9, 7, 7, 33, 1, 1, 1, 1, 0, 0, 1, 1},   {3, 17, 5, 3, 4, 1, 1, 1, 1, 0, 0, 1, 1},
@@ -1247,7 +1256,11 @@ static void conv_cases(uint64_t *rng, int threaded)
         {1, 2, 20, 40, 3, 3, 1, 3, 1, 1, 0, 1, 1},  {2, 0, 5, 5, 4, 3, 3, 1, 1, 1, 1, 1, 1},
         /* stride 2 over rows wider than a panel's 31 columns */
         {1, 3, 11, 63, 4, 7, 7, 2, 2, 3, 3, 1, 1},  {1, 4, 6, 70, 5, 3, 3, 1, 2, 1, 1, 1, 1},
+        /* in groups: 4 of (3 -> 5), 3 of (1 -> 2) 1x1, 2 of (8 -> 8) */
+        {2, 12, 9, 10, 20, 3, 3, 1, 1, 1, 1, 1, 1}, {1, 3, 6, 6, 6, 1, 1, 1, 1, 0, 0, 1, 1},
+        {1, 16, 11, 9, 16, 3, 3, 2, 1, 1, 0, 1, 1},
     };
+    static const int64_t groups[] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 4, 3, 2};
     static const int64_t chains[] = {
         0, TIRBYOC_EPI_BIAS | TIRBYOC_EPI_RELU << 4,
         TIRBYOC_EPI_BIAS | TIRBYOC_EPI_RESIDUAL << 4 | TIRBYOC_EPI_RELU6 << 8,
@@ -1258,13 +1271,14 @@ static void conv_cases(uint64_t *rng, int threaded)
     for (si = 0; si < sizeof(shapes) / sizeof(shapes[0]); ++si)
         for (ci = 0; ci < sizeof(chains) / sizeof(chains[0]); ++ci) {
             const int64_t *g = shapes[si];
-            conv_case(rng, g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7], g[8], g[9], g[10],
-                      g[11], g[12], chains[ci], (int)((si + ci) % 3 == 0), 0);
+            conv_case(rng, g[0], g[1], g[2], g[3], g[4], groups[si], g[5], g[6], g[7], g[8],
+                      g[9], g[10], g[11], g[12], chains[ci], (int)((si + ci) % 3 == 0), 0);
         }
-    /* above the threading threshold: pixel blocks, then channel blocks */
-    conv_case(rng, 1, 16, 40, 40, 24, 3, 3, 1, 1, 1, 1, 1, 1, chains[2], 0, 1);
+    /* above the threading threshold: pixel blocks, then channel blocks; groups */
+    conv_case(rng, 1, 16, 40, 40, 24, 1, 3, 3, 1, 1, 1, 1, 1, 1, chains[2], 0, 1);
+    conv_case(rng, 1, 32, 30, 30, 32, 8, 3, 3, 1, 1, 1, 1, 1, 1, chains[1], 0, 1);
     if (!threaded)
-        conv_case(rng, 1, 64, 7, 7, 130, 3, 3, 1, 1, 1, 1, 1, 1, chains[1], 1, 1);
+        conv_case(rng, 1, 64, 7, 7, 130, 1, 3, 3, 1, 1, 1, 1, 1, 1, chains[1], 1, 1);
     conv_errors();
 }
 
