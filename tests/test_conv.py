@@ -134,26 +134,35 @@ def test_depthwise_separable_blocks():
     _no_tvm_convs(report)
 
 
-def test_weight_as_input_stays_a_conv():
-    """A weight that is not a compile-time constant cannot be folded or reshaped at
-    compile time: the conv stays TVM's."""
+@pytest.mark.parametrize("groups,depthwise", [(1, False), (2, False), (4, True)],
+                         ids=["dense", "grouped", "depthwise"])
+def test_weight_as_input(groups, depthwise):
+    """A weight passed in (not a compile-time constant) is read in place by the kernel
+    call, with a constant bias and a relu fused; a depthwise conv with such a weight
+    (whose taps need its values) stays TVM's conv2d. Numerics against PyTorch."""
     import tvm
     from tvm import relax
 
+    c, oc = 4, 4 if depthwise else 6
+    rng = np.random.default_rng(groups)
+    bias = rng.standard_normal(oc).astype(np.float32)
     bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType((1, 3, 8, 8), "float32"))
-    w = relax.Var("w", relax.TensorType((4, 3, 3, 3), "float32"))
+    x = relax.Var("x", relax.TensorType((2, c, 8, 7), "float32"))
+    w = relax.Var("w", relax.TensorType((oc, c // groups, 3, 3), "float32"))
     with bb.function("main", [x, w]):
         with bb.dataflow():
-            y = bb.emit_output(bb.emit(relax.op.nn.conv2d(x, w, padding=1)))
+            y = bb.emit(relax.op.nn.conv2d(x, w, padding=1, groups=groups))
+            y = bb.emit(relax.op.add(y, relax.const(bias.reshape(1, oc, 1, 1))))
+            y = bb.emit_output(bb.emit(relax.op.nn.relu(y)))
         bb.emit_func_output(y)
     mod = bb.get()
-    assert tirbyoc.explain(mod).offloaded == []
-    rng = np.random.default_rng(0)
-    xs = rng.standard_normal((1, 3, 8, 8)).astype(np.float32)
-    ws = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    offloaded = [r.intrinsic for r in tirbyoc.explain(mod).offloaded]
+    assert offloaded == ([] if depthwise else ["conv2d_bias_relu"]), offloaded
+    xs = rng.standard_normal((2, c, 8, 7)).astype(np.float32)
+    ws = rng.standard_normal((oc, c // groups, 3, 3)).astype(np.float32)
     vm = relax.VirtualMachine(tirbyoc.compile(mod), tvm.cpu())
     got = vm["main"](tvm.runtime.tensor(xs), tvm.runtime.tensor(ws)).numpy()
-    ref = torch.nn.functional.conv2d(torch.from_numpy(xs), torch.from_numpy(ws),
-                                     padding=1).numpy()
+    ref = torch.relu(torch.nn.functional.conv2d(torch.from_numpy(xs), torch.from_numpy(ws),
+                                                torch.from_numpy(bias), padding=1,
+                                                groups=groups)).numpy()
     assert float(np.abs(got - ref).max()) <= RTOL * float(np.abs(ref).max())

@@ -26,8 +26,10 @@ its kernel taps of a strided slice of the padded input times that tap's per-chan
 with the same bias, batch norm, shortcut and activation after it: elementwise ops that TVM
 fuses into one PrimFunc (one pass over the output) and tirbyoc's Injective rule schedules.
 
-A batch norm in training mode, another layout, a weight that is not a constant, or a
-symbolic channel or spatial size keep TVM's ``conv2d``.
+A weight that is not a constant (a parameter passed in) is read in place by the same
+call; a batch norm after such a conv is not folded (it stays TVM's), and a depthwise conv
+with one needs its values, so it stays TVM's ``conv2d``. A batch norm in training mode,
+another layout, or a symbolic channel or spatial size keep TVM's ``conv2d``.
 """
 
 from __future__ import annotations
@@ -72,7 +74,9 @@ def _const(expr, values):
 @dataclass
 class _Plan:
     x: object
-    weight: np.ndarray      # [OC, C / groups, KH, KW], float64, folded
+    weight: np.ndarray | None  # [OC, C / groups, KH, KW], float64, folded; or
+    weight_arg: object | None  # the Relax tensor the kernel reads in place (not a constant)
+    weight_shape: tuple
     bias: np.ndarray | None  # [OC], float64
     residual: object | None  # a tensor of the output's shape added after the bias
     act: str | None          # "relu" or "relu6"
@@ -89,22 +93,31 @@ def _plan(b: Bindings, var, call, residuals=True):
     attrs = call.attrs
     if (str(attrs.data_layout), str(attrs.kernel_layout)) != ("NCHW", "OIHW") or \
             str(attrs.out_layout) not in ("NCHW", "") or \
-            str(attrs.out_dtype) not in ("float32", ""):
+            str(attrs.out_dtype) not in ("float32", "", "None"):
         return None
     x, w = call.args
-    xs, ys = _static_shape(x), _static_shape(call)
+    xs, ys, wshape = _static_shape(x), _static_shape(call), _static_shape(w)
     weight = _const(w, b.values)
-    if xs is None or ys is None or weight is None or weight.dtype != np.float32:
+    if xs is None or ys is None or wshape is None or \
+            (weight is not None and weight.dtype != np.float32):
         return None
     if getattr(x.ty, "dtype", None) != "float32" or not all(
-            isinstance(d, int) for d in xs[1:] + ys[1:]):
+            isinstance(d, int) for d in xs[1:] + ys[1:] + wshape):
         return None
-    weight = weight.astype(np.float64)
-    oc = weight.shape[0]
+    # a weight that is not a constant (a parameter passed in) is read in place: no folding
+    weight_arg = None
+    if weight is None:
+        if getattr(w.ty, "dtype", None) != "float32":
+            return None
+        weight_arg = w
+    else:
+        weight = weight.astype(np.float64)
+    oc = wshape[0]
     groups = int(attrs.groups)
     # one product per group; depthwise (one filter per channel) as taps instead
-    depthwise = groups == xs[1] == oc and weight.shape[1] == 1 and groups > 1
-    if groups < 1 or xs[1] % groups or oc % groups or weight.shape[1] * groups != xs[1]:
+    depthwise = groups == xs[1] == oc and wshape[1] == 1 and groups > 1
+    if groups < 1 or xs[1] % groups or oc % groups or wshape[1] * groups != xs[1] or \
+            (depthwise and weight is None):
         return None
     bias, residual, act, last = None, None, None, var
     while True:
@@ -123,7 +136,8 @@ def _plan(b: Bindings, var, call, residuals=True):
                 residual = other  # a tensor of the output's shape (a shortcut)
             else:
                 break
-        elif is_op(uval, "relax.nn.batch_norm") and act is None and residual is None:
+        elif is_op(uval, "relax.nn.batch_norm") and act is None and residual is None and \
+                weight is not None:
             folded = _batch_norm(b, uvar, uval, last)
             if folded is None:
                 break
@@ -137,7 +151,8 @@ def _plan(b: Bindings, var, call, residuals=True):
         else:
             break
         last = uvar
-    return last, _Plan(x, weight, bias, residual, act, depthwise, groups,
+    return last, _Plan(x, weight, weight_arg, tuple(wshape), bias, residual, act, depthwise,
+                       groups,
                        tuple(int(s) for s in attrs.strides),
                        tuple(int(p) for p in attrs.padding),
                        tuple(int(d) for d in attrs.dilation), ys)
@@ -180,7 +195,7 @@ def _kernel_func(plan: _Plan, x, residual, out_ty):
 
     names = {}
     xb = T.decl_buffer(tir_dims(shape_of(x), names), "float32", "x")
-    wb = T.decl_buffer([T.const(int(d), "int64") for d in plan.weight.shape], "float32", "w")
+    wb = T.decl_buffer([T.const(int(d), "int64") for d in plan.weight_shape], "float32", "w")
     bb = None if plan.bias is None else T.decl_buffer(
         [T.const(int(plan.bias.shape[0]), "int64")], "float32", "bias")
     yshape = tir_dims(out_ty.shape.values, names)
@@ -218,8 +233,10 @@ def _kernel_func(plan: _Plan, x, residual, out_ty):
     return func.with_attr("tirx.noalias", True)
 
 
-def _emit(bb, x, residual, plan: _Plan, out_ty, funcs):
-    """The region's replacement: one kernel call, or for a depthwise conv its taps."""
+def _emit(bb, x, weight, residual, plan: _Plan, out_ty, funcs):
+    """The region's replacement: one kernel call, or for a depthwise conv its taps.
+    ``weight``: the weight the caller passes (``plan.weight_arg`` after the rewrite's
+    remapping), or None for the folded constant."""
     if plan.depthwise:
         src = x
         if any(plan.padding):
@@ -230,7 +247,8 @@ def _emit(bb, x, residual, plan: _Plan, out_ty, funcs):
     key = T.structural_hash(kernel)
     if key not in funcs:
         funcs[key] = bb.add_func(kernel, "tirbyoc_conv2d")
-    args = [x, R.const(plan.weight.astype(np.float32), "float32")]
+    args = [x, weight if weight is not None else
+            R.const(plan.weight.astype(np.float32), "float32")]
     if plan.bias is not None:
         args.append(R.const(plan.bias.astype(np.float32), "float32"))
     if residual is not None:
@@ -287,8 +305,9 @@ class _Rewriter(R.PyExprMutator):
             super().visit_var_binding_(binding)
             return
         residual = None if plan.residual is None else self.visit_expr(plan.residual)
-        new = _emit(self.builder_, self.visit_expr(plan.x), residual, plan, binding.var.ty,
-                    self.funcs)
+        weight = None if plan.weight_arg is None else self.visit_expr(plan.weight_arg)
+        new = _emit(self.builder_, self.visit_expr(plan.x), weight, residual, plan,
+                    binding.var.ty, self.funcs)
         self.set_var_remap(binding.var, new)
 
 
