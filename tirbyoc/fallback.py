@@ -103,7 +103,25 @@ class Injective(T.DlightScheduleRule):
                 sch.parallel(outer)
 
 
-class WindowReduction(T.DlightScheduleRule):
+class _GuardedRule(T.DlightScheduleRule):
+    """A rule for llvm targets whose ``_schedule(func)`` returns a schedule or None; an
+    error while scheduling means the function is not of its form (the next rule's)."""
+
+    def apply(self, func, target, tunable=False):  # noqa: ARG002 (dlight's signature)
+        if not isinstance(func, T.PrimFunc) or target is None or target.kind.name != "llvm":
+            return None
+        try:
+            return self._schedule(func)
+        except Exception:  # noqa: BLE001 (a form this rule does not know: the next rule's)
+            # NOTE: dlight's ApplyDefaultSchedule does not catch a rule's errors; a layout
+            # that compute_at or rfactor rejects must not fail the whole compile.
+            return None
+
+    def _schedule(self, func):
+        raise NotImplementedError
+
+
+class WindowReduction(_GuardedRule):
     """Pooling: one reduction of a single input over a window (max / average pooling),
     with elementwise steps before it (padding) and after it (the average's division).
     Output rows in parallel; along the output's last axis, runs of outputs are reduced
@@ -117,17 +135,9 @@ class WindowReduction(T.DlightScheduleRule):
     # shortest output row worth vector lanes
     MIN_ROW = 8
 
-    def apply(self, func, target, tunable=False):  # noqa: ARG002 (dlight's signature)
-        if not isinstance(func, T.PrimFunc) or target is None or target.kind.name != "llvm":
-            return None
+    def _schedule(self, func):
         if _count_reductions(func) != 1:
             return None
-        try:
-            return self._schedule(func)
-        except Exception:  # noqa: BLE001 (a form this rule does not know: the next rule's)
-            return None
-
-    def _schedule(self, func):
         sch = T.Schedule(fastmath.expand_math(func))
         infos = T.dlight_blocks(sch)
         if not infos:
@@ -152,17 +162,8 @@ class WindowReduction(T.DlightScheduleRule):
         if not isinstance(row, int) or row < self.MIN_ROW:
             return None
         # the other steps: elementwise ones inlined, paddings kept (see _shared_pads)
-        others = []
-        for b in infos:
-            if b is red:
-                continue
-            if not _is_pad(sch.get(b.block_rv)):
-                try:
-                    sch.compute_inline(b.block_rv)
-                    continue
-                except Exception:  # noqa: BLE001 (a consumer: its own loop nest)
-                    pass
-            others.append(b)
+        others = _inline_where(sch, [b for b in infos if b is not red],
+                               lambda b: not _is_pad(sch.get(b.block_rv)))
         for b in others:
             if _is_pad(sch.get(b.block_rv)):
                 _schedule_pad(sch, b.block_rv)
@@ -188,7 +189,7 @@ class WindowReduction(T.DlightScheduleRule):
         return sch
 
 
-class RowReduction(T.DlightScheduleRule):
+class RowReduction(_GuardedRule):
     """Row reductions with elementwise steps (softmax, masked softmax, layer norm, RMS
     norm): the leading spatial ("row") loops fused and run in parallel, every block
     computed inside them, elementwise steps vectorized, and each sum / max over the row
@@ -198,16 +199,6 @@ class RowReduction(T.DlightScheduleRule):
 
     Only spatial loops are split over threads and each row is reduced by one thread, so
     a result does not depend on the thread count."""
-
-    def apply(self, func, target, tunable=False):  # noqa: ARG002 (dlight's signature)
-        if not isinstance(func, T.PrimFunc) or target is None or target.kind.name != "llvm":
-            return None
-        try:
-            return self._schedule(func)
-        except Exception:  # noqa: BLE001 (a shape this rule does not know: the next rule's)
-            # NOTE: dlight's ApplyDefaultSchedule does not catch a rule's errors; a layout
-            # that compute_at or rfactor rejects must not fail the whole compile.
-            return None
 
     def _schedule(self, func):
         costly = _blocks_with_math(func)
@@ -238,16 +229,8 @@ class RowReduction(T.DlightScheduleRule):
             return None
         # NOTE: elementwise producers that are cheap are inlined into their consumers; one
         # that calls exp/tanh/erf (softmax's exp) is kept, not computed once per consumer.
-        rest = []
-        for b in infos[:-1]:
-            name = sch.get(b.block_rv).name_hint
-            if b.is_injective() and len(b.iters) > lead and name not in costly:
-                try:
-                    sch.compute_inline(b.block_rv)
-                    continue
-                except Exception:  # noqa: BLE001 (not inlinable: kept as a block)
-                    pass
-            rest.append(b)
+        rest = _inline_where(sch, infos[:-1], lambda b: b.is_injective() and len(b.iters) > lead
+                             and sch.get(b.block_rv).name_hint not in costly)
         # rfactor needs each reduction alone in its loop nest: before compute_at
         blocks = []
         for b in rest:
@@ -411,6 +394,21 @@ def _rows_along_input_rows(stmt) -> bool:
 
 def _is_one(extent) -> bool:
     return isinstance(extent, T.IntImm) and extent.value == 1
+
+
+def _inline_where(sch, blocks, wanted) -> list:
+    """Inlines each block that ``wanted(block)`` picks into its consumers, where it can be;
+    the blocks left (not picked, or not inlinable, such as a consumer), in order."""
+    kept = []
+    for b in blocks:
+        if wanted(b):
+            try:
+                sch.compute_inline(b.block_rv)
+                continue
+            except Exception:  # noqa: BLE001 (not inlinable: kept as a block)
+                pass
+        kept.append(b)
+    return kept
 
 
 def _schedule_pad(sch, block_rv):
