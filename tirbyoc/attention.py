@@ -76,16 +76,14 @@ class _Region:
     mask: object | None
     flags: int
     scale: float
-    inner: set           # variables computed inside the region
 
 
 class _Func(Bindings):
     """The function's bindings, and views walked back through."""
 
-    def through_views(self, var, inner, uses=1):
+    def through_views(self, var, uses=1):
         """Back from ``var`` through batch-regrouping views; the first non-view value's
-        variable. Every view passed must be used once (``var`` itself ``uses`` times);
-        its variable joins ``inner``."""
+        variable. Every view passed must be used once (``var`` itself ``uses`` times)."""
         while True:
             value = self.producer(var)
             if value is None or not is_op(value, *_VIEWS) or not _is_batch_view(value):
@@ -93,7 +91,6 @@ class _Func(Bindings):
             if self.uses.get(var, 0) != uses:
                 return var
             uses = 1
-            inner.add(var)
             var = value.args[0]
 
 
@@ -116,14 +113,14 @@ def _batch(shape):
 
 
 def _match(f: _Func, pv_var, pv_call) -> _Region | None:
-    """The region ending in ``pv_var = R.matmul(P, V)``, or None."""
-    inner = set()
+    """The region ending in ``pv_var = R.matmul(P, V)``, or None. Every variable inside
+    is used only by the next step (the uses checks), so the region can be replaced."""
     if not is_op(pv_call, "relax.matmul") or len(pv_call.args) != 2:
         return None
     p_var, v = pv_call.args
     if any(_dtype(x) != "float32" for x in (pv_call, p_var, v)):
         return None
-    p_var = f.through_views(p_var, inner)
+    p_var = f.through_views(p_var)
     if f.uses.get(p_var, 0) != 1:
         return None
     p_val = f.producer(p_var)
@@ -133,7 +130,6 @@ def _match(f: _Func, pv_var, pv_call) -> _Region | None:
         scores_fixup = _fixup_scores(f, p_val)
         if scores_fixup is None:
             return None
-        inner.add(p_var)
         p_var = p_val.args[2]
         # full_like(P, 0) reads only P's shape: a use that goes with the where
         shape_only = any(is_op(f.values.get(x), "relax.full_like", "relax.zeros_like")
@@ -145,16 +141,14 @@ def _match(f: _Func, pv_var, pv_call) -> _Region | None:
     if not is_op(p_val, "relax.nn.softmax") or int(p_val.attrs.axis) not in (-1, len(
             shape_of(p_var) or []) - 1):
         return None
-    inner.add(p_var)
     s_var = p_val.args[0]
     if scores_fixup is not None:
         if not s_var.same_as(scores_fixup[0]) or f.uses.get(s_var, 0) != 2:
             return None
-        inner.update(scores_fixup[1])
     elif f.uses.get(s_var, 0) != 1:
         return None
     mask = None
-    s_var = f.through_views(s_var, inner, 1 if scores_fixup is None else 2)
+    s_var = f.through_views(s_var, 1 if scores_fixup is None else 2)
     s_val = f.producer(s_var)
     if is_op(s_val, "relax.where"):
         cond, a, b = s_val.args
@@ -169,8 +163,7 @@ def _match(f: _Func, pv_var, pv_call) -> _Region | None:
         if not _mask_fits(cond, s_val):
             return None
         mask = cond
-        inner.add(s_var)
-        s_var = f.through_views(scores, inner)
+        s_var = f.through_views(scores)
         s_val = f.producer(s_var)
     scale = 1.0
     if is_op(s_val, "relax.divide", "relax.multiply"):
@@ -183,18 +176,16 @@ def _match(f: _Func, pv_var, pv_call) -> _Region | None:
         scale = c
         if s_val.op.name == "relax.divide":
             flags |= _DIVIDE
-        inner.add(s_var)
-        s_var = f.through_views(x, inner)
+        s_var = f.through_views(x)
         s_val = f.producer(s_var)
     if not is_op(s_val, "relax.matmul") or len(s_val.args) != 2:
         return None
-    inner.add(s_var)
     q, k = s_val.args
     if any(_dtype(x) != "float32" for x in (s_val, q, k)):
         return None
     if not _shapes_fit(q, k, v, pv_call, s_val):
         return None
-    return _Region(pv_var, q, k, v, mask, flags, scale, inner)
+    return _Region(pv_var, q, k, v, mask, flags, scale)
 
 
 def _fixup_scores(f: _Func, where):
