@@ -684,6 +684,21 @@ static inline void cg_run(float *d, const float *row, int64_t iw, int64_t sw,
              * in `in` are read, all of them inside the row. */
             const uintptr_t base = (uintptr_t)first - (uintptr_t)(t0 + lo) * sizeof(float);
             v = _mm512_maskz_loadu_ps(in, (const void *)base);
+        } else if (sw == 2) {
+            /* lane t reads element 2 t from base (2 (t0 + lo) floats before
+             * first, an integer as above): the elements from the first lane's
+             * to the last's, in two masked loads, then the even ones */
+            const uintptr_t base =
+                (uintptr_t)first - (uintptr_t)(2 * (t0 + lo)) * sizeof(float);
+            const int j0 = 2 * (int)(t0 + lo), span = 2 * (int)(hi - lo) - 1;
+            const uint32_t need = ((1u << span) - 1u) << j0; /* span <= 31 */
+            const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14,
+                                                   16, 18, 20, 22, 24, 26, 28, 30);
+            const __m512 a = _mm512_maskz_loadu_ps((__mmask16)(need & 0xFFFFu),
+                                                   (const void *)base);
+            const __m512 b = _mm512_maskz_loadu_ps((__mmask16)(need >> 16),
+                                                   (const void *)(base + 16 * sizeof(float)));
+            v = _mm512_maskz_mov_ps(in, _mm512_permutex2var_ps(a, even, b));
         } else {
             const __m512i idx = _mm512_mullo_epi32(
                 _mm512_sub_epi32(
