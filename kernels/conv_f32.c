@@ -44,7 +44,7 @@
 
 typedef struct {
     const tb_isa *isa;
-    int64_t batch, c, h, w, oc;
+    int64_t c, oc;            /* input and output channels */
     int64_t groups, cg, ocg; /* groups, and input / output channels per group */
     tb_conv_geom g; /* a group's column matrix; g.k = C / G * KH * KW */
     const float *x, *wt, *bias;
@@ -116,7 +116,7 @@ static void conv_unit(const conv_job_t *j, int64_t n, int64_t c0, int64_t o0,
                       int64_t o1, int64_t j0, int64_t j1, float *scratch)
 {
     const tb_isa *isa = j->isa;
-    const float *img = j->x + (n * j->c + c0) * j->h * j->w;
+    const float *img = j->x + (n * j->c + c0) * j->g.h * j->g.w;
     float *y = j->y + n * j->oc * j->p;
     float *bbuf = scratch, *abuf = scratch + (size_t)TB_KC_MAX * TB_NC_MAX;
     const int64_t nc = j1 - j0;
@@ -232,10 +232,7 @@ int32_t tirbyoc_conv2d_f32(int64_t batch, int64_t c, int64_t h, int64_t w,
         return TIRBYOC_ENOMEM;
 
     j.isa = tb_active_isa();
-    j.batch = batch;
     j.c = c;
-    j.h = h;
-    j.w = w;
     j.oc = oc;
     j.groups = groups;
     j.cg = c / groups;
