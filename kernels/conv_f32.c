@@ -31,6 +31,7 @@
  */
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "dense_f32_internal.h"
@@ -56,6 +57,14 @@ typedef struct {
     int64_t pbw, npb; /* pixels per block (whole panels), blocks per image */
     int64_t nob;      /* blocks of output channels (about equal) */
     int64_t units;
+    /* the direct path only (conv_direct) */
+    int64_t wv, hq;   /* a phase plane's row (the virtual row) and rows */
+    int64_t ps, cs;   /* floats per phase plane and per channel */
+    int64_t is;       /* floats per image: its channels, then the ones plane */
+    int64_t vp;       /* virtual pixels of an image: OH * wv */
+    unsigned phases;  /* bit a * sw + b: phase plane (a, b) is read */
+    float *xp;        /* the phase images */
+    int64_t obw;      /* output channels per block (a multiple of 16) */
 } conv_job_t;
 
 static int64_t min_i64(int64_t x, int64_t y) { return x < y ? x : y; }
@@ -159,6 +168,251 @@ static void conv_task(void *arg, int64_t u, float *scratch)
     conv_unit(j, n, gi * j->cg, o + j->ocg * ob / j->nob,
               o + j->ocg * (ob + 1) / j->nob, pb * j->pbw,
               min_i64(j->p, (pb + 1) * j->pbw), scratch);
+}
+
+/* ---- direct path ----
+ *
+ * Where the ISA has conv_tile, the column matrix is not gathered: the
+ * micro-kernel reads its rows in place. Rows of its tile are output pixels
+ * and columns output channels (the weights are the packed W operand, one
+ * 16-channel panel of all kt steps per panel, packed once per call), so
+ * the pixels of k step (c, r, s) are consecutive floats of one plane when
+ * the image is first copied, zero padded, into phase planes: plane (a, b)
+ * of channel c holds element [i][j] = x[c][i * sh + a - pt][j * sw + b - pl]
+ * (0 outside the image), i < hq, j < wv. Output pixel (oh, ow) is virtual
+ * pixel q = oh * wv + ow, and tap (r, s) of it sits at q plus
+ * ((r * dh) / sh) * wv + (s * dw) / sw in plane ((r * dh) % sh, (s * dw) % sw):
+ * a fixed offset per k step (koff) for every pixel. Virtual pixels with
+ * ow >= OW are computed and dropped. The bias step reads a plane of ones.
+ * Each unit keeps its tiles' sums, pixel-major, in scratch over the K
+ * blocks, then transposes them into y (conv_out) and applies the chain.
+ * The sums are the gather path's bit for bit: the same K blocks, each one
+ * FMA chain in k order, added in order.
+ */
+
+/* Strides above this take the gather path. */
+#define CONV_DIRECT_STRIDE_MAX 4
+/* Output channels per unit at most (bounds the scratch a tile row needs). */
+#define CONV_DIRECT_OB_MAX 1024
+/* A unit's sums: about this many floats (kept in L2). */
+#define CONV_DIRECT_SUMS (64 * 1024)
+/* Phase image floats at most. */
+#define CONV_DIRECT_FLOATS_MAX ((int64_t)1 << 28)
+
+/* koff[0:kc] for k steps [k0, k0 + kc) of group gi. */
+static void direct_koff(const conv_job_t *j, int64_t gi, int64_t k0,
+                        int64_t kc, int64_t *koff)
+{
+    const tb_conv_geom *g = &j->g;
+    const int64_t khw = g->kh * g->kw;
+    int64_t p;
+    for (p = 0; p < kc; ++p) {
+        const int64_t k = k0 + p;
+        if (k >= g->k) {
+            koff[p] = j->c * j->cs; /* the ones plane */
+        } else {
+            const int64_t c = gi * j->cg + k / khw;
+            const int64_t rd = (k % khw) / g->kw * g->dh;
+            const int64_t sd = k % g->kw * g->dw;
+            koff[p] = c * j->cs + (rd % g->sh * g->sw + sd % g->sw) * j->ps +
+                      rd / g->sh * j->wv + sd / g->sw;
+        }
+    }
+}
+
+/* One phase plane (a, b) of channel plane src into pl. */
+static void direct_plane(const conv_job_t *j, const float *src, int64_t a,
+                         int64_t b, float *pl)
+{
+    const tb_conv_geom *g = &j->g;
+    /* the columns t of a row with off + t * sw in [0, w) */
+    const int64_t off = b - g->pl;
+    const int64_t tlo = off >= 0 ? 0 : min_i64(j->wv, cdiv(-off, g->sw));
+    const int64_t thi =
+        off >= g->w ? tlo : min_i64(j->wv, cdiv(g->w - off, g->sw));
+    int64_t i, t;
+    for (i = 0; i < j->hq; ++i) {
+        float *d = pl + i * j->wv;
+        const int64_t ih = i * g->sh + a - g->pt;
+        if (ih < 0 || ih >= g->h || tlo >= thi) {
+            memset(d, 0, (size_t)j->wv * sizeof(float));
+            continue;
+        }
+        for (t = 0; t < tlo; ++t)
+            d[t] = 0.0f;
+        if (g->sw == 1)
+            memcpy(d + tlo, src + ih * g->w + off + tlo,
+                   (size_t)(thi - tlo) * sizeof(float));
+        else
+            for (t = tlo; t < thi; ++t)
+                d[t] = src[ih * g->w + off + t * g->sw];
+        for (t = thi; t < j->wv; ++t)
+            d[t] = 0.0f;
+    }
+    /* the slack that tiles past the last row read */
+    memset(pl + j->hq * j->wv, 0,
+           (size_t)(j->ps - j->hq * j->wv) * sizeof(float));
+}
+
+/* Pre-pass unit u: one channel's phase planes (u < batch * c), else the
+ * ones plane of an image. */
+static void direct_prep(void *arg, int64_t u, float *scratch)
+{
+    const conv_job_t *j = (const conv_job_t *)arg;
+    const tb_conv_geom *g = &j->g;
+    const int64_t batch = j->units; /* the batch, during the pre-pass */
+    int64_t t;
+    (void)scratch;
+    if (u < batch * j->c) {
+        const int64_t n = u / j->c, c = u % j->c;
+        const float *src = j->x + (n * j->c + c) * g->h * g->w;
+        int64_t a, b;
+        for (a = 0; a < g->sh; ++a)
+            for (b = 0; b < g->sw; ++b)
+                if (j->phases >> (a * g->sw + b) & 1u)
+                    direct_plane(j, src, a, b,
+                                 j->xp + n * j->is + c * j->cs +
+                                     (a * g->sw + b) * j->ps);
+    } else {
+        float *ones = j->xp + (u - batch * j->c) * j->is + j->c * j->cs;
+        for (t = 0; t < j->ps; ++t)
+            ones[t] = 1.0f;
+    }
+}
+
+/* Unit: image n, group gi, output channels [o0, o0 + ob) of the group
+ * (o0 a multiple of 16), virtual pixels [q0, q1). */
+static void direct_unit(const conv_job_t *j, int64_t n, int64_t gi,
+                        int64_t o0, int64_t ob, int64_t q0, int64_t q1,
+                        float *scratch)
+{
+    const tb_isa *isa = j->isa;
+    const int mr = isa->mr;
+    const int64_t ldc = cdiv(ob, 16) * 16;
+    const int64_t tiles = cdiv(q1 - q0, mr);
+    const int64_t kblocks = tb_kblocks(j->kt, isa->kc);
+    const float *img = j->xp + n * j->is;
+    const int64_t oc0 = gi * j->ocg + o0; /* the unit's first channel of y */
+    float *wbuf = scratch + tiles * mr * ldc; /* kc x 16, per panel */
+    int64_t *koff = (int64_t *)(wbuf + (size_t)TB_KC_MAX * 32);
+    float *y = j->y + (n * j->oc + oc0) * j->p;
+    tb_chain ch = j->chain;
+    int64_t kb, c0, t;
+    if (ch.residual != NULL)
+        ch.residual += n * j->oc * j->p;
+    for (kb = 0; kb < kblocks; ++kb) {
+        const int64_t pc = tb_kblock_start(j->kt, kblocks, kb);
+        const int64_t kc = tb_kblock_start(j->kt, kblocks, kb + 1) - pc;
+        const int flags = kb > 0 ? TB_ACCUMULATE : 0;
+        direct_koff(j, gi, pc, kc, koff);
+        for (c0 = 0; c0 < ob; c0 += isa->nr) {
+            const int nr = (int)min_i64(isa->nr, ob - c0);
+            const int64_t kr = min_i64(kc, j->g.k - pc); /* weight rows */
+            if (kr > 0)
+                isa->pack_w(TB_W_NT, kr, nr, j->wt + (oc0 + c0) * j->g.k + pc,
+                            j->g.k, wbuf, kc * 16);
+            if (kr < kc) { /* the bias step */
+                int64_t e;
+                for (e = 0; e < 32; ++e)
+                    wbuf[e / 16 * kc * 16 + kr * 16 + e % 16] =
+                        e < nr ? j->bias[oc0 + c0 + e] : 0.0f;
+            }
+            for (t = 0; t < tiles; ++t) {
+                const int64_t qa = q0 + t * mr;
+                isa->conv_tile(kc, img + qa, koff, wbuf, kc * 16,
+                               scratch + t * mr * ldc + c0, ldc,
+                               (int)min_i64(mr, q1 - qa), nr, flags);
+            }
+        }
+    }
+    /* each tile's valid pixels, one output row at a time */
+    for (t = 0; t < tiles; ++t) {
+        const int64_t qa = q0 + t * mr, qb = min_i64(q1, qa + mr);
+        int64_t q = qa;
+        while (q < qb) {
+            const int64_t oh = q / j->wv, ow = q % j->wv;
+            const int64_t end = min_i64(qb, (oh + 1) * j->wv);
+            if (ow < j->g.ow) {
+                const int64_t len = min_i64(end, oh * j->wv + j->g.ow) - q;
+                const int64_t px = oh * j->g.ow + ow;
+                isa->conv_out(scratch + (t * mr + q - qa) * ldc, ldc, ob, len,
+                              y + px, j->p, ch.ops != 0 ? &ch : NULL, oc0,
+                              px);
+            }
+            q = end;
+        }
+    }
+}
+
+static void direct_task(void *arg, int64_t u, float *scratch)
+{
+    const conv_job_t *j = (const conv_job_t *)arg;
+    const int64_t pb = u % j->npb, ob = u / j->npb % j->nob;
+    const int64_t gi = u / j->npb / j->nob % j->groups;
+    const int64_t n = u / j->npb / j->nob / j->groups;
+    const int64_t o0 = ob * j->obw;
+    direct_unit(j, n, gi, o0, min_i64(j->obw, j->ocg - o0), pb * j->pbw,
+                min_i64(j->vp, (pb + 1) * j->pbw), scratch);
+}
+
+/* Sets up and runs the direct path: 1 if it ran, 0 if it does not apply
+ * (the caller then gathers), -1 if its workspace cannot be allocated. */
+static int conv_direct(conv_job_t *j, int64_t batch, int want)
+{
+    const tb_conv_geom *g = &j->g;
+    const tb_isa *isa = j->isa;
+    const char *env = getenv("TIRBYOC_CONV_DIRECT");
+    int64_t r, s, units;
+    if (isa->conv_tile == NULL || (env != NULL && env[0] == '0') ||
+        g->sh > CONV_DIRECT_STRIDE_MAX || g->sw > CONV_DIRECT_STRIDE_MAX)
+        return 0;
+    j->wv = g->ow + (g->kw - 1) * g->dw / g->sw;
+    j->hq = j->p / g->ow + (g->kh - 1) * g->dh / g->sh;
+    /* slack: the last tile's overrun and the largest in-row tap offset */
+    j->ps = cdiv(j->hq * j->wv + isa->mr + j->wv, 16) * 16;
+    j->cs = g->sh * g->sw * j->ps;
+    j->is = (j->c + 1) * j->cs;
+    j->vp = j->p / g->ow * j->wv;
+    if ((double)batch * (double)j->is >= (double)CONV_DIRECT_FLOATS_MAX)
+        return 0;
+    j->xp = tb_workspace((size_t)(batch * j->is));
+    if (j->xp == NULL)
+        return -1;
+    j->phases = 0;
+    for (r = 0; r < g->kh; ++r)
+        for (s = 0; s < g->kw; ++s)
+            j->phases |= 1u << (r * g->dh % g->sh * g->sw + s * g->dw % g->sw);
+
+    /* Output channels in blocks of at most CONV_DIRECT_OB_MAX (multiples of
+     * 16); virtual pixels in blocks of whole tiles, as many as the scratch
+     * holds next to kc koff entries. More blocks (of pixels, else of
+     * channels) until the units spread evenly over the threads. */
+    j->nob = cdiv(j->ocg, CONV_DIRECT_OB_MAX);
+    j->obw = cdiv(cdiv(j->ocg, j->nob), 16) * 16;
+    j->nob = cdiv(j->ocg, j->obw);
+    j->pbw = CONV_DIRECT_SUMS / j->obw / isa->mr * isa->mr;
+    if (j->pbw < isa->mr)
+        j->pbw = isa->mr;
+    j->pbw = min_i64(j->pbw, cdiv(j->vp, isa->mr) * isa->mr);
+    j->npb = cdiv(j->vp, j->pbw);
+    while (want > 1 && (batch * j->groups * j->nob * j->npb) % want != 0) {
+        if (j->npb < cdiv(j->vp, isa->mr) && (j->vp >= j->ocg || j->obw <= 16))
+            ++j->npb;
+        else if (j->obw > 16) {
+            j->obw = cdiv(cdiv(j->ocg, j->nob + 1), 16) * 16;
+            j->nob = cdiv(j->ocg, j->obw);
+        } else
+            break;
+    }
+    j->pbw = cdiv(cdiv(j->vp, j->npb), isa->mr) * isa->mr;
+    j->npb = cdiv(j->vp, j->pbw);
+    units = batch * j->groups * j->nob * j->npb;
+
+    j->units = batch; /* read by direct_prep */
+    tb_units(direct_prep, j, batch * (j->c + 1), want);
+    j->units = units;
+    tb_units(direct_task, j, units, want);
+    return 1;
 }
 
 /* Whether the n sizes are all in [0, CONV_DIM_MAX) and each product of the
@@ -280,15 +534,23 @@ int32_t tirbyoc_conv2d_f32(int64_t batch, int64_t c, int64_t h, int64_t w,
         return TIRBYOC_OK;
     }
 
+    want = tb_num_threads();
+    flops = 2.0 * (double)batch * (double)oc * (double)j.p * (double)j.kt;
+    if (flops < CONV_PAR_FLOPS)
+        want = 1;
+    {
+        const int direct = conv_direct(&j, batch, want);
+        if (direct < 0)
+            return TIRBYOC_ENOMEM;
+        if (direct > 0)
+            return TIRBYOC_OK;
+    }
+
     /* Pixel blocks of about equal width in whole panels, at most nc wide.
      * When their count does not spread evenly over the threads, split
      * further: the channels when there are few blocks and more channels than
      * pixels (each unit then gathers the same pixels again), else the pixels
      * (each unit then packs the same weight rows again). */
-    want = tb_num_threads();
-    flops = 2.0 * (double)batch * (double)oc * (double)j.p * (double)j.kt;
-    if (flops < CONV_PAR_FLOPS)
-        want = 1;
     j.npb = cdiv(j.p, j.isa->nc);
     j.nob = 1;
     if (want > 1 && (batch * groups * j.npb) % want != 0) {

@@ -39,10 +39,13 @@ static __mmask16 mask_n(int64_t n)
 
 /* ---- micro-kernel ---- */
 
-ALWAYS_INLINE void tile(const int MR, const int NV, int64_t kc,
-                        const float *restrict ap, const float *restrict wp,
-                        int64_t wps, float *restrict c, int64_t ldc, int nr,
-                        int flags, const tb_chain *ch, int64_t ci, int64_t cj)
+/* IND: A is read in place, row i of k step p at ap[koff[p] + i] (the
+ * convolution's direct path, tb_conv_tile_fn); else packed, ap[p * MR + i]. */
+ALWAYS_INLINE void tile(const int MR, const int NV, const int IND, int64_t kc,
+                        const float *restrict ap, const int64_t *koff,
+                        const float *restrict wp, int64_t wps,
+                        float *restrict c, int64_t ldc, int nr, int flags,
+                        const tb_chain *ch, int64_t ci, int64_t cj)
 {
     __m512 acc0[X_MR], acc1[X_MR];
     const float *restrict w0 = wp;
@@ -72,9 +75,10 @@ ALWAYS_INLINE void tile(const int MR, const int NV, int64_t kc,
                 _mm_prefetch((const char *)(w1 + (p + X_PF) * 16),
                              _MM_HINT_T0);
         }
+        const float *restrict ar = IND ? ap + koff[p] : ap + p * MR;
 #pragma GCC unroll 16
         for (i = 0; i < MR; ++i) {
-            const __m512 x = _mm512_set1_ps(ap[p * MR + i]);
+            const __m512 x = _mm512_set1_ps(ar[i]);
             acc0[i] = _mm512_fmadd_ps(x, b0, acc0[i]);
             if (NV == 2)
                 acc1[i] = _mm512_fmadd_ps(x, b1, acc1[i]);
@@ -176,7 +180,15 @@ typedef void (*tile_fn)(int64_t, const float *, const float *, int64_t,
                                  int64_t ldc, int nr, int flags,              \
                                  const tb_chain *ch, int64_t ci, int64_t cj)  \
     {                                                                         \
-        tile(MR, NV, kc, ap, wp, wps, c, ldc, nr, flags, ch, ci, cj);         \
+        tile(MR, NV, 0, kc, ap, NULL, wp, wps, c, ldc, nr, flags, ch, ci,    \
+             cj);                                                             \
+    }                                                                         \
+    static void ind_##MR##_##NV(int64_t kc, const float *a,                   \
+                                const int64_t *koff, const float *wp,         \
+                                int64_t wps, float *c, int64_t ldc, int nr,   \
+                                int flags)                                    \
+    {                                                                         \
+        tile(MR, NV, 1, kc, a, koff, wp, wps, c, ldc, nr, flags, NULL, 0, 0); \
     }
 #define TILE_FNS(MR) TILE_FN(MR, 1) TILE_FN(MR, 2)
 TILE_FNS(1) TILE_FNS(2) TILE_FNS(3) TILE_FNS(4) TILE_FNS(5) TILE_FNS(6)
@@ -191,6 +203,22 @@ static const tile_fn tiles[2][X_MR + 1] = {
      tile_7_2, tile_8_2, tile_9_2, tile_10_2, tile_11_2, tile_12_2, tile_13_2,
      tile_14_2},
 };
+
+typedef void (*ind_fn)(int64_t, const float *, const int64_t *,
+                       const float *, int64_t, float *, int64_t, int, int);
+static const ind_fn inds[2][X_MR + 1] = {
+    {NULL, ind_1_1, ind_2_1, ind_3_1, ind_4_1, ind_5_1, ind_6_1, ind_7_1,
+     ind_8_1, ind_9_1, ind_10_1, ind_11_1, ind_12_1, ind_13_1, ind_14_1},
+    {NULL, ind_1_2, ind_2_2, ind_3_2, ind_4_2, ind_5_2, ind_6_2, ind_7_2,
+     ind_8_2, ind_9_2, ind_10_2, ind_11_2, ind_12_2, ind_13_2, ind_14_2},
+};
+
+static void conv_tile(int64_t kc, const float *a, const int64_t *koff,
+                      const float *wp, int64_t wps, float *c, int64_t ldc,
+                      int mr, int nr, int flags)
+{
+    inds[nr > 16][mr](kc, a, koff, wp, wps, c, ldc, nr, flags);
+}
 
 static void ukernel(int64_t kc, const float *ap, const float *wp, int64_t wps,
                     float *c, int64_t ldc, int mr, int nr, int flags,
@@ -283,6 +311,25 @@ static void pack_w(tb_wlayout layout, int64_t kc, int64_t nc,
                     dst + q * dps + p * 16,
                     _mm512_maskz_loadu_ps(mask_n(nc - q * 16), src + q * 16));
         }
+    }
+}
+
+/* tb_conv_out_fn: 16 columns at a time, through the transpose. */
+static void conv_out(const float *ct, int64_t ldc, int64_t m, int64_t n,
+                     float *y, int64_t ldy, const tb_chain *ch, int64_t ci,
+                     int64_t cj)
+{
+    int64_t o0;
+    int j;
+    for (o0 = 0; o0 < m; o0 += 16) {
+        const int64_t cols = min_i64(16, m - o0);
+        __m512 r[16];
+        load_transposed(r, ct + o0, ldc, n, cols);
+        if (ch != NULL)
+            tb_chain_tile(ch, ch->ops, (ch_vf *)r, (int)cols, 1, ci + o0, cj,
+                          n, 0);
+        for (j = 0; j < cols; ++j)
+            _mm512_mask_storeu_ps(y + (o0 + j) * ldy, mask_n(n), r[j]);
     }
 }
 
@@ -733,4 +780,5 @@ const tb_isa tb_isa_avx512 = {
     "avx512", X_MR, X_NR, ISA_KC, ISA_NC, ukernel, pack_a, pack_w, small_cols,
     nt_direct, X_DJ, 16 * X_DV,
     tb_chain_block, tb_unary_row, tb_softmax_row, tb_attn_row, tb_conv_gather,
+    conv_tile, conv_out,
 };

@@ -148,6 +148,23 @@ typedef void (*tb_conv_gather_fn)(const tb_conv_geom *g, const float *img,
                                   const tb_conv_panel *pn, int64_t np,
                                   float *dst, int64_t dps);
 
+/*
+ * The convolution's direct path (conv_f32.c); NULL where an ISA has none.
+ * conv_tile: C[0:mr, 0:nr] (+)= A @ Wp as the micro-kernel, with A read in
+ * place: A[i][p] = a[koff[p] + i] (rows are output pixels, columns output
+ * channels); flags: TB_ACCUMULATE only, no chain.
+ * conv_out: y[o * ldy + t] = ct[t * ldc + o] for o < m, t < n <= 16, with
+ * the chain ch (if not NULL) applied as to outputs at row ci + o, column
+ * cj + t of its matrix.
+ */
+typedef void (*tb_conv_tile_fn)(int64_t kc, const float *a,
+                                const int64_t *koff, const float *wp,
+                                int64_t wps, float *c, int64_t ldc, int mr,
+                                int nr, int flags);
+typedef void (*tb_conv_out_fn)(const float *ct, int64_t ldc, int64_t m,
+                               int64_t n, float *y, int64_t ldy,
+                               const tb_chain *ch, int64_t ci, int64_t cj);
+
 typedef struct tb_isa {
     const char *name;
     int mr;      /* rows of a register tile (<= TB_MR_MAX) */
@@ -166,6 +183,8 @@ typedef struct tb_isa {
     tb_softmax_fn softmax;
     tb_attn_row_fn attn_row;
     tb_conv_gather_fn conv_gather;
+    tb_conv_tile_fn conv_tile; /* or NULL */
+    tb_conv_out_fn conv_out;   /* or NULL */
 } tb_isa;
 
 TB_INTERNAL extern const tb_isa tb_isa_generic;
@@ -196,6 +215,11 @@ TB_INTERNAL void tb_units(tb_unit_fn fn, void *arg, int64_t units, int want);
 /* Per-thread scratch of TB_SCRATCH_FLOATS floats, 64-byte aligned,
  * allocated on a thread's first use; NULL if that allocation failed. */
 TB_INTERNAL float *tb_scratch(void);
+/* The calling thread's workspace of at least floats floats, 64-byte
+ * aligned, kept (and reused) until the thread's next larger request or its
+ * exit; its contents do not survive that next request. NULL if it cannot be
+ * allocated. For buffers a call shares with its workers. */
+TB_INTERNAL float *tb_workspace(size_t floats);
 #define TB_SCRATCH_FLOATS \
     ((size_t)TB_KC_MAX * TB_NC_MAX + (size_t)TB_MR_MAX * TB_KC_MAX)
 

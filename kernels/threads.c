@@ -119,6 +119,58 @@ float *tb_scratch(void)
     return (float *)p;
 }
 
+/* ---- per-thread workspace (grows, kept for the thread's next call) ---- */
+
+typedef struct {
+    float *p;
+    size_t floats;
+} workspace_t;
+
+static pthread_once_t workspace_once = PTHREAD_ONCE_INIT;
+static pthread_key_t workspace_key;
+static int workspace_key_ok;
+
+static void workspace_free(void *v)
+{
+    workspace_t *ws = (workspace_t *)v;
+    free(ws->p);
+    free(ws);
+}
+
+static void workspace_init(void)
+{
+    workspace_key_ok =
+        pthread_key_create(&workspace_key, workspace_free) == 0;
+}
+
+float *tb_workspace(size_t floats)
+{
+    workspace_t *ws;
+    void *p;
+    pthread_once(&workspace_once, workspace_init);
+    if (!workspace_key_ok)
+        return NULL;
+    ws = (workspace_t *)pthread_getspecific(workspace_key);
+    if (ws == NULL) {
+        ws = (workspace_t *)calloc(1, sizeof(*ws));
+        if (ws == NULL)
+            return NULL;
+        if (pthread_setspecific(workspace_key, ws) != 0) {
+            free(ws);
+            return NULL;
+        }
+    }
+    if (ws->floats >= floats)
+        return ws->p;
+    if (floats > SIZE_MAX / sizeof(float) ||
+        posix_memalign(&p, 64, floats * sizeof(float)) != 0)
+        return NULL;
+    free(ws->p);
+    ws->p = (float *)p;
+    ws->floats = floats;
+    return ws->p;
+}
+
 /* ---- worker pool ---- */
 
 /* One worker's mailbox, on its own cache line. */

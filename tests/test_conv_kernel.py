@@ -22,11 +22,21 @@ from .test_kernel_fuzz import CHAIN_REFERENCE as UNARY
 from .test_matmul_kernels import on_each_thread_count
 
 
-@pytest.fixture(params=kernels.available_isas())
-def each_isa(request):
+# The AVX-512 build reads the image in place (the direct path); TIRBYOC_CONV_DIRECT=0
+# makes it gather, as the other instruction sets do: both are tested.
+DIRECT_ISAS = ("avx512",)
+PATHS = [isa for isa in kernels.available_isas()] + [
+    f"{isa}-gather" for isa in kernels.available_isas() if isa in DIRECT_ISAS]
+
+
+@pytest.fixture(params=PATHS)
+def each_isa(request, monkeypatch):
+    isa, _, gather = request.param.partition("-")
+    if gather:
+        monkeypatch.setenv("TIRBYOC_CONV_DIRECT", "0")
     saved = kernels.isa()
-    kernels.set_isa(request.param)
-    yield request.param
+    kernels.set_isa(isa)
+    yield isa
     kernels.set_isa(saved)
 
 
@@ -125,6 +135,42 @@ def test_conv_matches_float64(each_isa, case, ops):
     n, c, h, w, oc, k, stride, pad, dil = case
     run_case(np.random.default_rng(hash((case, ops)) % 2**32), n, c, h, w, oc, k, stride,
              pad, dil, ops)
+
+
+@pytest.mark.skipif("avx512" not in kernels.available_isas(),
+                    reason="only the AVX-512 build has the direct path")
+@pytest.mark.parametrize("case", CASES + [
+    (2, 20, 30, 33, 70, 3, (2, 2), (1, 1), (1, 1)),   # channels past one 64-wide tile
+    (1, 9, 16, 16, 40, 4, (4, 4), (0, 0), (1, 1)),    # stride 4: 16 phase planes
+    (1, 8, 20, 20, 24, 3, (3, 2), (2, 1), (2, 3)),    # stride and dilation: some phases
+    (1, 300, 7, 7, 1100, 3, (1, 1), (1, 1), (1, 1)),  # channel blocks, several K blocks
+], ids=[f"case{i}" for i in range(len(CASES) + 4)])
+def test_direct_path_equals_the_gather_bit_for_bit(monkeypatch, case):
+    """The direct path (rows read in place from phase planes) adds the same products in
+    the same order as the gather path, so their outputs are equal, with a chain too."""
+    n, c, h, w, oc, k, stride, pad, dil = case
+    kh, kw = (k, k) if isinstance(k, int) else k
+    size = out_size(h, w, kh, kw, stride, pad, dil)
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((n, c, h, w)).astype(np.float32)
+    wt = rng.standard_normal((oc, c, kh, kw)).astype(np.float32)
+    b = rng.standard_normal(oc).astype(np.float32)
+    res = rng.standard_normal((n, oc) + tuple(size)).astype(np.float32)
+    saved = kernels.isa()
+    kernels.set_isa("avx512")
+    try:
+        outs = []
+        for direct in ("1", "0"):
+            monkeypatch.setenv("TIRBYOC_CONV_DIRECT", direct)
+            outs.append(kernels.conv2d(x, wt, stride=stride, padding=pad, dilation=dil,
+                                       out_size=size, bias=b, residual=res,
+                                       epilogue=("bias", "residual", "relu", "gelu_tanh")))
+    finally:
+        kernels.set_isa(saved)
+    np.testing.assert_array_equal(outs[0], outs[1])
+    want, err = reference(x, wt, stride, pad, dil, size, ("bias", "residual", "relu",
+                                                          "gelu_tanh"), b, res)
+    assert np.all(np.abs(outs[0] - want) <= err)
 
 
 @pytest.mark.parametrize("c,k", [(57, 3), (56, 3), (100, 3), (512, 1), (511, 1)],
