@@ -187,9 +187,12 @@ static void conv_task(void *arg, int64_t u, float *scratch)
  * Each unit keeps its tiles' sums, pixel-major, in scratch over the K
  * blocks, then transposes them into y (conv_out) and applies the chain.
  * The sums are the gather path's bit for bit: the same K blocks, each one
- * FMA chain in k order, added in order.
+ * FMA chain in k order, added in order. TIRBYOC_CONV_DIRECT=0 turns the path
+ * off, =1 takes it wherever it can run (tests); unset, conv_direct chooses.
  */
 
+/* Fewer k steps (with the bias step) than this take the gather path. */
+#define CONV_DIRECT_K_MIN 128
 /* Strides above this take the gather path. */
 #define CONV_DIRECT_STRIDE_MAX 4
 /* Output channels per unit at most (bounds the scratch a tile row needs). */
@@ -362,9 +365,14 @@ static int conv_direct(conv_job_t *j, int64_t batch, int want)
     const tb_conv_geom *g = &j->g;
     const tb_isa *isa = j->isa;
     const char *env = getenv("TIRBYOC_CONV_DIRECT");
+    const int forced = env != NULL && env[0] == '1';
     int64_t r, s, units;
     if (isa->conv_tile == NULL || (env != NULL && env[0] == '0') ||
         g->sh > CONV_DIRECT_STRIDE_MAX || g->sw > CONV_DIRECT_STRIDE_MAX)
+        return 0;
+    /* Measured faster where each tile has enough k steps to hide its
+     * transpose; a plain conv is a dense product already. */
+    if (!forced && (j->plain || j->kt < CONV_DIRECT_K_MIN))
         return 0;
     j->wv = g->ow + (g->kw - 1) * g->dw / g->sw;
     j->hq = j->p / g->ow + (g->kh - 1) * g->dh / g->sh;

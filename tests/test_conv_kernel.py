@@ -22,18 +22,19 @@ from .test_kernel_fuzz import CHAIN_REFERENCE as UNARY
 from .test_matmul_kernels import on_each_thread_count
 
 
-# The AVX-512 build reads the image in place (the direct path); TIRBYOC_CONV_DIRECT=0
-# makes it gather, as the other instruction sets do: both are tested.
+# The AVX-512 build can read the image in place (the direct path) and chooses it or the
+# gather by size; TIRBYOC_CONV_DIRECT=1 or 0 forces one: both are tested on every case.
 DIRECT_ISAS = ("avx512",)
 PATHS = [isa for isa in kernels.available_isas()] + [
-    f"{isa}-gather" for isa in kernels.available_isas() if isa in DIRECT_ISAS]
+    f"{isa}-{path}" for isa in kernels.available_isas() if isa in DIRECT_ISAS
+    for path in ("direct", "gather")]
 
 
 @pytest.fixture(params=PATHS)
 def each_isa(request, monkeypatch):
-    isa, _, gather = request.param.partition("-")
-    if gather:
-        monkeypatch.setenv("TIRBYOC_CONV_DIRECT", "0")
+    isa, _, path = request.param.partition("-")
+    if path:
+        monkeypatch.setenv("TIRBYOC_CONV_DIRECT", "1" if path == "direct" else "0")
     saved = kernels.isa()
     kernels.set_isa(isa)
     yield isa
@@ -147,7 +148,8 @@ def test_conv_matches_float64(each_isa, case, ops):
 ], ids=[f"case{i}" for i in range(len(CASES) + 4)])
 def test_direct_path_equals_the_gather_bit_for_bit(monkeypatch, case):
     """The direct path (rows read in place from phase planes) adds the same products in
-    the same order as the gather path, so their outputs are equal, with a chain too."""
+    the same order as the gather path, so their outputs are equal, with a chain too (the
+    direct path forced: most of these shapes are below its size threshold)."""
     n, c, h, w, oc, k, stride, pad, dil = case
     kh, kw = (k, k) if isinstance(k, int) else k
     size = out_size(h, w, kh, kw, stride, pad, dil)
