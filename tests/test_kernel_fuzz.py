@@ -1144,7 +1144,8 @@ def algorithm(case):
             return "empty"
         plain = (g["kh"], g["kw"], g["sh"], g["sw"], g["pt"], g["pl"], g["oh"], g["ow"]) == \
             (1, 1, 1, 1, 0, 0, g["h"], g["w"])
-        return ("plain" if plain else "gather") + ("+groups" if g["groups"] > 1 else "") + (
+        path = "direct" if conv_direct_forced(case) else "plain" if plain else "gather"
+        return path + ("+groups" if g["groups"] > 1 else "") + (
             "+threads" if 2 * g["batch"] * case.m * case.n * (case.k + case.bias) >= PAR_FLOPS
             else "")
     if "softmax" in case.symbol:
@@ -1197,6 +1198,15 @@ def compare(got, expected, tolerance):
     return None
 
 
+# ISAs whose conv kernel has the direct path (kernels/conv_f32.c): odd cases force it
+# (TIRBYOC_CONV_DIRECT=1), even cases take the kernel's own choice.
+CONV_DIRECT_ISAS = ("avx512",)
+
+
+def conv_direct_forced(case):
+    return "conv2d" in case.symbol and case.isa in CONV_DIRECT_ISAS and case.index % 2 == 1
+
+
 def run_case(symbol, isa, seed, index):
     """Runs one case (ISA must be active); returns (case, failure or None)."""
     family, groups = family_of(symbol)
@@ -1214,7 +1224,16 @@ def run_case(symbol, isa, seed, index):
     before = {name: buf.bits() for name, buf in ops.buffers.items()}
     LIBRARY.lib.tirbyoc_set_num_threads(case.threads)
 
-    status = getattr(LIBRARY.lib, symbol)(*[arg.value for arg in args])
+    saved = os.environ.get("TIRBYOC_CONV_DIRECT")
+    if conv_direct_forced(case):
+        os.environ["TIRBYOC_CONV_DIRECT"] = "1"
+    try:
+        status = getattr(LIBRARY.lib, symbol)(*[arg.value for arg in args])
+    finally:
+        if saved is None:
+            os.environ.pop("TIRBYOC_CONV_DIRECT", None)
+        else:
+            os.environ["TIRBYOC_CONV_DIRECT"] = saved
 
     problems = []
     for name, buf in ops.buffers.items():

@@ -1268,17 +1268,26 @@ static void conv_cases(uint64_t *rng, int threaded)
         TIRBYOC_EPI_BIAS | TIRBYOC_EPI_GELU_ERF << 4 | TIRBYOC_EPI_TANH << 8,
     };
     size_t si, ci;
-    for (si = 0; si < sizeof(shapes) / sizeof(shapes[0]); ++si)
-        for (ci = 0; ci < sizeof(chains) / sizeof(chains[0]); ++ci) {
-            const int64_t *g = shapes[si];
-            conv_case(rng, g[0], g[1], g[2], g[3], g[4], groups[si], g[5], g[6], g[7], g[8],
-                      g[9], g[10], g[11], g[12], chains[ci], (int)((si + ci) % 3 == 0), 0);
-        }
-    /* above the threading threshold: pixel blocks, then channel blocks; groups */
-    conv_case(rng, 1, 16, 40, 40, 24, 1, 3, 3, 1, 1, 1, 1, 1, 1, chains[2], 0, 1);
-    conv_case(rng, 1, 32, 30, 30, 32, 8, 3, 3, 1, 1, 1, 1, 1, 1, chains[1], 0, 1);
-    if (!threaded)
-        conv_case(rng, 1, 64, 7, 7, 130, 1, 3, 3, 1, 1, 1, 1, 1, 1, chains[1], 1, 1);
+    int pass;
+    /* pass 0: each ISA's own choice of path; pass 1: the direct path forced
+     * wherever the ISA has it (most shapes here are below its threshold) */
+    for (pass = 0; pass < 2; ++pass) {
+        if (pass == 1)
+            setenv("TIRBYOC_CONV_DIRECT", "1", 1);
+        for (si = 0; si < sizeof(shapes) / sizeof(shapes[0]); ++si)
+            for (ci = 0; ci < sizeof(chains) / sizeof(chains[0]); ++ci) {
+                const int64_t *g = shapes[si];
+                conv_case(rng, g[0], g[1], g[2], g[3], g[4], groups[si], g[5], g[6], g[7],
+                          g[8], g[9], g[10], g[11], g[12], chains[ci],
+                          (int)((si + ci) % 3 == 0), 0);
+            }
+        /* above the threading threshold: pixel blocks, then channel blocks; groups */
+        conv_case(rng, 1, 16, 40, 40, 24, 1, 3, 3, 1, 1, 1, 1, 1, 1, chains[2], 0, 1);
+        conv_case(rng, 1, 32, 30, 30, 32, 8, 3, 3, 1, 1, 1, 1, 1, 1, chains[1], 0, 1);
+        if (!threaded)
+            conv_case(rng, 1, 64, 7, 7, 130, 1, 3, 3, 1, 1, 1, 1, 1, 1, chains[1], 1, 1);
+    }
+    unsetenv("TIRBYOC_CONV_DIRECT");
     conv_errors();
 }
 
