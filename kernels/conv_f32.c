@@ -57,7 +57,8 @@ typedef struct {
     int64_t pbw, npb; /* pixels per block (whole panels), blocks per image */
     int64_t nob;      /* blocks of output channels (about equal) */
     int64_t units;
-    /* the direct path only (conv_direct) */
+    int direct; /* the direct path (conv_direct) takes the units */
+    /* the direct path only */
     int64_t wv, hq;   /* a phase plane's row (the virtual row) and rows */
     int64_t ps, cs;   /* floats per phase plane and per channel */
     int64_t is;       /* floats per image: its channels, then the ones plane */
@@ -158,17 +159,6 @@ static void conv_unit(const conv_job_t *j, int64_t n, int64_t c0, int64_t o0,
     }
 }
 
-static void conv_task(void *arg, int64_t u, float *scratch)
-{
-    const conv_job_t *j = (const conv_job_t *)arg;
-    const int64_t pb = u % j->npb, ob = u / j->npb % j->nob;
-    const int64_t gi = u / j->npb / j->nob % j->groups;
-    const int64_t n = u / j->npb / j->nob / j->groups;
-    const int64_t o = gi * j->ocg;
-    conv_unit(j, n, gi * j->cg, o + j->ocg * ob / j->nob,
-              o + j->ocg * (ob + 1) / j->nob, pb * j->pbw,
-              min_i64(j->p, (pb + 1) * j->pbw), scratch);
-}
 
 /* ---- direct path ----
  *
@@ -347,15 +337,23 @@ static void direct_unit(const conv_job_t *j, int64_t n, int64_t gi,
     }
 }
 
-static void direct_task(void *arg, int64_t u, float *scratch)
+/* Unit u: (image, group, channel block, pixel block), on either path. */
+static void conv_task(void *arg, int64_t u, float *scratch)
 {
     const conv_job_t *j = (const conv_job_t *)arg;
     const int64_t pb = u % j->npb, ob = u / j->npb % j->nob;
     const int64_t gi = u / j->npb / j->nob % j->groups;
     const int64_t n = u / j->npb / j->nob / j->groups;
-    const int64_t o0 = ob * j->obw;
-    direct_unit(j, n, gi, o0, min_i64(j->obw, j->ocg - o0), pb * j->pbw,
-                min_i64(j->vp, (pb + 1) * j->pbw), scratch);
+    if (j->direct) {
+        const int64_t o0 = ob * j->obw;
+        direct_unit(j, n, gi, o0, min_i64(j->obw, j->ocg - o0), pb * j->pbw,
+                    min_i64(j->vp, (pb + 1) * j->pbw), scratch);
+    } else {
+        const int64_t o = gi * j->ocg;
+        conv_unit(j, n, gi * j->cg, o + j->ocg * ob / j->nob,
+                  o + j->ocg * (ob + 1) / j->nob, pb * j->pbw,
+                  min_i64(j->p, (pb + 1) * j->pbw), scratch);
+    }
 }
 
 /* Sets up and runs the direct path: 1 if it ran, 0 if it does not apply
@@ -419,7 +417,8 @@ static int conv_direct(conv_job_t *j, int64_t batch, int want)
     j->units = batch; /* read by direct_prep */
     tb_units(direct_prep, j, batch * (j->c + 1), want);
     j->units = units;
-    tb_units(direct_task, j, units, want);
+    j->direct = 1;
+    tb_units(conv_task, j, units, want);
     return 1;
 }
 
@@ -524,6 +523,7 @@ int32_t tirbyoc_conv2d_f32(int64_t batch, int64_t c, int64_t h, int64_t w,
     j.chain.bias = NULL;
     j.chain.residual = uses_residual ? residual : NULL;
     j.chain.ldr = j.p;
+    j.direct = 0;
 
     if (j.kt == 0) {
         /* an empty sum: the chain on zeros */
