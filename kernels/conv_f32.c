@@ -45,6 +45,7 @@
 
 typedef struct {
     const tb_isa *isa;
+    int64_t batch;
     int64_t c, oc;            /* input and output channels */
     int64_t groups, cg, ocg; /* groups, and input / output channels per group */
     tb_conv_geom g; /* a group's column matrix; g.k = C / G * KH * KW */
@@ -118,6 +119,23 @@ static void pack_weight_rows(const conv_job_t *j, int64_t o0, int mr,
     if (kr < kc)
         for (i = 0; i < mr; ++i)
             ap[kr * mr + i] = j->bias[o0 + i];
+}
+
+/* The direct path's W operand: steps [k0, k0 + kc) (with the bias step) of
+ * output channels [o0, o0 + nr), nr <= 32, as two 16-channel panels of kc
+ * steps -> wp[q * kc * 16 + p * 16 + t], zeros past nr. */
+static void pack_weight_panels(const conv_job_t *j, int64_t o0, int nr,
+                               int64_t k0, int64_t kc, float *wp)
+{
+    const int64_t kr = min_i64(kc, j->g.k - k0);
+    int e;
+    if (kr > 0)
+        j->isa->pack_w(TB_W_NT, kr, nr, j->wt + o0 * j->g.k + k0, j->g.k, wp,
+                       kc * 16);
+    if (kr < kc)
+        for (e = 0; e < 32; ++e)
+            wp[e / 16 * kc * 16 + kr * 16 + e % 16] =
+                e < nr ? j->bias[o0 + e] : 0.0f;
 }
 
 /* Unit: image n, output channels [o0, o1) (of one group, whose input
@@ -253,10 +271,9 @@ static void direct_prep(void *arg, int64_t u, float *scratch)
 {
     const conv_job_t *j = (const conv_job_t *)arg;
     const tb_conv_geom *g = &j->g;
-    const int64_t batch = j->units; /* the batch, during the pre-pass */
     int64_t t;
     (void)scratch;
-    if (u < batch * j->c) {
+    if (u < j->batch * j->c) {
         const int64_t n = u / j->c, c = u % j->c;
         const float *src = j->x + (n * j->c + c) * g->h * g->w;
         int64_t a, b;
@@ -267,7 +284,7 @@ static void direct_prep(void *arg, int64_t u, float *scratch)
                                  j->xp + n * j->is + c * j->cs +
                                      (a * g->sw + b) * j->ps);
     } else {
-        float *ones = j->xp + (u - batch * j->c) * j->is + j->c * j->cs;
+        float *ones = j->xp + (u - j->batch * j->c) * j->is + j->c * j->cs;
         for (t = 0; t < j->ps; ++t)
             ones[t] = 1.0f;
     }
@@ -286,7 +303,7 @@ static void direct_unit(const conv_job_t *j, int64_t n, int64_t gi,
     const int64_t kblocks = tb_kblocks(j->kt, isa->kc);
     const float *img = j->xp + n * j->is;
     const int64_t oc0 = gi * j->ocg + o0; /* the unit's first channel of y */
-    float *wbuf = scratch + tiles * mr * ldc; /* kc x 16, per panel */
+    float *wbuf = scratch + tiles * mr * ldc; /* two panels of kc x 16 */
     int64_t *koff = (int64_t *)(wbuf + (size_t)TB_KC_MAX * 32);
     float *y = j->y + (n * j->oc + oc0) * j->p;
     tb_chain ch = j->chain;
@@ -300,16 +317,7 @@ static void direct_unit(const conv_job_t *j, int64_t n, int64_t gi,
         direct_koff(j, gi, pc, kc, koff);
         for (c0 = 0; c0 < ob; c0 += isa->nr) {
             const int nr = (int)min_i64(isa->nr, ob - c0);
-            const int64_t kr = min_i64(kc, j->g.k - pc); /* weight rows */
-            if (kr > 0)
-                isa->pack_w(TB_W_NT, kr, nr, j->wt + (oc0 + c0) * j->g.k + pc,
-                            j->g.k, wbuf, kc * 16);
-            if (kr < kc) { /* the bias step */
-                int64_t e;
-                for (e = 0; e < 32; ++e)
-                    wbuf[e / 16 * kc * 16 + kr * 16 + e % 16] =
-                        e < nr ? j->bias[oc0 + c0 + e] : 0.0f;
-            }
+            pack_weight_panels(j, oc0 + c0, nr, pc, kc, wbuf);
             for (t = 0; t < tiles; ++t) {
                 const int64_t qa = q0 + t * mr;
                 isa->conv_tile(kc, img + qa, koff, wbuf, kc * 16,
@@ -358,19 +366,23 @@ static void conv_task(void *arg, int64_t u, float *scratch)
 
 /* Sets up and runs the direct path: 1 if it ran, 0 if it does not apply
  * (the caller then gathers), -1 if its workspace cannot be allocated. */
-static int conv_direct(conv_job_t *j, int64_t batch, int want)
+static int conv_direct(conv_job_t *j, int want)
 {
     const tb_conv_geom *g = &j->g;
     const tb_isa *isa = j->isa;
-    const char *env = getenv("TIRBYOC_CONV_DIRECT");
-    const int forced = env != NULL && env[0] == '1';
+    const int64_t batch = j->batch;
+    const char *env;
     int64_t r, s, units;
-    if (isa->conv_tile == NULL || (env != NULL && env[0] == '0') ||
-        g->sh > CONV_DIRECT_STRIDE_MAX || g->sw > CONV_DIRECT_STRIDE_MAX)
+    if (isa->conv_tile == NULL || g->sh > CONV_DIRECT_STRIDE_MAX ||
+        g->sw > CONV_DIRECT_STRIDE_MAX)
         return 0;
     /* Measured faster where each tile has enough k steps to hide its
      * transpose; a plain conv is a dense product already. */
-    if (!forced && (j->plain || j->kt < CONV_DIRECT_K_MIN))
+    env = getenv("TIRBYOC_CONV_DIRECT");
+    if (env != NULL && env[0] == '0')
+        return 0;
+    if (!(env != NULL && env[0] == '1') &&
+        (j->plain || j->kt < CONV_DIRECT_K_MIN))
         return 0;
     j->wv = g->ow + (g->kw - 1) * g->dw / g->sw;
     j->hq = j->p / g->ow + (g->kh - 1) * g->dh / g->sh;
@@ -414,7 +426,6 @@ static int conv_direct(conv_job_t *j, int64_t batch, int want)
     j->npb = cdiv(j->vp, j->pbw);
     units = batch * j->groups * j->nob * j->npb;
 
-    j->units = batch; /* read by direct_prep */
     tb_units(direct_prep, j, batch * (j->c + 1), want);
     j->units = units;
     j->direct = 1;
@@ -493,6 +504,7 @@ int32_t tirbyoc_conv2d_f32(int64_t batch, int64_t c, int64_t h, int64_t w,
         return TIRBYOC_ENOMEM;
 
     j.isa = tb_active_isa();
+    j.batch = batch;
     j.c = c;
     j.oc = oc;
     j.groups = groups;
@@ -547,7 +559,7 @@ int32_t tirbyoc_conv2d_f32(int64_t batch, int64_t c, int64_t h, int64_t w,
     if (flops < CONV_PAR_FLOPS)
         want = 1;
     {
-        const int direct = conv_direct(&j, batch, want);
+        const int direct = conv_direct(&j, want);
         if (direct < 0)
             return TIRBYOC_ENOMEM;
         if (direct > 0)

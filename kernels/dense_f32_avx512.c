@@ -702,6 +702,14 @@ typedef char check_blocks[ISA_KC <= TB_KC_MAX && ISA_NC <= TB_NC_MAX &&
 
 #define TB_CG_OWN_LOADS 1
 
+/* The even lanes of the 32 floats in (a, b): a[0], a[2], ..., b[14]. */
+static inline __m512 even_lanes(__m512 a, __m512 b)
+{
+    const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18,
+                                           20, 22, 24, 26, 28, 30);
+    return _mm512_permutex2var_ps(a, even, b);
+}
+
 static inline void cg_run(float *d, const float *row, int64_t iw, int64_t sw,
                           int64_t w, int t0, int len)
 {
@@ -739,13 +747,11 @@ static inline void cg_run(float *d, const float *row, int64_t iw, int64_t sw,
                 (uintptr_t)first - (uintptr_t)(2 * (t0 + lo)) * sizeof(float);
             const int j0 = 2 * (int)(t0 + lo), span = 2 * (int)(hi - lo) - 1;
             const uint32_t need = ((1u << span) - 1u) << j0; /* span <= 31 */
-            const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14,
-                                                   16, 18, 20, 22, 24, 26, 28, 30);
             const __m512 a = _mm512_maskz_loadu_ps((__mmask16)(need & 0xFFFFu),
                                                    (const void *)base);
             const __m512 b = _mm512_maskz_loadu_ps((__mmask16)(need >> 16),
                                                    (const void *)(base + 16 * sizeof(float)));
-            v = _mm512_maskz_mov_ps(in, _mm512_permutex2var_ps(a, even, b));
+            v = _mm512_maskz_mov_ps(in, even_lanes(a, b));
         } else {
             const __m512i idx = _mm512_mullo_epi32(
                 _mm512_sub_epi32(
@@ -767,11 +773,9 @@ static inline void cg_copy16(float *d, const float *src)
 /* the even lanes of src[0:31]: two loads and a permute, not a gather */
 static inline void cg_copy16_s2(float *d, const float *src)
 {
-    const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18,
-                                           20, 22, 24, 26, 28, 30);
     const __m512 lo = _mm512_loadu_ps(src);
     const __m512 hi = _mm512_maskz_loadu_ps((__mmask16)0x7FFF, src + 16);
-    _mm512_storeu_ps(d, _mm512_permutex2var_ps(lo, even, hi));
+    _mm512_storeu_ps(d, even_lanes(lo, hi));
 }
 
 #include "conv_gather.h"

@@ -88,88 +88,66 @@ int32_t tirbyoc_set_num_threads(int32_t n)
 
 int32_t tirbyoc_num_threads(void) { return tb_num_threads(); }
 
-/* ---- per-thread scratch ---- */
-
-static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
-static pthread_key_t scratch_key;
-static int scratch_key_ok;
-
-static void scratch_free(void *p) { free(p); }
-
-static void scratch_init(void)
-{
-    scratch_key_ok = pthread_key_create(&scratch_key, scratch_free) == 0;
-}
-
-float *tb_scratch(void)
-{
-    void *p;
-    pthread_once(&scratch_once, scratch_init);
-    if (!scratch_key_ok)
-        return NULL;
-    p = pthread_getspecific(scratch_key);
-    if (p == NULL) {
-        if (posix_memalign(&p, 64, TB_SCRATCH_FLOATS * sizeof(float)) != 0)
-            return NULL;
-        if (pthread_setspecific(scratch_key, p) != 0) {
-            free(p);
-            return NULL;
-        }
-    }
-    return (float *)p;
-}
-
-/* ---- per-thread workspace (grows, kept for the thread's next call) ---- */
+/* ---- per-thread buffers: the scratch, and the workspace ----
+ *
+ * Each is a 64-byte aligned block under its own thread-specific key,
+ * allocated on the thread's first request, replaced by a larger one when a
+ * request outgrows it (contents not kept), freed when the thread exits. */
 
 typedef struct {
     float *p;
     size_t floats;
-} workspace_t;
+} tls_buf_t;
 
-static pthread_once_t workspace_once = PTHREAD_ONCE_INIT;
-static pthread_key_t workspace_key;
-static int workspace_key_ok;
+static pthread_once_t keys_once = PTHREAD_ONCE_INIT;
+static pthread_key_t scratch_key, workspace_key;
+static int keys_ok;
 
-static void workspace_free(void *v)
+static void tls_buf_free(void *v)
 {
-    workspace_t *ws = (workspace_t *)v;
-    free(ws->p);
-    free(ws);
+    tls_buf_t *b = (tls_buf_t *)v;
+    free(b->p);
+    free(b);
 }
 
-static void workspace_init(void)
+static void keys_init(void)
 {
-    workspace_key_ok =
-        pthread_key_create(&workspace_key, workspace_free) == 0;
+    keys_ok = pthread_key_create(&scratch_key, tls_buf_free) == 0 &&
+              pthread_key_create(&workspace_key, tls_buf_free) == 0;
 }
 
-float *tb_workspace(size_t floats)
+/* The calling thread's buffer under key, at least floats floats. */
+static float *tls_buf(pthread_key_t *key, size_t floats)
 {
-    workspace_t *ws;
+    tls_buf_t *b;
     void *p;
-    pthread_once(&workspace_once, workspace_init);
-    if (!workspace_key_ok)
+    pthread_once(&keys_once, keys_init);
+    if (!keys_ok)
         return NULL;
-    ws = (workspace_t *)pthread_getspecific(workspace_key);
-    if (ws == NULL) {
-        ws = (workspace_t *)calloc(1, sizeof(*ws));
-        if (ws == NULL)
+    b = (tls_buf_t *)pthread_getspecific(*key);
+    if (b == NULL) {
+        b = (tls_buf_t *)calloc(1, sizeof(*b));
+        if (b == NULL)
             return NULL;
-        if (pthread_setspecific(workspace_key, ws) != 0) {
-            free(ws);
+        if (pthread_setspecific(*key, b) != 0) {
+            free(b);
             return NULL;
         }
     }
-    if (ws->floats >= floats)
-        return ws->p;
+    if (b->floats >= floats && b->p != NULL)
+        return b->p;
     if (floats > SIZE_MAX / sizeof(float) ||
         posix_memalign(&p, 64, floats * sizeof(float)) != 0)
         return NULL;
-    free(ws->p);
-    ws->p = (float *)p;
-    ws->floats = floats;
-    return ws->p;
+    free(b->p);
+    b->p = (float *)p;
+    b->floats = floats;
+    return b->p;
 }
+
+float *tb_scratch(void) { return tls_buf(&scratch_key, TB_SCRATCH_FLOATS); }
+
+float *tb_workspace(size_t floats) { return tls_buf(&workspace_key, floats); }
 
 /* ---- worker pool ---- */
 
