@@ -64,6 +64,9 @@ typedef struct {
     int64_t ps, cs;   /* floats per phase plane and per channel */
     int64_t is;       /* floats per image: its channels, then the ones plane */
     int64_t vp;       /* virtual pixels of an image: OH * wv */
+    int runs;         /* tiles are runs of real pixels (each spans at most
+                         two output rows), else of virtual ones */
+    int64_t tp;       /* pixels an image's tiles cover: p if runs, else vp */
     unsigned phases;  /* bit a * sw + b: phase plane (a, b) is read */
     float *xp;        /* the phase images */
     int64_t obw;      /* output channels per block (a multiple of 16) */
@@ -291,7 +294,8 @@ static void direct_prep(void *arg, int64_t u, float *scratch)
 }
 
 /* Unit: image n, group gi, output channels [o0, o0 + ob) of the group
- * (o0 a multiple of 16), virtual pixels [q0, q1). */
+ * (o0 a multiple of 16), tile pixels [q0, q1): real pixels when j->runs,
+ * else virtual ones. */
 static void direct_unit(const conv_job_t *j, int64_t n, int64_t gi,
                         int64_t o0, int64_t ob, int64_t q0, int64_t q1,
                         float *scratch)
@@ -301,13 +305,14 @@ static void direct_unit(const conv_job_t *j, int64_t n, int64_t gi,
     const int64_t ldc = cdiv(ob, 16) * 16;
     const int64_t tiles = cdiv(q1 - q0, mr);
     const int64_t kblocks = tb_kblocks(j->kt, isa->kc);
+    const int64_t ow = j->g.ow;
     const float *img = j->xp + n * j->is;
     const int64_t oc0 = gi * j->ocg + o0; /* the unit's first channel of y */
     float *wbuf = scratch + tiles * mr * ldc; /* two panels of kc x 16 */
     int64_t *koff = (int64_t *)(wbuf + (size_t)TB_KC_MAX * 32);
     float *y = j->y + (n * j->oc + oc0) * j->p;
     tb_chain ch = j->chain;
-    int64_t kb, c0, t;
+    int64_t kb, c0, t, q;
     if (ch.residual != NULL)
         ch.residual += n * j->oc * j->p;
     for (kb = 0; kb < kblocks; ++kb) {
@@ -320,22 +325,35 @@ static void direct_unit(const conv_job_t *j, int64_t n, int64_t gi,
             pack_weight_panels(j, oc0 + c0, nr, pc, kc, wbuf);
             for (t = 0; t < tiles; ++t) {
                 const int64_t qa = q0 + t * mr;
-                isa->conv_tile(kc, img + qa, koff, wbuf, kc * 16,
-                               scratch + t * mr * ldc + c0, ldc,
-                               (int)min_i64(mr, q1 - qa), nr, flags);
+                const int m = (int)min_i64(mr, q1 - qa);
+                /* a run of real pixels starts at its virtual pixel and
+                 * skips the virtual row's padding where it wraps */
+                const int64_t va = j->runs ? qa / ow * j->wv + qa % ow : qa;
+                const int split = j->runs ? (int)min_i64(m, ow - qa % ow) : m;
+                isa->conv_tile(kc, img + va, koff, wbuf, kc * 16,
+                               scratch + t * mr * ldc + c0, ldc, m, nr, flags,
+                               split, j->wv - ow);
             }
         }
+    }
+    if (j->runs) {
+        /* the sums are the real pixels [q0, q1) in order */
+        for (q = q0; q < q1; q += 16)
+            isa->conv_out(scratch + (q - q0) * ldc, ldc, ob,
+                          min_i64(16, q1 - q), y + q, j->p,
+                          ch.ops != 0 ? &ch : NULL, oc0, q);
+        return;
     }
     /* each tile's valid pixels, one output row at a time */
     for (t = 0; t < tiles; ++t) {
         const int64_t qa = q0 + t * mr, qb = min_i64(q1, qa + mr);
-        int64_t q = qa;
+        q = qa;
         while (q < qb) {
-            const int64_t oh = q / j->wv, ow = q % j->wv;
+            const int64_t oh = q / j->wv, vw = q % j->wv;
             const int64_t end = min_i64(qb, (oh + 1) * j->wv);
-            if (ow < j->g.ow) {
-                const int64_t len = min_i64(end, oh * j->wv + j->g.ow) - q;
-                const int64_t px = oh * j->g.ow + ow;
+            if (vw < ow) {
+                const int64_t len = min_i64(end, oh * j->wv + ow) - q;
+                const int64_t px = oh * ow + vw;
                 isa->conv_out(scratch + (t * mr + q - qa) * ldc, ldc, ob, len,
                               y + px, j->p, ch.ops != 0 ? &ch : NULL, oc0,
                               px);
@@ -355,7 +373,7 @@ static void conv_task(void *arg, int64_t u, float *scratch)
     if (j->direct) {
         const int64_t o0 = ob * j->obw;
         direct_unit(j, n, gi, o0, min_i64(j->obw, j->ocg - o0), pb * j->pbw,
-                    min_i64(j->vp, (pb + 1) * j->pbw), scratch);
+                    min_i64(j->tp, (pb + 1) * j->pbw), scratch);
     } else {
         const int64_t o = gi * j->ocg;
         conv_unit(j, n, gi * j->cg, o + j->ocg * ob / j->nob,
@@ -391,6 +409,11 @@ static int conv_direct(conv_job_t *j, int want)
     j->cs = g->sh * g->sw * j->ps;
     j->is = (j->c + 1) * j->cs;
     j->vp = j->p / g->ow * j->wv;
+    /* Runs of mr real pixels from multiples of mr span at most two output
+     * rows when a row holds mr - 1 pixels or more, or exactly mr / 2: no
+     * virtual pixel is computed then. */
+    j->runs = g->ow >= isa->mr - 1 || g->ow * 2 == isa->mr;
+    j->tp = j->runs ? j->p : j->vp;
     if ((double)batch * (double)j->is >= (double)CONV_DIRECT_FLOATS_MAX)
         return 0;
     j->xp = tb_workspace((size_t)(batch * j->is));
@@ -411,10 +434,10 @@ static int conv_direct(conv_job_t *j, int want)
     j->pbw = CONV_DIRECT_SUMS / j->obw / isa->mr * isa->mr;
     if (j->pbw < isa->mr)
         j->pbw = isa->mr;
-    j->pbw = min_i64(j->pbw, cdiv(j->vp, isa->mr) * isa->mr);
-    j->npb = cdiv(j->vp, j->pbw);
+    j->pbw = min_i64(j->pbw, cdiv(j->tp, isa->mr) * isa->mr);
+    j->npb = cdiv(j->tp, j->pbw);
     while (want > 1 && (batch * j->groups * j->nob * j->npb) % want != 0) {
-        if (j->npb < cdiv(j->vp, isa->mr) && (j->vp >= j->ocg || j->obw <= 16))
+        if (j->npb < cdiv(j->tp, isa->mr) && (j->tp >= j->ocg || j->obw <= 16))
             ++j->npb;
         else if (j->obw > 16) {
             j->obw = cdiv(cdiv(j->ocg, j->nob + 1), 16) * 16;
@@ -422,8 +445,8 @@ static int conv_direct(conv_job_t *j, int want)
         } else
             break;
     }
-    j->pbw = cdiv(cdiv(j->vp, j->npb), isa->mr) * isa->mr;
-    j->npb = cdiv(j->vp, j->pbw);
+    j->pbw = cdiv(cdiv(j->tp, j->npb), isa->mr) * isa->mr;
+    j->npb = cdiv(j->tp, j->pbw);
     units = batch * j->groups * j->nob * j->npb;
 
     tb_units(direct_prep, j, batch * (j->c + 1), want);
