@@ -50,6 +50,7 @@ typedef struct {
     int64_t groups, cg, ocg; /* groups, and input / output channels per group */
     tb_conv_geom g; /* a group's column matrix; g.k = C / G * KH * KW */
     const float *x, *wt, *bias;
+    const float *wpk; /* or the pre-packed weight (wt and bias then NULL) */
     float *y;
     int64_t kt;     /* k, plus the bias step */
     int64_t p;      /* OH * OW */
@@ -111,12 +112,30 @@ static void gather(const conv_job_t *j, const float *img, int64_t k0,
                 dst[q * dps + kr * 16 + t] = t < pn[q].cnt ? 1.0f : 0.0f;
 }
 
+/* The pre-packed panel holding output channel o (step 0, lane 0). */
+static const float *packed_panel(const conv_job_t *j, int64_t o)
+{
+    const int64_t gi = o / j->ocg;
+    return j->wpk + (gi * cdiv(j->ocg, 16) + o % j->ocg / 16) * 16 * j->kt;
+}
+
 /* A[0:mr, k0:k0+kc] of the weight with the bias step -> ap[p * mr + i]. */
 static void pack_weight_rows(const conv_job_t *j, int64_t o0, int mr,
                              int64_t k0, int64_t kc, float *ap)
 {
     const int64_t kr = min_i64(kc, j->g.k - k0);
     int i;
+    if (j->wpk != NULL) {
+        /* rows o0.. of the pre-packed panels (the bias step included) */
+        int64_t p;
+        for (i = 0; i < mr; ++i) {
+            const float *src =
+                packed_panel(j, o0 + i) + k0 * 16 + (o0 + i) % j->ocg % 16;
+            for (p = 0; p < kc; ++p)
+                ap[p * mr + i] = src[p * 16];
+        }
+        return;
+    }
     if (kr > 0)
         j->isa->pack_a(mr, kr, j->wt + o0 * j->g.k + k0, j->g.k, ap);
     if (kr < kc)
@@ -322,7 +341,14 @@ static void direct_unit(const conv_job_t *j, int64_t n, int64_t gi,
         direct_koff(j, gi, pc, kc, koff);
         for (c0 = 0; c0 < ob; c0 += isa->nr) {
             const int nr = (int)min_i64(isa->nr, ob - c0);
-            pack_weight_panels(j, oc0 + c0, nr, pc, kc, wbuf);
+            const float *wp = wbuf;
+            int64_t wps = kc * 16;
+            if (j->wpk != NULL) {
+                wp = packed_panel(j, oc0 + c0) + pc * 16;
+                wps = 16 * j->kt;
+            } else {
+                pack_weight_panels(j, oc0 + c0, nr, pc, kc, wbuf);
+            }
             for (t = 0; t < tiles; ++t) {
                 const int64_t qa = q0 + t * mr;
                 const int m = (int)min_i64(mr, q1 - qa);
@@ -330,8 +356,11 @@ static void direct_unit(const conv_job_t *j, int64_t n, int64_t gi,
                  * skips the virtual row's padding where it wraps */
                 const int64_t va = j->runs ? qa / ow * j->wv + qa % ow : qa;
                 const int split = j->runs ? (int)min_i64(m, ow - qa % ow) : m;
-                isa->conv_tile(kc, img + va, koff, wbuf, kc * 16,
-                               scratch + t * mr * ldc + c0, ldc, m, nr, flags,
+                isa->conv_tile(kc, img + va, koff, wp, wps,
+                               scratch + t * mr * ldc + c0, ldc, m, nr,
+                               flags | (t == 0 && j->wpk != NULL
+                                            ? TB_PREFETCH_W
+                                            : 0),
                                split, j->wv - ow);
             }
         }
@@ -471,20 +500,22 @@ static int sizes_ok(const int64_t *v, int n, const int idx[3][4])
     return 1;
 }
 
-int32_t tirbyoc_conv2d_f32(int64_t batch, int64_t c, int64_t h, int64_t w,
-                           const float *x, int64_t oc, int64_t groups,
-                           int64_t kh, int64_t kw,
-                           const float *weight, int64_t stride_h,
-                           int64_t stride_w, int64_t pad_top, int64_t pad_left,
-                           int64_t dilation_h, int64_t dilation_w, int64_t oh,
-                           int64_t ow, int64_t epilogue, const float *bias,
-                           const float *residual, float *y)
+/* Both entry points: the weight as given, or pre-packed (packed not NULL;
+ * its bias step then holds the bias, and bias is not read). */
+static int32_t conv2d(int64_t batch, int64_t c, int64_t h, int64_t w,
+                      const float *x, int64_t oc, int64_t groups, int64_t kh,
+                      int64_t kw, const float *weight, const float *packed,
+                      int64_t stride_h, int64_t stride_w, int64_t pad_top,
+                      int64_t pad_left, int64_t dilation_h, int64_t dilation_w,
+                      int64_t oh, int64_t ow, int64_t epilogue,
+                      const float *bias, const float *residual, float *y)
 {
     conv_job_t j;
     const int64_t sizes[] = {batch, c, h, w, oc, kh, kw, oh, ow};
     /* x, y and the weight: [batch, c, h, w], [batch, oc, oh, ow], [oc, c, kh, kw] */
     static const int tensors[3][4] = {{0, 1, 2, 3}, {0, 4, 7, 8}, {4, 1, 5, 6}};
     int uses_bias, uses_residual, want;
+    const int has_bias = (epilogue & 15) == TIRBYOC_EPI_BIAS;
     int64_t ops = epilogue;
     double flops;
 
@@ -519,8 +550,8 @@ int32_t tirbyoc_conv2d_f32(int64_t batch, int64_t c, int64_t h, int64_t w,
     if (batch == 0 || oc == 0 || oh == 0 || ow == 0)
         return TIRBYOC_OK;
     if (y == NULL || (x == NULL && c * h * w > 0) ||
-        (weight == NULL && c / groups * kh * kw > 0) ||
-        (bias == NULL && (epilogue & 15) == TIRBYOC_EPI_BIAS) ||
+        (weight == NULL && packed == NULL && c / groups * kh * kw > 0) ||
+        (packed == NULL && bias == NULL && has_bias) ||
         (residual == NULL && uses_residual))
         return TIRBYOC_ENULL;
     if (tb_scratch() == NULL)
@@ -546,10 +577,11 @@ int32_t tirbyoc_conv2d_f32(int64_t batch, int64_t c, int64_t h, int64_t w,
     j.g.ow = ow;
     j.g.k = j.cg * kh * kw;
     j.x = x;
-    j.wt = weight;
-    j.bias = (epilogue & 15) == TIRBYOC_EPI_BIAS ? bias : NULL;
+    j.wt = packed == NULL ? weight : NULL;
+    j.wpk = packed;
+    j.bias = has_bias && packed == NULL ? bias : NULL;
     j.y = y;
-    j.kt = j.g.k + (j.bias != NULL);
+    j.kt = j.g.k + has_bias;
     j.p = oh * ow;
     j.plain = kh == 1 && kw == 1 && stride_h == 1 && stride_w == 1 &&
               pad_top == 0 && pad_left == 0 && oh == h && ow == w;
@@ -612,5 +644,87 @@ int32_t tirbyoc_conv2d_f32(int64_t batch, int64_t c, int64_t h, int64_t w,
     j.npb = cdiv(j.p, j.pbw);
     j.units = batch * groups * j.nob * j.npb;
     tb_units(conv_task, &j, j.units, want);
+    return TIRBYOC_OK;
+}
+
+int32_t tirbyoc_conv2d_f32(int64_t batch, int64_t c, int64_t h, int64_t w,
+                           const float *x, int64_t oc, int64_t groups,
+                           int64_t kh, int64_t kw,
+                           const float *weight, int64_t stride_h,
+                           int64_t stride_w, int64_t pad_top, int64_t pad_left,
+                           int64_t dilation_h, int64_t dilation_w, int64_t oh,
+                           int64_t ow, int64_t epilogue, const float *bias,
+                           const float *residual, float *y)
+{
+    return conv2d(batch, c, h, w, x, oc, groups, kh, kw, weight, NULL,
+                  stride_h, stride_w, pad_top, pad_left, dilation_h,
+                  dilation_w, oh, ow, epilogue, bias, residual, y);
+}
+
+int32_t tirbyoc_conv2d_f32_packed(int64_t batch, int64_t c, int64_t h,
+                                  int64_t w, const float *x, int64_t oc,
+                                  int64_t groups, int64_t kh, int64_t kw,
+                                  const float *packed, int64_t stride_h,
+                                  int64_t stride_w, int64_t pad_top,
+                                  int64_t pad_left, int64_t dilation_h,
+                                  int64_t dilation_w, int64_t oh, int64_t ow,
+                                  int64_t epilogue, const float *residual,
+                                  float *y)
+{
+    if (packed == NULL && batch > 0 && oc > 0 && oh > 0 && ow > 0 &&
+        (c / (groups > 0 ? groups : 1) * kh * kw > 0 ||
+         (epilogue & 15) == TIRBYOC_EPI_BIAS))
+        return TIRBYOC_ENULL;
+    return conv2d(batch, c, h, w, x, oc, groups, kh, kw, NULL, packed,
+                  stride_h, stride_w, pad_top, pad_left, dilation_h,
+                  dilation_w, oh, ow, epilogue, NULL, residual, y);
+}
+
+/* ---- pre-packed weights (layout in tirbyoc_kernels.h) ---- */
+
+int64_t tirbyoc_conv2d_packed_size_f32(int64_t oc, int64_t groups, int64_t k,
+                                       int32_t with_bias)
+{
+    int64_t kt, panels;
+    if (oc < 0 || k < 0 || groups < 1 || oc % groups != 0 ||
+        k >= CONV_DIM_MAX * CONV_DIM_MAX)
+        return -1;
+    kt = k + (with_bias != 0);
+    panels = groups * cdiv(oc / groups, 16);
+    if (oc == 0 || kt == 0)
+        return 0;
+    if (panels > INT64_MAX / 16 / kt)
+        return -1;
+    return panels * 16 * kt;
+}
+
+int32_t tirbyoc_pack_conv2d_weight_f32(int64_t oc, int64_t groups, int64_t k,
+                                       const float *weight, const float *bias,
+                                       float *packed)
+{
+    const int64_t size =
+        tirbyoc_conv2d_packed_size_f32(oc, groups, k, bias != NULL);
+    const int64_t kt = k + (bias != NULL), ocg = oc / (groups > 0 ? groups : 1);
+    const int64_t nq = cdiv(ocg, 16);
+    int64_t gi, q, r;
+    if (size < 0)
+        return groups < 1 || (oc >= 0 && oc % groups != 0) ? TIRBYOC_EINVAL
+                                                          : TIRBYOC_ESIZE;
+    if (size == 0)
+        return TIRBYOC_OK;
+    if (packed == NULL || (weight == NULL && k > 0))
+        return TIRBYOC_ENULL;
+    for (gi = 0; gi < groups; ++gi) {
+        float *dst = packed + gi * nq * 16 * kt;
+        /* Packing only moves floats, so every ISA produces the same bytes. */
+        if (k > 0)
+            tb_active_isa()->pack_w(TB_W_NT, k, ocg, weight + gi * ocg * k, k,
+                                    dst, 16 * kt);
+        if (bias != NULL)
+            for (q = 0; q < nq; ++q)
+                for (r = 0; r < 16; ++r)
+                    dst[q * 16 * kt + k * 16 + r] =
+                        q * 16 + r < ocg ? bias[gi * ocg + q * 16 + r] : 0.0f;
+    }
     return TIRBYOC_OK;
 }

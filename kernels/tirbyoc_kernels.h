@@ -275,6 +275,27 @@ int32_t tirbyoc_attention_f32(int64_t batch, int64_t m, int64_t n, int64_t d, in
 int32_t tirbyoc_conv2d_f32(int64_t batch, int64_t c, int64_t h, int64_t w, const float *x, int64_t oc, int64_t groups, int64_t kh, int64_t kw, const float *weight, int64_t stride_h, int64_t stride_w, int64_t pad_top, int64_t pad_left, int64_t dilation_h, int64_t dilation_w, int64_t oh, int64_t ow, int64_t epilogue, const float *bias, const float *residual, float *y);
 
 /*
+ * A constant conv weight can be packed once (tirbyoc_pack_conv2d_weight_f32),
+ * with its bias, into the layout the kernel reads; tirbyoc_conv2d_f32_packed
+ * then takes it in place of weight and bias. With K = C / G * KH * KW taps
+ * per group, OCg = OC / G, KT = K + 1 with a bias (else K) and
+ * Q = ceil(OCg / 16) panels per group, the layout is the same on every
+ * instruction set:
+ *     packed[((g * Q + q) * KT + p) * 16 + r] = weight[o][p] for p < K,
+ *                                             = bias[o]      for p = K,
+ * o = g * OCg + 16q + r (the weight read as [OC, K]), 0 where 16q + r >= OCg.
+ * The _packed call computes exactly what tirbyoc_conv2d_f32 does with the
+ * same weight and bias; its epilogue must start with TIRBYOC_EPI_BIAS if and
+ * only if the bias was packed.
+ */
+/* Floats of the packed weight; -1 on a negative size, groups below 1 or not
+ * dividing OC, or a size that does not fit in int64_t. */
+int64_t tirbyoc_conv2d_packed_size_f32(int64_t oc, int64_t groups, int64_t k, int32_t with_bias);
+/* Packs weight [OC, K] and bias [OC] (NULL: none) into packed. */
+int32_t tirbyoc_pack_conv2d_weight_f32(int64_t oc, int64_t groups, int64_t k, const float *weight, const float *bias, float *packed);
+int32_t tirbyoc_conv2d_f32_packed(int64_t batch, int64_t c, int64_t h, int64_t w, const float *x, int64_t oc, int64_t groups, int64_t kh, int64_t kw, const float *packed, int64_t stride_h, int64_t stride_w, int64_t pad_top, int64_t pad_left, int64_t dilation_h, int64_t dilation_w, int64_t oh, int64_t ow, int64_t epilogue, const float *residual, float *y);
+
+/*
  * Settings (process-wide; every kernel reads them when it starts).
  *
  * Instruction set: "avx512" (AVX512F), "avx2" (AVX2 + FMA) or "generic"

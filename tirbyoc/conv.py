@@ -44,6 +44,7 @@ from .normalize import INTRINSIC_ATTR, OFFLOADED_ATTR
 
 R = T.relax_ns
 SYMBOL = "tirbyoc_conv2d_f32"
+PACKED_SYMBOL = "tirbyoc_conv2d_f32_packed"
 INTRINSIC = "conv2d"
 DESCRIPTION = "R.nn.conv2d (+ bias, batch norm, shortcut, relu) as one kernel call"
 # Mirrors tirbyoc_epilogue_op (tirbyoc_kernels.h).
@@ -188,9 +189,11 @@ def _batch_norm(b: Bindings, var, call, data):
     return scale, beta - mean.astype(np.float64) * scale, out
 
 
-def _kernel_func(plan: _Plan, x, residual, out_ty):
+def _kernel_func(plan: _Plan, x, residual, out_ty, packed_size=None):
     """The PrimFunc whose only block calls ``tirbyoc_conv2d_f32`` for ``plan``: buffers x,
-    the weight, the bias (if any), the residual (if any) and the output."""
+    the weight, the bias (if any), the residual (if any) and the output; or, given
+    ``packed_size``, ``tirbyoc_conv2d_f32_packed`` with the packed weight (holding the
+    bias) in place of the weight and the bias."""
     from .rewrite import status_checks
 
     names = {}
@@ -198,6 +201,8 @@ def _kernel_func(plan: _Plan, x, residual, out_ty):
     wb = T.decl_buffer([T.const(int(d), "int64") for d in plan.weight_shape], "float32", "w")
     bb = None if plan.bias is None else T.decl_buffer(
         [T.const(int(plan.bias.shape[0]), "int64")], "float32", "bias")
+    pb = None if packed_size is None else T.decl_buffer(
+        [T.const(int(packed_size), "int64")], "float32", "packed")
     yshape = tir_dims(out_ty.shape.values, names)
     rb = None if residual is None else T.decl_buffer(tir_dims(shape_of(residual), names),
                                                      "float32", "residual")
@@ -216,17 +221,24 @@ def _kernel_func(plan: _Plan, x, residual, out_ty):
     def i64(v):
         return T.const(int(v), "int64")
 
-    args = [n, c, h, w, T.buffer_pointer(xb, "r"), oc, i64(plan.groups), kh, kw,
-            T.buffer_pointer(wb, "r"),
-            i64(sh), i64(sw), i64(pt), i64(pl), i64(dh), i64(dw), oh, ow, i64(code),
-            T.buffer_pointer(bb, "r") if bb is not None else T.null_pointer(),
-            T.buffer_pointer(rb, "r") if rb is not None else T.null_pointer(),
-            T.buffer_pointer(yb, "w")]
-    call = T.call_extern("int32", SYMBOL, args)
-    inputs = [b for b in (xb, wb, bb, rb) if b is not None]
-    block = T.make_block("tirbyoc_conv2d", status_checks(SYMBOL, call),
+    geometry = [i64(sh), i64(sw), i64(pt), i64(pl), i64(dh), i64(dw), oh, ow, i64(code)]
+    rptr = T.buffer_pointer(rb, "r") if rb is not None else T.null_pointer()
+    if pb is None:
+        symbol = SYMBOL
+        args = [n, c, h, w, T.buffer_pointer(xb, "r"), oc, i64(plan.groups), kh, kw,
+                T.buffer_pointer(wb, "r"), *geometry,
+                T.buffer_pointer(bb, "r") if bb is not None else T.null_pointer(), rptr,
+                T.buffer_pointer(yb, "w")]
+        inputs = [b for b in (xb, wb, bb, rb) if b is not None]
+    else:
+        symbol = PACKED_SYMBOL
+        args = [n, c, h, w, T.buffer_pointer(xb, "r"), oc, i64(plan.groups), kh, kw,
+                T.buffer_pointer(pb, "r"), *geometry, rptr, T.buffer_pointer(yb, "w")]
+        inputs = [b for b in (xb, pb, rb) if b is not None]
+    call = T.call_extern("int32", symbol, args)
+    block = T.make_block("tirbyoc_conv2d", status_checks(symbol, call),
                          reads=[T.full_region(b) for b in inputs], writes=[T.full_region(yb)],
-                         annotations={OFFLOADED_ATTR: SYMBOL,
+                         annotations={OFFLOADED_ATTR: symbol,
                                       INTRINSIC_ATTR: "_".join([INTRINSIC] + names_)})
     root = T.make_block("root", T.make_realize(block), reads=[], writes=[], annotations={})
     func = T.prim_func_of(inputs + [yb], T.make_realize(root))
@@ -243,14 +255,27 @@ def _emit(bb, x, weight, residual, plan: _Plan, out_ty, funcs):
             pt, pl, pb, pr = plan.padding
             src = bb.emit(R.op.nn.pad(x, [0, 0, 0, 0, pt, pb, pl, pr]))
         return _emit_depthwise(bb, src, residual, plan)
-    kernel = _kernel_func(plan, x, residual, out_ty)
+    ocg = plan.out_shape[1] // plan.groups
+    if weight is None and -(-ocg // 16) * 16 <= 2 * ocg:
+        # a constant weight (and its bias): packed once, here, for the kernel (unless
+        # its 16-channel panels would be mostly padding)
+        from . import kernels
+
+        packed = kernels.pack_conv2d_weight(
+            np.ascontiguousarray(plan.weight, np.float32),
+            None if plan.bias is None else np.ascontiguousarray(plan.bias, np.float32),
+            plan.groups).data
+        kernel = _kernel_func(plan, x, residual, out_ty, packed.size)
+        args = [x, R.const(packed, "float32")]
+    else:
+        kernel = _kernel_func(plan, x, residual, out_ty)
+        args = [x, weight if weight is not None else
+                R.const(plan.weight.astype(np.float32), "float32")]
+        if plan.bias is not None:
+            args.append(R.const(plan.bias.astype(np.float32), "float32"))
     key = T.structural_hash(kernel)
     if key not in funcs:
         funcs[key] = bb.add_func(kernel, "tirbyoc_conv2d")
-    args = [x, weight if weight is not None else
-            R.const(plan.weight.astype(np.float32), "float32")]
-    if plan.bias is not None:
-        args.append(R.const(plan.bias.astype(np.float32), "float32"))
     if residual is not None:
         args.append(residual)
     return bb.emit(R.call_tir(funcs[key], args, out_ty))

@@ -17,6 +17,7 @@ be used and tested without paying for a TVM import.
 
 import functools
 import os
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -500,6 +501,36 @@ def attention(q, k, v, *, k_layout="nt", scale=1.0, divide=False, mask=None, mas
     return out3[0] if squeeze and out.ndim == 3 else out
 
 
+@dataclass(frozen=True)
+class PackedConv2dWeight:
+    """A conv weight (and bias) packed once by :func:`pack_conv2d_weight`; pass it to
+    :func:`conv2d` in place of the weight (without ``bias``)."""
+
+    data: np.ndarray  # 1-D, the layout of tirbyoc_pack_conv2d_weight_f32
+    shape: tuple  # the weight's [OC, C / groups, KH, KW]
+    groups: int
+    with_bias: bool
+
+
+def pack_conv2d_weight(weight, bias=None, groups=1):
+    """Pack a conv weight [OC, C / groups, KH, KW] and its bias [OC] (or None) once, in
+    the layout ``tirbyoc_conv2d_f32_packed`` reads (the same on every instruction set)."""
+    if weight.ndim != 4 or weight.dtype != np.float32 or not weight.flags.c_contiguous:
+        raise ValueError("weight must be a C-contiguous float32 [OC, C / groups, KH, KW]")
+    oc, k = weight.shape[0], int(np.prod(weight.shape[1:]))
+    if bias is not None and (bias.dtype != np.float32 or bias.shape != (oc,)
+                             or not bias.flags.c_contiguous):
+        raise ValueError(f"bias must be a C-contiguous float32 of shape ({oc},)")
+    _, lib = load()
+    size = lib.tirbyoc_conv2d_packed_size_f32(oc, int(groups), k, int(bias is not None))
+    if size < 0:
+        raise ValueError(f"invalid conv weight: shape {weight.shape}, groups={groups}")
+    data = _aligned_empty(size)
+    _check("tirbyoc_pack_conv2d_weight_f32", lib.tirbyoc_pack_conv2d_weight_f32(
+        oc, int(groups), k, _float_ptr(weight), _float_ptr(bias), _float_ptr(data)))
+    return PackedConv2dWeight(data, tuple(weight.shape), int(groups), bias is not None)
+
+
 def conv2d(x, weight, *, stride=1, padding=0, dilation=1, groups=1, epilogue=(), bias=None,
            residual=None, out_size=None, out=None):
     """``chain(conv2d(x, weight))`` via ``tirbyoc_conv2d_f32`` (NCHW, OIHW).
@@ -511,7 +542,19 @@ def conv2d(x, weight, *, stride=1, padding=0, dilation=1, groups=1, epilogue=(),
     PyTorch's for symmetric padding). ``epilogue``: operation names in order
     (``EPILOGUE_OPS``; "bias" only first, per output channel, with ``bias`` [OC]);
     ``residual``: shaped like the output. Returns ``out`` [batch, OC, OH, OW].
+    ``weight`` may be a :class:`PackedConv2dWeight` (``groups`` and the bias are then
+    its own; ``epilogue`` starts with "bias" if and only if it holds one).
     """
+    packed = weight if isinstance(weight, PackedConv2dWeight) else None
+    if packed is not None:
+        if bias is not None or (groups != 1 and groups != packed.groups):
+            raise ValueError("a packed weight holds its own bias and groups")
+        if (len(epilogue) > 0 and epilogue[0] == "bias") != packed.with_bias:
+            raise ValueError("the epilogue must start with 'bias' if and only if the "
+                             "packed weight holds one")
+        groups = packed.groups
+        weight = np.empty(packed.shape, np.float32)[:0]  # the shape's checks only
+
     def pair(v, name):
         v = (v, v) if isinstance(v, (int, np.integer)) else tuple(v)
         if len(v) != 2:
@@ -527,7 +570,7 @@ def conv2d(x, weight, *, stride=1, padding=0, dilation=1, groups=1, epilogue=(),
                          f"groups dividing C and OC, got {x.shape}, {weight.shape} and "
                          f"groups={groups}")
     batch, c, h, w = x.shape
-    oc, _, kh, kw = weight.shape
+    oc, _, kh, kw = packed.shape if packed is not None else weight.shape
     if out_size is None:
         out_size = ((h + 2 * pt - dh * (kh - 1) - 1) // sh + 1 if sh > 0 else 0,
                     (w + 2 * pl - dw * (kw - 1) - 1) // sw + 1 if sw > 0 else 0)
@@ -546,9 +589,15 @@ def conv2d(x, weight, *, stride=1, padding=0, dilation=1, groups=1, epilogue=(),
     if out.shape != shape or out.dtype != np.float32 or not out.flags.c_contiguous:
         raise ValueError(f"out must be C-contiguous float32 of shape {shape}")
     if any(a is not None and np.may_share_memory(out, a)
-           for a in (x, weight, bias, residual)):
+           for a in (x, weight, bias, residual, packed and packed.data)):
         raise ValueError("out must not overlap the inputs")
     ffi, lib = load()
+    if packed is not None:
+        _check("tirbyoc_conv2d_f32_packed", lib.tirbyoc_conv2d_f32_packed(
+            batch, c, h, w, _float_ptr(x), oc, groups, kh, kw, _float_ptr(packed.data), sh,
+            sw, pt, pl, dh, dw, oh, ow, encode_epilogue(epilogue), _float_ptr(residual),
+            _float_ptr(out)))
+        return out
     _check("tirbyoc_conv2d_f32", lib.tirbyoc_conv2d_f32(
         batch, c, h, w, _float_ptr(x), oc, groups, kh, kw, _float_ptr(weight), sh, sw, pt, pl, dh, dw, oh, ow,
         encode_epilogue(epilogue), _float_ptr(bias), _float_ptr(residual), _float_ptr(out)))
