@@ -39,12 +39,12 @@ static __mmask16 mask_n(int64_t n)
 
 /* ---- micro-kernel ---- */
 
-/* IND: A is read in place, row i of k step p at ap[koff[p] + i], or at
- * ap[koff[p] + skip + i] for rows i >= SPLIT when SPLIT > 0 (the
+/* IND: A is read in place, row i of k step p at kp[p][off + i], or at
+ * kp[p][off + skip + i] for rows i >= SPLIT when SPLIT > 0 (the
  * convolution's direct path, tb_conv_tile_fn); else packed, ap[p * MR + i]. */
 ALWAYS_INLINE void tile(const int MR, const int NV, const int IND,
-                        const int SPLIT, int64_t skip, int64_t kc,
-                        const float *restrict ap, const int64_t *koff,
+                        const int SPLIT, int64_t skip, int64_t off, int64_t kc,
+                        const float *restrict ap, const float *const *kp,
                         const float *restrict wp, int64_t wps,
                         float *restrict c, int64_t ldc, int nr, int flags,
                         const tb_chain *ch, int64_t ci, int64_t cj)
@@ -77,7 +77,7 @@ ALWAYS_INLINE void tile(const int MR, const int NV, const int IND,
                 _mm_prefetch((const char *)(w1 + (p + X_PF) * 16),
                              _MM_HINT_T0);
         }
-        const float *restrict ar = IND ? ap + koff[p] : ap + p * MR;
+        const float *restrict ar = IND ? kp[p] + off : ap + p * MR;
         const float *restrict ar2 = SPLIT > 0 ? ar + skip : ar;
 #pragma GCC unroll 16
         for (i = 0; i < MR; ++i) {
@@ -183,16 +183,16 @@ typedef void (*tile_fn)(int64_t, const float *, const float *, int64_t,
                                  int64_t ldc, int nr, int flags,              \
                                  const tb_chain *ch, int64_t ci, int64_t cj)  \
     {                                                                         \
-        tile(MR, NV, 0, 0, 0, kc, ap, NULL, wp, wps, c, ldc, nr, flags, ch,  \
-             ci, cj);                                                         \
+        tile(MR, NV, 0, 0, 0, 0, kc, ap, NULL, wp, wps, c, ldc, nr, flags,   \
+             ch, ci, cj);                                                     \
     }                                                                         \
-    static void ind_##MR##_##NV(int64_t kc, const float *a,                   \
-                                const int64_t *koff, const float *wp,         \
+    static void ind_##MR##_##NV(int64_t kc, int64_t off,                      \
+                                const float *const *kp, const float *wp,      \
                                 int64_t wps, float *c, int64_t ldc, int nr,   \
                                 int flags)                                    \
     {                                                                         \
-        tile(MR, NV, 1, 0, 0, kc, a, koff, wp, wps, c, ldc, nr, flags, NULL, \
-             0, 0);                                                           \
+        tile(MR, NV, 1, 0, 0, off, kc, NULL, kp, wp, wps, c, ldc, nr, flags, \
+             NULL, 0, 0);                                                     \
     }
 #define TILE_FNS(MR) TILE_FN(MR, 1) TILE_FN(MR, 2)
 TILE_FNS(1) TILE_FNS(2) TILE_FNS(3) TILE_FNS(4) TILE_FNS(5) TILE_FNS(6)
@@ -208,7 +208,7 @@ static const tile_fn tiles[2][X_MR + 1] = {
      tile_14_2},
 };
 
-typedef void (*ind_fn)(int64_t, const float *, const int64_t *,
+typedef void (*ind_fn)(int64_t, int64_t, const float *const *,
                        const float *, int64_t, float *, int64_t, int, int);
 static const ind_fn inds[2][X_MR + 1] = {
     {NULL, ind_1_1, ind_2_1, ind_3_1, ind_4_1, ind_5_1, ind_6_1, ind_7_1,
@@ -220,20 +220,20 @@ static const ind_fn inds[2][X_MR + 1] = {
 /* Full tiles whose rows span two output rows: rows >= S skip the virtual
  * row's padding. */
 #define SPLIT_FN(S, NV)                                                       \
-    static void split_##S##_##NV(int64_t kc, const float *a, int64_t skip,    \
-                                 const int64_t *koff, const float *wp,        \
+    static void split_##S##_##NV(int64_t kc, int64_t off, int64_t skip,       \
+                                 const float *const *kp, const float *wp,     \
                                  int64_t wps, float *c, int64_t ldc, int nr,  \
                                  int flags)                                   \
     {                                                                         \
-        tile(X_MR, NV, 1, S, skip, kc, a, koff, wp, wps, c, ldc, nr, flags,  \
-             NULL, 0, 0);                                                     \
+        tile(X_MR, NV, 1, S, skip, off, kc, NULL, kp, wp, wps, c, ldc, nr,   \
+             flags, NULL, 0, 0);                                              \
     }
 #define SPLIT_FNS(S) SPLIT_FN(S, 1) SPLIT_FN(S, 2)
 SPLIT_FNS(1) SPLIT_FNS(2) SPLIT_FNS(3) SPLIT_FNS(4) SPLIT_FNS(5) SPLIT_FNS(6)
 SPLIT_FNS(7) SPLIT_FNS(8) SPLIT_FNS(9) SPLIT_FNS(10) SPLIT_FNS(11)
 SPLIT_FNS(12) SPLIT_FNS(13)
 
-typedef void (*split_fn)(int64_t, const float *, int64_t, const int64_t *,
+typedef void (*split_fn)(int64_t, int64_t, int64_t, const float *const *,
                          const float *, int64_t, float *, int64_t, int, int);
 static const split_fn splits[2][X_MR] = {
     {NULL, split_1_1, split_2_1, split_3_1, split_4_1, split_5_1, split_6_1,
@@ -244,18 +244,18 @@ static const split_fn splits[2][X_MR] = {
      split_13_2},
 };
 
-static void conv_tile(int64_t kc, const float *a, const int64_t *koff,
+static void conv_tile(int64_t kc, const float *const *kp, int64_t off,
                       const float *wp, int64_t wps, float *c, int64_t ldc,
                       int mr, int nr, int flags, int split, int64_t skip)
 {
     if (split > 0 && split < mr && mr == X_MR)
-        splits[nr > 16][split](kc, a, skip, koff, wp, wps, c, ldc, nr, flags);
+        splits[nr > 16][split](kc, off, skip, kp, wp, wps, c, ldc, nr, flags);
     else if (split > 0 && split < mr) {
-        inds[nr > 16][split](kc, a, koff, wp, wps, c, ldc, nr, flags);
-        inds[nr > 16][mr - split](kc, a + skip + split, koff, wp, wps,
+        inds[nr > 16][split](kc, off, kp, wp, wps, c, ldc, nr, flags);
+        inds[nr > 16][mr - split](kc, off + skip + split, kp, wp, wps,
                                  c + split * ldc, ldc, nr, flags);
     } else
-        inds[nr > 16][mr](kc, a, koff, wp, wps, c, ldc, nr, flags);
+        inds[nr > 16][mr](kc, off, kp, wp, wps, c, ldc, nr, flags);
 }
 
 static void ukernel(int64_t kc, const float *ap, const float *wp, int64_t wps,

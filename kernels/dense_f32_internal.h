@@ -151,16 +151,15 @@ typedef void (*tb_conv_gather_fn)(const tb_conv_geom *g, const float *img,
 /*
  * The convolution's direct path (conv_f32.c); NULL where an ISA has none.
  * conv_tile: C[0:mr, 0:nr] (+)= A @ Wp as the micro-kernel, with A read in
- * place: A[i][p] = a[koff[p] + i] (rows are output pixels, columns output
- * channels), or a[koff[p] + skip + i] for rows i >= split when
- * 0 < split < mr (then mr is the ISA's mr); flags: TB_ACCUMULATE only, no
- * chain.
+ * place: A[i][p] = kp[p][off + i] (rows are output pixels, columns output
+ * channels), or kp[p][off + skip + i] for rows i >= split when
+ * 0 < split < mr; flags: TB_ACCUMULATE and TB_PREFETCH_W only, no chain.
  * conv_out: y[o * ldy + t] = ct[t * ldc + o] for o < m, t < n <= 16, with
  * the chain ch (if not NULL) applied as to outputs at row ci + o, column
  * cj + t of its matrix.
  */
-typedef void (*tb_conv_tile_fn)(int64_t kc, const float *a,
-                                const int64_t *koff, const float *wp,
+typedef void (*tb_conv_tile_fn)(int64_t kc, const float *const *kp,
+                                int64_t off, const float *wp,
                                 int64_t wps, float *c, int64_t ldc, int mr,
                                 int nr, int flags, int split, int64_t skip);
 typedef void (*tb_conv_out_fn)(const float *ct, int64_t ldc, int64_t m,
