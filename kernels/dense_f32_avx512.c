@@ -79,6 +79,14 @@ ALWAYS_INLINE void tile(const int MR, const int NV, const int IND,
         }
         const float *restrict ar = IND ? kp[p] + off : ap + p * MR;
         const float *restrict ar2 = SPLIT > 0 ? ar + skip : ar;
+        if (IND) {
+            /* one register per row pointer, each row read at a constant
+             * displacement from it (GCC otherwise keeps off + i for every
+             * row i as a separate index, spilled to the stack) */
+            __asm__("" : "+r"(ar));
+            if (SPLIT > 0)
+                __asm__("" : "+r"(ar2));
+        }
 #pragma GCC unroll 16
         for (i = 0; i < MR; ++i) {
             const __m512 x = _mm512_set1_ps(SPLIT > 0 && i >= SPLIT ? ar2[i] : ar[i]);
