@@ -205,16 +205,20 @@ static void conv_unit(const conv_job_t *j, int64_t n, int64_t c0, int64_t o0,
  *
  * Where the ISA has conv_tile, the column matrix is not gathered: the
  * micro-kernel reads its rows in place. Rows of its tile are output pixels
- * and columns output channels (the weights are the packed W operand, one
- * 16-channel panel of all kt steps per panel, packed once per call), so
+ * and columns output channels (the weights are the W operand: 16-channel
+ * panels pre-packed at compile time, or packed per unit and K block), so
  * the pixels of k step (c, r, s) are consecutive floats of one plane when
  * the image is first copied, zero padded, into phase planes: plane (a, b)
  * of channel c holds element [i][j] = x[c][i * sh + a - pt][j * sw + b - pl]
  * (0 outside the image), i < hq, j < wv. Output pixel (oh, ow) is virtual
  * pixel q = oh * wv + ow, and tap (r, s) of it sits at q plus
  * ((r * dh) / sh) * wv + (s * dw) / sw in plane ((r * dh) % sh, (s * dw) % sw):
- * a fixed offset per k step (koff) for every pixel. Virtual pixels with
- * ow >= OW are computed and dropped. The bias step reads a plane of ones.
+ * one row pointer per k step (kp) for every pixel. A plain conv needs no
+ * copy: its planes are the image's channels. The bias step reads a plane
+ * of ones. Tiles are runs of mr real pixels (j->runs; where a run wraps to
+ * the next output row, its later rows skip the virtual row's padding) when
+ * no run spans more than two output rows; otherwise runs of virtual pixels,
+ * those with ow >= OW computed and dropped.
  * Each unit keeps its tiles' sums, pixel-major, in scratch over the K
  * blocks, then transposes them into y (conv_out) and applies the chain.
  * The sums are the gather path's bit for bit: the same K blocks, each one
@@ -476,8 +480,8 @@ static int conv_direct(conv_job_t *j, int want)
             j->phases |= 1u << (r * g->dh % g->sh * g->sw + s * g->dw % g->sw);
 
     /* Output channels in blocks of at most CONV_DIRECT_OB_MAX (multiples of
-     * 16); virtual pixels in blocks of whole tiles, as many as the scratch
-     * holds next to kc koff entries. More blocks (of pixels, else of
+     * 16); tile pixels in blocks of whole tiles, as many as the scratch
+     * holds next to kc row pointers. More blocks (of pixels, else of
      * channels) until the units spread evenly over the threads. */
     j->nob = cdiv(j->ocg, CONV_DIRECT_OB_MAX);
     j->obw = cdiv(cdiv(j->ocg, j->nob), 16) * 16;
