@@ -4,13 +4,16 @@ plain path that reads the image as a matrix), odd channel counts and pixel count
 leave partial panels, K blocks with the bias step alone in the last one, the two ways of
 splitting the work (pixel blocks, channel blocks), every epilogue operation it takes,
 NaN in the input, results independent of the thread count, empty sizes and the error
-statuses with nothing written. (Random cases: the kernel fuzz; sanitizers: the driver.)
+statuses with nothing written. The pre-packed weight (tirbyoc_pack_conv2d_weight_f32,
+tirbyoc_conv2d_f32_packed): its size and layout as documented, and outputs bit-identical
+to the unpacked call's. (Random cases: the kernel fuzz; sanitizers: the driver.)
 
 The reference is im2col in float64 (exact zeros in the padding) times the weight.
 Tolerance as the matmul tests: 1e-5 * sqrt(sum of squared terms) * max(1, sqrt(K) / 8)
 per output, through the chain, plus 1e-6 of the value.
 """
 
+import itertools
 import math
 
 import numpy as np
@@ -316,3 +319,209 @@ def test_wrapper_errors_name_the_problem():
                        epilogue=("bias",))
     with pytest.raises(RuntimeError, match="tirbyoc_conv2d_f32"):
         kernels.conv2d(x, np.ones((3, 2, 3, 3), np.float32), stride=0, out_size=(2, 2))
+
+
+# --- pre-packed weights (tirbyoc_pack_conv2d_weight_f32, tirbyoc_conv2d_f32_packed) ------
+
+PACKED_CASES = [
+    # n, c, h, w, oc, k, stride, pad, dil, groups, ops
+    (1, 4, 9, 9, 6, 3, (1, 1), (1, 1), (1, 1), 2, ("bias", "relu")),     # 3 channels / group
+    (2, 6, 11, 10, 20, 3, (2, 2), (1, 1), (1, 1), 2, ("bias", "residual", "relu6")),  # 10
+    (1, 8, 12, 12, 40, 3, (1, 1), (2, 2), (2, 2), 2, ()),    # 20 / group: 2 panels, no bias
+    (1, 9, 7, 7, 33, 1, (1, 1), (0, 0), (1, 1), 1, ("bias",)),          # plain, 3 panels
+    (2, 16, 5, 6, 24, 1, (1, 1), (0, 0), (1, 1), 4, ("residual", "relu6")),  # plain, groups
+    (1, 8, 12, 12, 6, 1, (2, 2), (0, 0), (1, 1), 1, ("bias", "relu")),  # 1x1 stride 2
+    (1, 5, 17, 19, 7, (3, 5), (1, 2), (2, 1), (1, 2), 1, ("bias", "residual", "relu6")),
+    (1, 6, 8, 8, 6, 3, (1, 1), (1, 1), (1, 1), 6, ("bias",)),           # depthwise
+    (1, 57, 6, 7, 15, 3, (1, 1), (1, 1), (1, 1), 1, ("bias", "relu")),  # K 513: K blocks
+    (1, 16, 7, 7, 300, 3, (1, 1), (1, 1), (1, 1), 1, ("bias", "residual", "relu")),  # threads
+    (1, 16, 7, 7, 1100, 1, (1, 1), (0, 0), (1, 1), 1, ("bias",)),  # direct channel blocks
+    (2, 32, 14, 14, 64, 3, (1, 1), (1, 1), (1, 1), 1, ("bias", "residual", "relu6")),
+]
+PACKED_IDS = ["g2-ocg3", "g2-ocg10-s2-batch2", "g2-ocg20-dil-nobias", "plain-oc33",
+              "plain-g4-nobias", "1x1-s2", "rect-kernel", "depthwise", "K513",
+              "channel-blocks", "oc1100", "batch2-threads"]
+
+
+@pytest.mark.parametrize("case", PACKED_CASES, ids=PACKED_IDS)
+def test_packed_equals_unpacked_bit_for_bit(each_isa, case):
+    """tirbyoc_conv2d_f32_packed with the weight and bias packed by
+    tirbyoc_pack_conv2d_weight_f32 gives tirbyoc_conv2d_f32's output bit for bit (uint32
+    views equal), on 1, 2 and 3 threads, for groups whose channel count is not a multiple
+    of the 16-channel panel, strides, dilation, padding, plain 1x1 convs, with and without
+    a bias, a residual + relu6 chain and batch 2; the unpacked output is also within the
+    float64 tolerance of the module docstring (so both cannot be wrong alike)."""
+    n, c, h, w, oc, k, stride, pad, dil, groups, ops = case
+    kh, kw = (k, k) if isinstance(k, int) else k
+    size = out_size(h, w, kh, kw, stride, pad, dil)
+    rng = np.random.default_rng(PACKED_CASES.index(case))
+    x = rng.standard_normal((n, c, h, w)).astype(np.float32)
+    wt = rng.standard_normal((oc, c // groups, kh, kw)).astype(np.float32)
+    bias = rng.standard_normal(oc).astype(np.float32) if "bias" in ops else None
+    res = (rng.standard_normal((n, oc) + size).astype(np.float32)
+           if "residual" in ops else None)
+    kwargs = dict(stride=stride, padding=pad, dilation=dil, epilogue=ops, residual=res,
+                  out_size=size)
+    want = kernels.conv2d(x, wt, groups=groups, bias=bias, **kwargs)
+    ref, tol = reference(x, wt, stride, pad, dil, size, ops, bias, res, groups)
+    assert np.all(np.abs(want - ref) <= tol)
+    packed = kernels.pack_conv2d_weight(wt, bias, groups=groups)
+    assert packed.with_bias == (bias is not None) and packed.groups == groups
+    outs = on_each_thread_count(lambda: kernels.conv2d(x, packed, **kwargs))
+    for got in outs:
+        np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+def packed_size_formula(oc, groups, k, with_bias):
+    """groups * ceil(OCg / 16) panels of 16 lanes by K (+ 1 with a bias) steps."""
+    return groups * -(-(oc // groups) // 16) * 16 * (k + with_bias)
+
+
+def test_packed_size():
+    """tirbyoc_conv2d_packed_size_f32 is the documented formula (0 for no output channels
+    or no steps); -1 for groups below 1 or not dividing OC, a negative size, or a size
+    past int64_t."""
+    _, lib = kernels.load()
+    for oc, groups, k in itertools.product((0, 1, 6, 16, 17, 20, 32, 33, 96), (1, 2, 3),
+                                           (0, 1, 9, 27, 513)):
+        if oc % groups:
+            continue
+        for with_bias in (0, 1):
+            assert lib.tirbyoc_conv2d_packed_size_f32(oc, groups, k, with_bias) == \
+                packed_size_formula(oc, groups, k, with_bias), (oc, groups, k, with_bias)
+    assert lib.tirbyoc_conv2d_packed_size_f32(20, 2, 12, 1) == 2 * 1 * 16 * 13
+    assert lib.tirbyoc_conv2d_packed_size_f32(36, 2, 6, 0) == 2 * 2 * 16 * 6
+    assert lib.tirbyoc_conv2d_packed_size_f32(0, 1, 0, 1) == 0
+    assert lib.tirbyoc_conv2d_packed_size_f32(5, 1, 0, 1) == 16
+    for oc, groups, k in [(6, 0, 3), (6, -1, 3), (6, 4, 3), (20, 3, 3), (-1, 1, 3),
+                          (-16, 1, 3), (6, 1, -1), (6, 2, -(2**63)), (2**40, 1, 2**30),
+                          (16, 1, 2**62)]:
+        for with_bias in (0, 1):
+            assert lib.tirbyoc_conv2d_packed_size_f32(oc, groups, k, with_bias) == -1, \
+                (oc, groups, k, with_bias)
+
+
+@pytest.mark.parametrize("with_bias", [True, False], ids=["bias", "no-bias"])
+def test_packed_layout_is_fixed(with_bias):
+    """The documented layout, bit for bit, from every instruction set: with OCg = 18 (two
+    panels per group, the second with 2 real lanes), K = 6 (+ the bias step),
+    packed[((g * Q + q) * KT + p) * 16 + r] = weight[o][p] (p < K), bias[o] (p = K),
+    o = g * OCg + 16q + r, and 0 in the lanes 16q + r >= OCg."""
+    oc, groups, cg, kh, kw = 36, 2, 2, 1, 3
+    ocg, k = oc // groups, cg * kh * kw
+    q_count, kt = 2, k + with_bias
+    # no weight or bias is 0, so the padding's zeros come from nowhere else
+    wt = (np.arange(oc * k, dtype=np.float32) + 1).reshape(oc, cg, kh, kw)
+    bias = -(np.arange(oc, dtype=np.float32) + 1) if with_bias else None
+    w2 = wt.reshape(oc, k)
+    expected = np.zeros(groups * q_count * kt * 16, np.float32)
+    for g, q, p, r in itertools.product(range(groups), range(q_count), range(kt), range(16)):
+        if 16 * q + r < ocg:
+            o = g * ocg + 16 * q + r
+            expected[((g * q_count + q) * kt + p) * 16 + r] = w2[o, p] if p < k else bias[o]
+    # a few elements written out: o = 0, p = 0; o = 21 (g 1, lane 3), p = 5 and the bias
+    # step; o = 17 (g 0, q 1, lane 1), p = 2; g 0, q 1, lane 2 is padding
+    assert expected[0] == 1.0
+    assert expected[((1 * 2 + 0) * kt + 5) * 16 + 3] == 21 * 6 + 6
+    if with_bias:
+        assert expected[((1 * 2 + 0) * kt + 6) * 16 + 3] == -22.0
+    assert expected[((0 * 2 + 1) * kt + 2) * 16 + 1] == 17 * 6 + 3
+    assert not expected.reshape(groups, q_count, kt, 16)[:, 1, :, 2:].any()
+    saved = kernels.isa()
+    try:
+        for name in kernels.available_isas():
+            kernels.set_isa(name)
+            packed = kernels.pack_conv2d_weight(wt, bias, groups=groups)
+            assert packed.shape == wt.shape and packed.data.dtype == np.float32
+            np.testing.assert_array_equal(packed.data.view(np.uint32),
+                                          expected.view(np.uint32), err_msg=name)
+    finally:
+        kernels.set_isa(saved)
+
+
+def _raw_pack(oc=6, groups=2, k=4, weight=True, bias=True, packed=True):
+    """(status, packed buffer) of one tirbyoc_pack_conv2d_weight_f32 call, the buffer
+    filled with a sentinel first."""
+    ffi, lib = kernels.load()
+    wt = np.ones(64, np.float32)
+    b = np.ones(64, np.float32)
+    out = np.full(1024, 7.0, np.float32)
+
+    def ptr(arr, present):
+        return ffi.cast("float *", arr.ctypes.data) if present else ffi.NULL
+
+    status = lib.tirbyoc_pack_conv2d_weight_f32(oc, groups, k, ptr(wt, weight),
+                                                ptr(b, bias), ptr(out, packed))
+    return status, out
+
+
+@pytest.mark.parametrize("kw,status", [
+    (dict(groups=0), kernels.TIRBYOC_EINVAL),
+    (dict(groups=4), kernels.TIRBYOC_EINVAL),   # does not divide OC = 6
+    (dict(oc=-1), kernels.TIRBYOC_ESIZE),
+    (dict(k=-2), kernels.TIRBYOC_ESIZE),
+    (dict(weight=False), kernels.TIRBYOC_ENULL),
+    (dict(packed=False), kernels.TIRBYOC_ENULL),
+], ids=["groups-0", "groups-oc", "oc", "k", "no-weight", "no-packed"])
+def test_pack_errors_write_nothing(kw, status):
+    """tirbyoc_pack_conv2d_weight_f32's error statuses, with nothing of packed written."""
+    got, out = _raw_pack(**kw)
+    assert got == status, kernels.status_message(got)
+    assert (out == 7.0).all()
+
+
+def test_packed_call_null_weight():
+    """tirbyoc_conv2d_f32_packed refuses a NULL packed weight (TIRBYOC_ENULL, nothing
+    written) when it has steps to read: K > 0, or K = 0 with the bias step."""
+    ffi, lib = kernels.load()
+    x = np.ones(2 * 4 * 4, np.float32)
+    y = np.full(3 * 4 * 4, 7.0, np.float32)
+
+    def call(c, epilogue):
+        return lib.tirbyoc_conv2d_f32_packed(
+            1, c, 4, 4, ffi.cast("float *", x.ctypes.data), 3, 1, 3, 3, ffi.NULL, 1, 1, 1,
+            1, 1, 1, 4, 4, epilogue, ffi.NULL, ffi.cast("float *", y.ctypes.data))
+
+    for c, epilogue in [(2, 0), (2, kernels.encode_epilogue(("bias",))),
+                        (0, kernels.encode_epilogue(("bias", "relu")))]:
+        assert call(c, epilogue) == kernels.TIRBYOC_ENULL, (c, epilogue)
+        assert (y == 7.0).all()
+    # no steps at all (C = 0, no bias): nothing to read, the chain on zeros
+    assert call(0, kernels.encode_epilogue(("relu",))) == kernels.TIRBYOC_OK
+    assert (y == 0.0).all()
+
+
+def test_packed_wrapper_refuses_a_disagreeing_bias():
+    """conv2d with a PackedConv2dWeight takes no bias argument, and its epilogue starts
+    with "bias" if and only if the packed weight holds one (ValueError otherwise);
+    pack_conv2d_weight refuses groups that do not divide OC and a bias of the wrong shape."""
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((1, 4, 6, 6)).astype(np.float32)
+    wt = rng.standard_normal((6, 2, 3, 3)).astype(np.float32)
+    b = rng.standard_normal(6).astype(np.float32)
+    with_bias = kernels.pack_conv2d_weight(wt, b, groups=2)
+    without = kernels.pack_conv2d_weight(wt, groups=2)
+    with pytest.raises(ValueError, match="bias"):
+        kernels.conv2d(x, with_bias, bias=b, epilogue=("bias",), padding=1)
+    with pytest.raises(ValueError, match="bias"):
+        kernels.conv2d(x, without, bias=b, epilogue=("bias",), padding=1)
+    with pytest.raises(ValueError, match="bias"):
+        kernels.conv2d(x, with_bias, epilogue=("relu",), padding=1)
+    with pytest.raises(ValueError, match="bias"):
+        kernels.conv2d(x, with_bias, padding=1)
+    with pytest.raises(ValueError, match="bias"):
+        kernels.conv2d(x, without, epilogue=("bias", "relu"), padding=1)
+    with pytest.raises(ValueError, match="bias"):
+        kernels.conv2d(x, with_bias, epilogue=("relu", "bias"), padding=1)
+    with pytest.raises(ValueError, match="groups"):
+        kernels.conv2d(x, without, groups=3, padding=1)
+    with pytest.raises(ValueError):
+        kernels.pack_conv2d_weight(wt, groups=4)  # does not divide OC = 6
+    with pytest.raises(ValueError, match="bias"):
+        kernels.pack_conv2d_weight(wt, b[:5], groups=2)
+    # the agreeing calls run, and equal the unpacked ones
+    np.testing.assert_array_equal(
+        kernels.conv2d(x, with_bias, epilogue=("bias", "relu"), padding=1),
+        kernels.conv2d(x, wt, groups=2, bias=b, epilogue=("bias", "relu"), padding=1))
+    np.testing.assert_array_equal(kernels.conv2d(x, without, padding=1),
+                                  kernels.conv2d(x, wt, groups=2, padding=1))

@@ -329,7 +329,9 @@ def draw_attention(rng, index):
 # 14 / 6 / 4 channels,
 # pixel panels of 16, K blocks of up to 512 / 256, threads from 4 MFLOP, the 1x1 stride-1
 # unpadded path ("plain"). Case.m is OC, Case.n the pixels OH * OW, Case.k K; the rest of
-# the geometry and the chain are in Case.extra.
+# the geometry and the chain are in Case.extra. tirbyoc_conv2d_f32_packed draws the same
+# cases, with the weight and bias packed (tirbyoc_pack_conv2d_weight_f32: 16-channel
+# panels per group, the bias as step K), and tirbyoc_pack_conv2d_weight_f32 packs them.
 CONV_C_EDGES = (1, 2, 3, 16, 17, 28, 56, 57)
 CONV_OC_EDGES = (1, 2, 13, 14, 15, 16, 28, 29, 33, 64)
 CONV_HW_EDGES = (1, 2, 3, 7, 14, 15, 16, 17, 31, 33, 47, 70)
@@ -606,6 +608,34 @@ class Operands:
         return self.conv[4]
 
     @functools.cached_property
+    def conv_packed_size(self):
+        """Floats of the conv case's packed weight, by the formula of tirbyoc_kernels.h:
+        groups * ceil(OCg / 16) panels of 16 lanes by K (+ 1 with a bias) steps."""
+        c, groups = self.case, self.case.get("groups")
+        return groups * -(-(c.m // groups) // 16) * 16 * (c.k + c.bias)
+
+    @functools.cached_property
+    def conv_packed_w(self):
+        """The conv case's weight and bias packed by numpy into the documented layout,
+        as an input of tirbyoc_conv2d_f32_packed."""
+        _, wt, bias, _, _, _ = self.conv
+        size = self.conv_packed_size
+        buf = Buffer(1, size, size, self.case.offsets[4], _nan_bits())
+        buf.view[:] = conv_pack_reference(wt.view, None if bias is None else bias.view,
+                                          self.case.get("groups"))
+        self.buffers["packed_w"] = buf
+        return buf
+
+    @functools.cached_property
+    def conv_packed_out(self):
+        """The output of tirbyoc_pack_conv2d_weight_f32 for the conv case's weight."""
+        size = self.conv_packed_size
+        buf = Buffer(1, size, size, self.case.offsets[4], SENTINEL_BITS)
+        buf.view[:] = UNWRITTEN
+        self.buffers["packed_out"] = buf
+        return buf
+
+    @functools.cached_property
     def packed_size(self):
         n, k = self.case.n, self.case.k
         return -(-n // 16) * 16 * k
@@ -635,6 +665,20 @@ def pack_reference(w, layout):
     padded = np.zeros((k, panels * 16), dtype=np.float32)
     padded[:, :n] = w_kn
     return padded.reshape(k, panels, 16).transpose(1, 0, 2).reshape(1, -1)
+
+
+def conv_pack_reference(wt, bias, groups):
+    """The packed conv weight of tirbyoc_kernels.h from weight [OC, K] and bias [1, OC] (or
+    None): packed[((g * Q + q) * KT + p) * 16 + r] = weight[o][p] (p < K), bias[o] (p = K),
+    o = g * OCg + 16q + r, 0 where 16q + r >= OCg; as [1, size] float32."""
+    oc, k = wt.shape
+    ocg = oc // groups
+    q, kt = -(-ocg // 16), k + (bias is not None)
+    padded = np.zeros((groups, q * 16, kt), dtype=np.float32)
+    padded[:, :ocg, :k] = wt.reshape(groups, ocg, k)
+    if bias is not None:
+        padded[:, :ocg, k] = bias.reshape(groups, ocg)
+    return padded.reshape(groups, q, 16, kt).transpose(0, 1, 3, 2).reshape(1, -1)
 
 
 # --- arguments ----------------------------------------------------------------
@@ -795,6 +839,29 @@ def conv_args(ops):
             _matrix(ops, "bias", bias, out) if bias is not None else Arg("bias", null),
             _matrix(ops, "residual", res, out) if res is not None else Arg("residual", null),
             _matrix(ops, "y", y, out)]
+
+
+def conv_packed_args(ops):
+    """tirbyoc_conv2d_f32_packed: conv_args with the weight and bias packed into one buffer
+    (read when there is an output and K or the bias step; no bias argument)."""
+    c, g = ops.case, dict(ops.case.extra)
+    out = g["batch"] * c.m * g["oh"] * g["ow"] > 0
+    packed = _matrix(ops, "packed", ops.conv_packed_w, out and c.k + c.bias > 0)
+    return [packed if arg.name == "weight" else arg for arg in conv_args(ops)
+            if arg.name != "bias"]
+
+
+def conv_pack_args(ops):
+    """tirbyoc_pack_conv2d_weight_f32 on the conv case's weight [OC, K] and bias (NULL
+    without one); groups must be at least 1 and divide OC."""
+    c = ops.case
+    _, wt, bias, _, _, _ = ops.conv
+    groups = c.get("groups")
+    return [_size("oc", c.m),
+            Arg("groups", groups, invalid=(0, -1) + ((c.m + 1,) if c.m > 0 else ())),
+            _size("k", c.k), _matrix(ops, "weight", wt, c.m * c.k > 0),
+            _optional(ops, "bias", bias),
+            _matrix(ops, "packed", ops.conv_packed_out, ops.conv_packed_size > 0)]
 
 
 def attention_scale(case):
@@ -1040,6 +1107,18 @@ def dense_expected(ops, groups):
     return _dense_expected(ops, groups.get("epi"))
 
 
+def conv_pack_expected(ops, groups):
+    """The documented layout, bit for bit; the size function agrees with its formula."""
+    c = ops.case
+    _, wt, bias, _, _, _ = ops.conv
+    size = LIBRARY.lib.tirbyoc_conv2d_packed_size_f32(c.m, c.get("groups"), c.k, int(c.bias))
+    if size != ops.conv_packed_size:
+        raise AssertionError(f"tirbyoc_conv2d_packed_size_f32 = {size}, expected "
+                             f"{ops.conv_packed_size}")
+    return conv_pack_reference(wt.view, None if bias is None else bias.view,
+                               c.get("groups")), None  # None: bit for bit
+
+
 def acc_expected(ops, groups):
     return _dense_expected(ops, None)
 
@@ -1080,6 +1159,9 @@ FAMILIES = (
     Family(r"tirbyoc_softmax_f32", softmax_args, softmax_expected),
     Family(r"tirbyoc_attention_f32", attention_args, attention_expected, output="o"),
     Family(r"tirbyoc_conv2d_f32", conv_args, conv_expected, output="y"),
+    Family(r"tirbyoc_conv2d_f32_packed", conv_packed_args, conv_expected, output="y"),
+    Family(r"tirbyoc_pack_conv2d_weight_f32", conv_pack_args, conv_pack_expected,
+           output="conv_packed_out"),
 )
 # Exported functions that are not kernels, and where they are exercised.
 NOT_KERNELS = {
@@ -1088,6 +1170,7 @@ NOT_KERNELS = {
     "tirbyoc_set_num_threads": "setting: 2 or 3 threads per case",
     "tirbyoc_num_threads": "setting: saved and restored around each run",
     "tirbyoc_packed_weight_size_f32": "checked by every pack_weight case",
+    "tirbyoc_conv2d_packed_size_f32": "checked by every pack_conv2d_weight case",
     "tirbyoc_status_string": "describes a status; no operands",
     "tirbyoc_unary_f32": "1-D elementwise: tests/test_matmul_kernels.py (every ISA, full "
                          "float range, NaN/Inf, in place) and the sanitizer driver",
@@ -1130,8 +1213,9 @@ def algorithm(case):
     if case.invalid:
         return "invalid"
     kind = case.symbol.rsplit("_", 1)[1]
-    if "pack_weight" in case.symbol:
-        return "pack"
+    if "pack_weight" in case.symbol or "pack_conv2d" in case.symbol:
+        return "pack" + ("+groups" if "conv2d" in case.symbol and case.get("groups") > 1
+                         else "")
     if "attention" in case.symbol:
         dv = case.get("dv")
         path = "empty" if case.m * dv == 0 else "no_keys" if case.n == 0 else \
@@ -1204,7 +1288,8 @@ CONV_DIRECT_ISAS = ("avx512",)
 
 
 def conv_direct_forced(case):
-    return "conv2d" in case.symbol and case.isa in CONV_DIRECT_ISAS and case.index % 2 == 1
+    return ("conv2d" in case.symbol and "pack_conv2d" not in case.symbol
+            and case.isa in CONV_DIRECT_ISAS and case.index % 2 == 1)
 
 
 def run_case(symbol, isa, seed, index):

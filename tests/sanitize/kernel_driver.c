@@ -1112,10 +1112,78 @@ static void attention_cases(uint64_t *rng, int threaded)
 
 /* ---- tirbyoc_conv2d_f32 ---- */
 
+/* The arguments of one tirbyoc_conv2d_f32 call (y aside). */
+typedef struct {
+    int64_t n, c, h, w;
+    const float *x;
+    int64_t oc, gr, kh, kw;
+    const float *wt;
+    int64_t sh, sw, pt, pl, dh, dw, oh, ow, ops;
+    const float *bias, *res;
+} conv_call_t;
+
+/* The call's weight and bias packed by tirbyoc_pack_conv2d_weight_f32 into a
+ * block of exactly tirbyoc_conv2d_packed_size_f32 floats: that size and every
+ * float of the documented layout (bit for bit, zeros in the padding lanes);
+ * then tirbyoc_conv2d_f32_packed into a block of its own, equal to
+ * tirbyoc_conv2d_f32's y[0:ny] bit for bit (on 1, 2 and 3 threads when
+ * `threads_check`). */
+static void conv_packed_case(const conv_call_t *a, const float *y, size_t ny,
+                             int threads_check)
+{
+    static const char *const name = "tirbyoc_conv2d_f32_packed";
+    const int has_bias = (a->ops & 15) == TIRBYOC_EPI_BIAS;
+    const int64_t ocg = a->oc / a->gr, k = a->c / a->gr * a->kh * a->kw, kt = k + has_bias;
+    const int64_t nq = (ocg + 15) / 16;
+    const int64_t size = tirbyoc_conv2d_packed_size_f32(a->oc, a->gr, k, has_bias);
+    buf_t bp, by;
+    float *pk, *y2;
+    size_t q;
+    int ok = 1, e;
+    check(size == a->gr * nq * 16 * kt, "packed size", "tirbyoc_conv2d_packed_size_f32",
+          a->oc, a->gr, k, NULL);
+    if (size < 0)
+        return;
+    pk = buf_alloc(&bp, (size_t)size, 3);
+    for (q = 0; q < bp.n; ++q)
+        pk[q] = from_bits(SENTINEL);
+    check(tirbyoc_pack_conv2d_weight_f32(a->oc, a->gr, k, a->wt, a->bias, pk) == TIRBYOC_OK,
+          "status", "tirbyoc_pack_conv2d_weight_f32", a->oc, a->gr, k, NULL);
+    for (q = 0; q < bp.n; ++q) {
+        /* packed[((g * nq + pq) * kt + p) * 16 + r] */
+        const int64_t r = (int64_t)q % 16, p = (int64_t)q / 16 % kt;
+        const int64_t panel = (int64_t)q / 16 / kt, g = panel / nq, lane = panel % nq * 16 + r;
+        const float want = lane >= ocg ? 0.0f
+                           : p < k     ? a->wt[(g * ocg + lane) * k + p]
+                                       : a->bias[g * ocg + lane];
+        ok &= to_bits(pk[q]) == to_bits(want);
+    }
+    check(ok, "packed layout", "tirbyoc_pack_conv2d_weight_f32", a->oc, a->gr, k, NULL);
+    y2 = buf_alloc(&by, ny, 2);
+    for (e = threads_check ? 1 : 0; e <= (threads_check ? 3 : 0); ++e) {
+        const int saved = tirbyoc_num_threads();
+        if (e > 0)
+            tirbyoc_set_num_threads(e);
+        for (q = 0; q < ny; ++q)
+            y2[q] = UNWRITTEN;
+        check(tirbyoc_conv2d_f32_packed(a->n, a->c, a->h, a->w, a->x, a->oc, a->gr, a->kh,
+                                        a->kw, pk, a->sh, a->sw, a->pt, a->pl, a->dh, a->dw,
+                                        a->oh, a->ow, a->ops, a->res, y2) == TIRBYOC_OK,
+              "status", name, a->oc, a->oh * a->ow, k, NULL);
+        tirbyoc_set_num_threads(saved);
+        check(memcmp(y, y2, ny * sizeof(float)) == 0,
+              "differs from tirbyoc_conv2d_f32 (bit for bit)", name, a->oc, a->oh * a->ow, k,
+              NULL);
+    }
+    buf_free(&bp);
+    buf_free(&by);
+}
+
 /* One conv (in gr groups) against a double direct sum: every tensor in a
  * block that ends exactly at its last float (ASan sees a read past any of
  * them); a NaN in x when `specials`; the same bits on 1, 2 and 3 threads when
- * `threads_check`. */
+ * `threads_check`. Then the weight and bias packed by
+ * tirbyoc_pack_conv2d_weight_f32 (conv_packed_case). */
 static void conv_case(uint64_t *rng, int64_t n, int64_t c, int64_t h, int64_t w,
                       int64_t oc, int64_t gr, int64_t kh, int64_t kw, int64_t sh, int64_t sw,
                       int64_t pt, int64_t pl, int64_t dh, int64_t dw, int64_t ops,
@@ -1136,6 +1204,7 @@ static void conv_case(uint64_t *rng, int64_t n, int64_t c, int64_t h, int64_t w,
     int64_t b, o, i, j, ci, r, t;
     size_t q;
     int32_t st;
+    conv_call_t call;
     for (e = 0; e < 16; ++e)
         has_res |= (int)(((uint64_t)ops >> (4 * e)) & 15u) == TIRBYOC_EPI_RESIDUAL;
     res = buf_alloc(&br, has_res ? (size_t)(n * oc * oh * ow) : 0, 1);
@@ -1204,6 +1273,11 @@ static void conv_case(uint64_t *rng, int64_t n, int64_t c, int64_t h, int64_t w,
         tirbyoc_set_num_threads(saved);
         free(first);
     }
+    if (st == TIRBYOC_OK) {
+        call = (conv_call_t){n, c, h, w, x, oc, gr, kh, kw, wt, sh, sw, pt, pl, dh, dw, oh, ow,
+                             ops, has_bias ? bias : NULL, has_res ? res : NULL};
+        conv_packed_case(&call, y, by.n, threads_check);
+    }
     buf_free(&bx); buf_free(&bw); buf_free(&bb); buf_free(&br); buf_free(&by);
 }
 
@@ -1244,6 +1318,64 @@ static void conv_errors(void)
     check(ok, "wrote y on an error", name, 3, 25, 18, NULL);
 }
 
+/* The packing's and the packed call's invalid arguments: their statuses, and
+ * neither the packed buffer nor y written. */
+static void conv_packed_errors(void)
+{
+    static const char *const name = "tirbyoc_conv2d_f32_packed";
+    static const char *const pname = "tirbyoc_pack_conv2d_weight_f32";
+    float x[2 * 5 * 5], wt[4 * 2 * 9], bias[4], pk[4 * 16 * 19], y[4 * 5 * 5];
+    const int64_t bias_relu = TIRBYOC_EPI_BIAS | TIRBYOC_EPI_RELU << 4;
+    int t, ok = 1;
+    for (t = 0; t < 50; ++t) x[t] = 1.0f;
+    for (t = 0; t < 72; ++t) wt[t] = 0.5f;
+    for (t = 0; t < 4; ++t) bias[t] = 0.25f;
+    for (t = 0; t < 4 * 16 * 19; ++t) pk[t] = UNWRITTEN;
+    for (t = 0; t < 100; ++t) y[t] = UNWRITTEN;
+    check(tirbyoc_conv2d_packed_size_f32(4, 0, 18, 1) == -1, "groups 0",
+          "tirbyoc_conv2d_packed_size_f32", 4, 0, 18, "size");
+    check(tirbyoc_conv2d_packed_size_f32(4, 3, 18, 1) == -1, "groups 3 of OC 4",
+          "tirbyoc_conv2d_packed_size_f32", 4, 3, 18, "size");
+    check(tirbyoc_conv2d_packed_size_f32(-4, 1, 18, 0) == -1, "negative OC",
+          "tirbyoc_conv2d_packed_size_f32", -4, 1, 18, "size");
+    check(tirbyoc_conv2d_packed_size_f32(4, 1, -18, 0) == -1, "negative K",
+          "tirbyoc_conv2d_packed_size_f32", 4, 1, -18, "size");
+    check(tirbyoc_conv2d_packed_size_f32((int64_t)1 << 40, 1, (int64_t)1 << 30, 1) == -1,
+          "size past int64_t", "tirbyoc_conv2d_packed_size_f32", 1, 1, 1, "size");
+    check(tirbyoc_pack_conv2d_weight_f32(4, 0, 18, wt, bias, pk) == TIRBYOC_EINVAL,
+          "groups 0", pname, 4, 0, 18, "status");
+    check(tirbyoc_pack_conv2d_weight_f32(4, 3, 18, wt, bias, pk) == TIRBYOC_EINVAL,
+          "groups 3 of OC 4", pname, 4, 3, 18, "status");
+    check(tirbyoc_pack_conv2d_weight_f32(-4, 1, 18, wt, bias, pk) == TIRBYOC_ESIZE,
+          "negative OC", pname, -4, 1, 18, "status");
+    check(tirbyoc_pack_conv2d_weight_f32(4, 1, -1, wt, NULL, pk) == TIRBYOC_ESIZE,
+          "negative K", pname, 4, 1, -1, "status");
+    check(tirbyoc_pack_conv2d_weight_f32(4, 1, 18, NULL, bias, pk) == TIRBYOC_ENULL,
+          "NULL weight", pname, 4, 1, 18, "status");
+    check(tirbyoc_pack_conv2d_weight_f32(4, 1, 18, wt, bias, NULL) == TIRBYOC_ENULL,
+          "NULL packed", pname, 4, 1, 18, "status");
+    for (t = 0; t < 4 * 16 * 19; ++t)
+        ok &= to_bits(pk[t]) == to_bits(UNWRITTEN);
+    check(ok, "wrote packed on an error", pname, 4, 1, 18, NULL);
+    /* a valid packing (2 groups of 2 channels, K = 9 + the bias step) for the calls */
+    check(tirbyoc_pack_conv2d_weight_f32(4, 2, 9, wt, bias, pk) == TIRBYOC_OK, "status",
+          pname, 4, 2, 9, NULL);
+#define CONVP(cc, gg, ss, ops, pp)     tirbyoc_conv2d_f32_packed(1, cc, 5, 5, x, 4, gg, 3, 3, pp, ss, 1, 1, 1, 1, 1, 5, 5, ops, NULL, y)
+    check(CONVP(2, 2, 1, bias_relu, NULL) == TIRBYOC_ENULL, "NULL packed", name, 4, 25, 9, "status");
+    check(CONVP(0, 2, 1, bias_relu, NULL) == TIRBYOC_ENULL, "NULL packed, K 0 + bias", name, 4, 25, 0, "status");
+    check(CONVP(2, 0, 1, bias_relu, pk) == TIRBYOC_EINVAL, "groups 0", name, 4, 25, 9, "status");
+    check(CONVP(2, 3, 1, bias_relu, pk) == TIRBYOC_EINVAL, "groups 3 of OC 4", name, 4, 25, 9, "status");
+    check(CONVP(2, 2, 0, bias_relu, pk) == TIRBYOC_EINVAL, "stride 0", name, 4, 25, 9, "status");
+    check(CONVP(2, 2, 1, TIRBYOC_EPI_RELU | TIRBYOC_EPI_BIAS << 4, pk) == TIRBYOC_EEPILOGUE,
+          "bias not first", name, 4, 25, 9, "status");
+    check(CONVP(2, 2, 1, TIRBYOC_EPI_RESIDUAL, pk) == TIRBYOC_ENULL, "NULL residual", name, 4, 25, 9, "status");
+#undef CONVP
+    ok = 1;
+    for (t = 0; t < 100; ++t)
+        ok &= to_bits(y[t]) == to_bits(UNWRITTEN);
+    check(ok, "wrote y on an error", name, 4, 25, 9, NULL);
+}
+
 static void conv_cases(uint64_t *rng, int threaded)
 {
     static const int64_t shapes[][13] = {
@@ -1256,11 +1388,12 @@ static void conv_cases(uint64_t *rng, int threaded)
         {1, 2, 20, 40, 3, 3, 1, 3, 1, 1, 0, 1, 1},  {2, 0, 5, 5, 4, 3, 3, 1, 1, 1, 1, 1, 1},
         /* stride 2 over rows wider than a panel's 31 columns */
         {1, 3, 11, 63, 4, 7, 7, 2, 2, 3, 3, 1, 1},  {1, 4, 6, 70, 5, 3, 3, 1, 2, 1, 1, 1, 1},
-        /* in groups: 4 of (3 -> 5), 3 of (1 -> 2) 1x1, 2 of (8 -> 8) */
+        /* in groups: 4 of (3 -> 5), 3 of (1 -> 2) 1x1, 2 of (8 -> 8), 2 of (4 -> 20):
+         * a group's channels over two 16-channel panels of the packed weight */
         {2, 12, 9, 10, 20, 3, 3, 1, 1, 1, 1, 1, 1}, {1, 3, 6, 6, 6, 1, 1, 1, 1, 0, 0, 1, 1},
-        {1, 16, 11, 9, 16, 3, 3, 2, 1, 1, 0, 1, 1},
+        {1, 16, 11, 9, 16, 3, 3, 2, 1, 1, 0, 1, 1}, {1, 8, 9, 9, 40, 3, 3, 1, 1, 1, 1, 2, 1},
     };
-    static const int64_t groups[] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 4, 3, 2};
+    static const int64_t groups[] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 4, 3, 2, 2};
     static const int64_t chains[] = {
         0, TIRBYOC_EPI_BIAS | TIRBYOC_EPI_RELU << 4,
         TIRBYOC_EPI_BIAS | TIRBYOC_EPI_RESIDUAL << 4 | TIRBYOC_EPI_RELU6 << 8,
@@ -1289,6 +1422,7 @@ static void conv_cases(uint64_t *rng, int threaded)
     }
     unsetenv("TIRBYOC_CONV_DIRECT");
     conv_errors();
+    conv_packed_errors();
 }
 
 static void matmul_chains(uint64_t *rng, int threaded)
@@ -1387,7 +1521,9 @@ int main(int argc, char **argv)
         concurrent(&rng, all ? 4 : 2);
         fprintf(stderr, "  %s done: %ld checks so far\n", ISA_NAMES[i], n_checks);
     }
+    /* KERNELS, and the 2 dense pack functions, matmul, unary, softmax, attention, conv2d,
+     * conv2d_f32_packed and pack_conv2d_weight */
     printf("kernel_driver: mode=%s isas=%s kernels=%d checks=%ld failures=%ld\n", mode, isas,
-           N_KERNELS + 6, n_checks, n_failures);
+           N_KERNELS + 9, n_checks, n_failures);
     return n_failures == 0 ? 0 : 1;
 }
