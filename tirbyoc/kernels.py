@@ -553,7 +553,8 @@ def conv2d(x, weight, *, stride=1, padding=0, dilation=1, groups=1, epilogue=(),
             raise ValueError("the epilogue must start with 'bias' if and only if the "
                              "packed weight holds one")
         groups = packed.groups
-        weight = np.empty(packed.shape, np.float32)[:0]  # the shape's checks only
+        weight = packed.data  # what the kernel reads
+    wshape = packed.shape if packed is not None else weight.shape
 
     def pair(v, name):
         v = (v, v) if isinstance(v, (int, np.integer)) else tuple(v)
@@ -564,13 +565,13 @@ def conv2d(x, weight, *, stride=1, padding=0, dilation=1, groups=1, epilogue=(),
     (sh, sw), (pt, pl), (dh, dw) = (pair(stride, "stride"), pair(padding, "padding"),
                                     pair(dilation, "dilation"))
     groups = int(groups)
-    if groups < 1 or x.ndim != 4 or weight.ndim != 4 or x.shape[1] % groups or \
-            weight.shape[0] % groups or weight.shape[1] * groups != x.shape[1]:
+    if groups < 1 or x.ndim != 4 or len(wshape) != 4 or x.shape[1] % groups or \
+            wshape[0] % groups or wshape[1] * groups != x.shape[1]:
         raise ValueError(f"x must be [N, C, H, W] and weight [OC, C / groups, KH, KW] with "
-                         f"groups dividing C and OC, got {x.shape}, {weight.shape} and "
+                         f"groups dividing C and OC, got {x.shape}, {tuple(wshape)} and "
                          f"groups={groups}")
     batch, c, h, w = x.shape
-    oc, _, kh, kw = packed.shape if packed is not None else weight.shape
+    oc, _, kh, kw = wshape
     if out_size is None:
         out_size = ((h + 2 * pt - dh * (kh - 1) - 1) // sh + 1 if sh > 0 else 0,
                     (w + 2 * pl - dw * (kw - 1) - 1) // sw + 1 if sw > 0 else 0)
@@ -589,12 +590,12 @@ def conv2d(x, weight, *, stride=1, padding=0, dilation=1, groups=1, epilogue=(),
     if out.shape != shape or out.dtype != np.float32 or not out.flags.c_contiguous:
         raise ValueError(f"out must be C-contiguous float32 of shape {shape}")
     if any(a is not None and np.may_share_memory(out, a)
-           for a in (x, weight, bias, residual, packed and packed.data)):
+           for a in (x, weight, bias, residual)):
         raise ValueError("out must not overlap the inputs")
     ffi, lib = load()
     if packed is not None:
         _check("tirbyoc_conv2d_f32_packed", lib.tirbyoc_conv2d_f32_packed(
-            batch, c, h, w, _float_ptr(x), oc, groups, kh, kw, _float_ptr(packed.data), sh,
+            batch, c, h, w, _float_ptr(x), oc, groups, kh, kw, _float_ptr(weight), sh,
             sw, pt, pl, dh, dw, oh, ow, encode_epilogue(epilogue), _float_ptr(residual),
             _float_ptr(out)))
         return out
