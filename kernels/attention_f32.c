@@ -32,12 +32,16 @@
 
 /* Keys per chunk at most; the chunk shrinks for large head sizes so that the
  * packed chunks of K and V fit in ATT_PACK_FLOATS. */
-#define ATT_NC_MAX 256
+#define ATT_NC_MAX 512
 #define ATT_PACK_FLOATS 131072
 #define ATT_NC_MIN 16
 #define ATT_DDV_MAX 4096
-/* Register tiles of query rows per unit of work. */
-#define ATT_UNIT_TILES 4
+/* Register tiles of query rows per unit of work: as many as keep at least
+ * ATT_MIN_UNITS units in the call (each unit packs K and V once, so fewer,
+ * larger units pack less), at most ATT_UNIT_TILES. The split depends on the
+ * shapes only, never on the thread count. */
+#define ATT_UNIT_TILES 32
+#define ATT_MIN_UNITS 16
 #define ATT_UNIT_ROWS (ATT_UNIT_TILES * TB_MR_MAX)
 /* Below this many flops a call stays on the calling thread. */
 #define ATT_PAR_FLOPS (2.0 * 1024 * 1024)
@@ -291,7 +295,7 @@ int32_t tirbyoc_attention_f32(int64_t batch, int64_t m, int64_t n, int64_t d,
                               float *o, int64_t ldo, int64_t stride_o)
 {
     att_job_t j;
-    int64_t b, i, c, want;
+    int64_t b, i, c, want, tiles;
     double flops;
     const int known = TIRBYOC_ATT_DIVIDE | TIRBYOC_ATT_MASK_KEEP |
                       TIRBYOC_ATT_EMPTY_ZERO;
@@ -358,7 +362,10 @@ int32_t tirbyoc_attention_f32(int64_t batch, int64_t m, int64_t n, int64_t d,
     j.nch = ATT_PACK_FLOATS / (round16(d) + round16(dv)) / 16 * 16;
     j.nch = j.nch > ATT_NC_MAX ? ATT_NC_MAX : j.nch;
     j.nch = j.nch < ATT_NC_MIN ? ATT_NC_MIN : j.nch;
-    j.unit_rows = (int64_t)j.isa->mr * ATT_UNIT_TILES;
+    tiles = cdiv(m, j.isa->mr);
+    j.row_units = min_i64(tiles, max_i64(cdiv(ATT_MIN_UNITS, batch),
+                                         cdiv(tiles, ATT_UNIT_TILES)));
+    j.unit_rows = (int64_t)j.isa->mr * cdiv(tiles, j.row_units);
     j.row_units = cdiv(m, j.unit_rows);
     j.units = j.row_units * batch;
 

@@ -26,6 +26,9 @@
 #define TIRBYOC_CHAIN_F32_H
 
 #include <stdint.h>
+#if defined(__SSE__)
+#include <immintrin.h>
+#endif
 
 #include "dense_f32_internal.h"
 
@@ -85,8 +88,21 @@ CH_INLINE ch_vf ch_sel(ch_vi m, ch_vf a, ch_vf b)
     return (ch_vf)((m & (ch_vi)a) | (~m & (ch_vi)b));
 }
 
-/* Lanewise a > b ? a : b (NaN never wins a compare). */
-CH_INLINE ch_vf ch_vmax(ch_vf a, ch_vf b) { return ch_sel(a > b, a, b); }
+/* Lanewise a > b ? a : b (NaN never wins a compare): exactly what x86's
+ * MAXPS computes (b when either is NaN), one instruction instead of a compare
+ * and a select. */
+CH_INLINE ch_vf ch_vmax(ch_vf a, ch_vf b)
+{
+#if defined(__AVX512F__)
+    return (ch_vf)_mm512_max_ps((__m512)a, (__m512)b);
+#elif defined(__AVX__)
+    return (ch_vf)_mm256_max_ps((__m256)a, (__m256)b);
+#elif defined(__SSE__)
+    return (ch_vf)_mm_max_ps((__m128)a, (__m128)b);
+#else
+    return ch_sel(a > b, a, b);
+#endif
+}
 
 CH_INLINE ch_vf ch_abs(ch_vf x) { return (ch_vf)((ch_vi)x & 0x7FFFFFFF); }
 
@@ -116,6 +132,29 @@ CH_INLINE ch_vf ch_exp(ch_vf x)
     p = p * (ch_vf)((n1 + 127) << 23) * (ch_vf)((n - n1 + 127) << 23);
     p = ch_sel(x > ch_splat(88.72284f), ch_splat(__builtin_inff()), p);
     return ch_sel(x != x, x, p);
+}
+
+/* e^x for x <= 0 or NaN (softmax rows: a score minus its row's maximum), as
+ * ch_exp gives it but with one 2^n step: x >= -87.3 keeps 2^n a normal
+ * float, so the result is ch_exp's, bit for bit; below that, where ch_exp
+ * gives a denormal under 1.2e-38, this gives 0 (softmax divides by a sum of
+ * at least 1, so such a term is below any float weight's precision). NaN
+ * passes the clamp and the arithmetic; -inf gives 0. */
+CH_INLINE ch_vf ch_exp_nonpos(ch_vf x)
+{
+    const ch_vf lo = ch_splat(-87.3f);
+    const ch_vi low = x < lo;
+    ch_vf xc = ch_sel(low, lo, x), t, nf, r, p;
+    ch_vi n;
+    t = xc * 1.44269504f + 12582912.0f;
+    nf = t - 12582912.0f;
+    n = (ch_vi)t - 0x4B400000;
+    r = xc - nf * 0.693145751953125f;
+    r = r - nf * 1.428606765330187e-06f;
+    p = 1.0f + r * (1.0f + r * (0.5f + r * (1.0f / 6 + r * (1.0f / 24 + r * (1.0f / 120 +
+                                                                           r * (1.0f / 720))))));
+    p = p * (ch_vf)((n + 127) << 23);
+    return (ch_vf)(~low & (ch_vi)p);
 }
 
 /* e^y - 1 for y >= 0: its Taylor series below 0.35 (no cancellation), else
@@ -166,14 +205,18 @@ CH_INLINE ch_vf ch_erfcx(ch_vf z)
 
 /* Phi(x) = P(N(0, 1) <= x) = erfc(-x / sqrt 2) / 2, with e^(-z^2) taken as
  * e^(-zh^2) e^(-(z - zh)(z + zh)), zh = z with 12 significant bits (zh^2 is
- * exact), so the relative error stays small far into the lower tail. */
+ * exact), so the relative error stays small far into the lower tail. The
+ * second factor's exponent d is at most z^2 / 1024 in magnitude (0.1 at
+ * z = 10): its degree-4 Taylor polynomial is within 8e-8, one exp fewer. */
 CH_INLINE ch_vf ch_phi(ch_vf x)
 {
     const ch_vf ten = ch_splat(10.0f);
-    ch_vf z = ch_abs(x) * 0.70710678f, zh, half_erfc;
+    ch_vf z = ch_abs(x) * 0.70710678f, zh, d, half_erfc;
     z = ch_sel(z < ten, z, ten);
     zh = (ch_vf)((ch_vi)z & (int32_t)0xFFFFF000);
-    half_erfc = 0.5f * ch_erfcx(z) * ch_exp(-(zh * zh)) * ch_exp(-((z - zh) * (z + zh)));
+    d = -((z - zh) * (z + zh));
+    half_erfc = 0.5f * ch_erfcx(z) * ch_exp(-(zh * zh)) *
+                (1.0f + d * (1.0f + d * (0.5f + d * (1.0f / 6 + d * (1.0f / 24)))));
     /* below x = -14, Phi is under the smallest float: 0 (so gelu(-inf) is NaN,
      * as 0.5 x (1 + erf(x / sqrt 2)) gives in PyTorch and TVM) */
     half_erfc = ch_sel(z < ch_splat(9.9f), half_erfc, ch_splat(0.0f));
@@ -328,27 +371,78 @@ static void tb_unary_row(int op, int64_t n, const float *x, float *y)
     }
 }
 
+/* The sum and the maximum (a NaN lane never wins) of v's lanes, as a
+ * butterfly: each step combines lane l with lane l ^ w (w = CH_LANES / 2,
+ * ..., 1), log2 steps of one permute each instead of a chain of CH_LANES - 1
+ * dependent operations. */
+#define CH_X4(w) (w), 1 ^ (w), 2 ^ (w), 3 ^ (w)
+#define CH_X8(w) CH_X4(w), 4 ^ (w), 5 ^ (w), 6 ^ (w), 7 ^ (w)
+#define CH_X16(w) CH_X8(w), 8 ^ (w), 9 ^ (w), 10 ^ (w), 11 ^ (w), 12 ^ (w), \
+                  13 ^ (w), 14 ^ (w), 15 ^ (w)
+#if CH_LANES == 16
+#define CH_XOR(w) ((ch_vi){CH_X16(w)})
+#elif CH_LANES == 8
+#define CH_XOR(w) ((ch_vi){CH_X8(w)})
+#else
+#define CH_XOR(w) ((ch_vi){CH_X4(w)})
+#endif
+
+CH_INLINE ch_vf ch_max_step(ch_vf v, ch_vi perm)
+{
+    const ch_vf u = __builtin_shuffle(v, perm);
+    return ch_sel((u > v) | (v != v), u, v);
+}
+
+CH_INLINE float ch_hsum(ch_vf v)
+{
+#if CH_LANES == 16
+    v += __builtin_shuffle(v, CH_XOR(8));
+#endif
+#if CH_LANES >= 8
+    v += __builtin_shuffle(v, CH_XOR(4));
+#endif
+    v += __builtin_shuffle(v, CH_XOR(2));
+    v += __builtin_shuffle(v, CH_XOR(1));
+    return v[0];
+}
+
+CH_INLINE float ch_hmax(ch_vf v)
+{
+#if CH_LANES == 16
+    v = ch_max_step(v, CH_XOR(8));
+#endif
+#if CH_LANES >= 8
+    v = ch_max_step(v, CH_XOR(4));
+#endif
+    v = ch_max_step(v, CH_XOR(2));
+    v = ch_max_step(v, CH_XOR(1));
+    return v[0];
+}
+
 /* The larger of init and the maximum of x[0:n], in CH_LANES lanes then across
  * them (a NaN never wins). */
 static float ch_row_max(int64_t n, const float *x, float init)
 {
     const int64_t full = n / CH_LANES * CH_LANES;
-    ch_vf acc = ch_splat(init);
+    ch_vf acc = ch_splat(init), acc2 = acc;
     float mx;
     int64_t j;
-    int l;
-    for (j = 0; j < full; j += CH_LANES)
+    /* two accumulators: one MAXPS latency per two vectors */
+    for (j = 0; j + CH_LANES < full; j += 2 * CH_LANES) {
         acc = ch_vmax(ch_loadu(x + j), acc);
-    mx = acc[0];
-    for (l = 1; l < CH_LANES; ++l)
-        mx = acc[l] > mx ? acc[l] : mx;
+        acc2 = ch_vmax(ch_loadu(x + j + CH_LANES), acc2);
+    }
+    if (j < full)
+        acc = ch_vmax(ch_loadu(x + j), acc);
+    mx = ch_hmax(ch_vmax(acc2, acc));
     for (j = full; j < n; ++j)
         mx = x[j] > mx ? x[j] : mx;
     return mx;
 }
 
-/* y[j] = e^(x[j] - base) for j < n (x == y allowed); returns their sum, added in
- * CH_LANES lanes then across them, then the tail. */
+/* y[j] = e^(x[j] - base) for j < n (x == y allowed; base is at least every
+ * x[j] that is not NaN, so the exponents are <= 0: ch_exp_nonpos); returns
+ * their sum, added in CH_LANES lanes then across them, then the tail. */
 static float ch_row_exp_sum(int64_t n, const float *x, float *y, float base)
 {
     const int64_t full = n / CH_LANES * CH_LANES;
@@ -359,14 +453,13 @@ static float ch_row_exp_sum(int64_t n, const float *x, float *y, float base)
     int64_t j;
     int l;
     for (j = 0; j < full; j += CH_LANES) {
-        e = ch_exp(ch_loadu(x + j) - b);
+        e = ch_exp_nonpos(ch_loadu(x + j) - b);
         ch_storeu(y + j, e);
         acc += e;
     }
-    for (l = 0; l < CH_LANES; ++l)
-        sum += acc[l];
+    sum = ch_hsum(acc);
     if (rest > 0) {
-        e = ch_exp(ch_gather(x + full, 1, rest) - b);
+        e = ch_exp_nonpos(ch_gather(x + full, 1, rest) - b);
         for (l = 0; l < rest; ++l) {
             y[full + l] = e[l];
             sum += e[l];
