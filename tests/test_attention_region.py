@@ -172,3 +172,71 @@ def test_pytorch_sdpa_with_an_additive_mask_stays_unfused_and_right():
         "batch_matmul", "batch_matmul", "softmax"]
     got = _run(mod, [t.numpy() for t in (q, k, v)])
     np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4 * float(np.abs(ref).max()))
+
+
+def _packed(form, s, heads=3, d=8):
+    """Attention as torch.export writes it around a packed projection: ``x`` [S, 3 H D]
+    (Q, K, V side by side) is cut by ``take`` ("take": reshape to [S, 1, 3, H D], move
+    the 3 first, take 0/1/2) or ``split`` ("split"), each part reshaped to heads and
+    transposed, Q and K scaled by c each, the scores divided by 2; the output transposed
+    back to [S, H D]. "copy_v": V's heads merged by a reshape that is no view of x."""
+    bb = relax.BlockBuilder()
+    hd = heads * d
+    x = relax.Var("x", relax.TensorType((s, 3 * hd), "float32"))
+    c = relax.const(0.5, "float32")
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            if form == "take":
+                t = bb.emit(op_.squeeze(bb.emit(op_.permute_dims(bb.emit(op_.expand_dims(
+                    bb.emit(op_.reshape(x, (s, 1, 3, hd))), [0])), [3, 1, 2, 0, 4])), [-2]))
+                parts = [bb.emit(op_.take(t, relax.const(i, "int64"), axis=0)) for i in range(3)]
+            else:
+                sp = bb.emit(op_.split(x, [hd, 2 * hd], axis=1))
+                parts = [bb.emit(relax.TupleGetItem(sp, i)) for i in range(3)]
+            q, k, v = (bb.emit(op_.permute_dims(bb.emit(op_.reshape(p, (s, heads, d))),
+                                                [1, 0, 2])) for p in parts)
+            if form == "copy_v":
+                # [H, S, D] -> [S, H, D] -> [H, S, D] again through a flat [S, H*D]
+                flat = bb.emit(op_.reshape(bb.emit(op_.permute_dims(v, [1, 0, 2])), (s, hd)))
+                v = bb.emit(op_.reshape(flat, (heads, s, d)))
+            q = bb.emit(op_.multiply(q, c))
+            kt = bb.emit(op_.multiply(bb.emit(op_.permute_dims(k, [0, 2, 1])), c))
+            sc = bb.emit(op_.divide(bb.emit(op_.matmul(q, kt)), relax.const(2.0, "float32")))
+            o = bb.emit(op_.matmul(bb.emit(op_.nn.softmax(sc, axis=-1)), v))
+            out = bb.emit(op_.reshape(bb.emit(op_.permute_dims(o, [1, 0, 2])), (s, hd)))
+            gv = bb.emit_output(out)
+        bb.emit_func_output(gv)
+    return bb.get()
+
+
+def _packed_reference(form, x, heads=3, d=8):
+    s, hd = x.shape[0], heads * d
+    q, k, v = (x[:, i * hd:(i + 1) * hd].astype(np.float64).reshape(s, heads, d)
+               .transpose(1, 0, 2) for i in range(3))
+    if form == "copy_v":
+        v = v.transpose(1, 0, 2).reshape(heads, s, d)
+    sc = (q * 0.5) @ (k * 0.5).transpose(0, 2, 1) / 2.0
+    e = np.exp(sc - sc.max(-1, keepdims=True))
+    return ((e / e.sum(-1, keepdims=True)) @ v).transpose(1, 0, 2).reshape(s, hd)
+
+
+op_ = relax.op
+
+
+@pytest.mark.parametrize("form", ["take", "split", "copy_v"])
+@pytest.mark.parametrize("symbolic", [False, True], ids=["static", "dynamic"])
+def test_views_around_the_region_are_read_and_written_in_place(form, symbolic):
+    """The kernel reads Q, K and V out of the packed tensor and writes the [S, H D]
+    result directly: no PrimFunc is left but the kernel's (and, for "copy_v", V's one
+    copy, which no strided view can express). The factors on Q and K join the scale."""
+    s = tvm.tirx.Var("s", "int64") if symbolic else 29
+    mod = _packed(form, s)
+    report = tirbyoc.explain(mod)
+    assert [r.intrinsic for r in report.offloaded] == ["attention"], str(report)
+    copies = sorted(name for name in report.schedules if name != "tirbyoc_attention")
+    assert len(copies) == (1 if form == "copy_v" else 0), report.schedules
+    ex = tirbyoc.compile(mod)
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    for length in ((1, 29, 70) if symbolic else (29,)):
+        x = np.random.default_rng(length).standard_normal((length, 72)).astype(np.float32)
+        _assert_matches(vm["main"](tvm.runtime.tensor(x)).numpy(), _packed_reference(form, x))

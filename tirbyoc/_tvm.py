@@ -100,6 +100,8 @@ shift_right = tirx.shift_right
 floor = tirx.floor
 abs = tirx.abs  # noqa: A001 (TIR's abs, for callers that name it T.abs)
 min_value = tirx.min
+floordiv = tirx.floordiv
+floormod = tirx.floormod
 max_value = tirx.max
 
 
@@ -111,13 +113,24 @@ def decl_buffer(shape, dtype: str, name: str):
     return tirx.decl_buffer(shape, dtype, name)
 
 
-def buffer_pointer(buf, access: str):
-    """Pointer to ``buf[0, ..., 0]`` for a kernel that reads ("r") or writes ("w") all of
-    ``buf`` (honours the buffer's element offset)."""
+def buffer_pointer(buf, access: str, offset=0):
+    """Pointer to ``buf``'s element ``offset`` (flat; default ``buf[0, ..., 0]``) for a
+    kernel that reads ("r") or writes ("w") ``buf`` (honours the buffer's element
+    offset)."""
     # NOTE: a tvm_access_ptr declares the whole buffer as accessed. An address_of(buf[0,..])
     # looks like a one-element access, and TVM's buffer compaction then shrinks an
     # intermediate that only kernels touch to one element.
-    return buf.access_ptr(access, ptr_type=str(buf.dtype))
+    return buf.access_ptr(access, ptr_type=str(buf.dtype), offset=offset)
+
+
+def substitute(expr, mapping: dict):
+    """``expr`` with each variable in ``mapping`` replaced."""
+    return structural_map(expr, [(tirx.Var, lambda v: mapping.get(v, v))])
+
+
+def free_vars(expr) -> list:
+    """The variables ``expr`` reads."""
+    return list(tirx.analysis.undefined_vars(expr))
 
 
 def null_pointer():

@@ -20,6 +20,13 @@ Anything else (another mask form, an additive float mask, a dropout, a reduction
 another axis, another dtype) keeps its ops, which the rest of tirbyoc handles as before
 (the softmax kernel, the batched matmul family).
 
+The kernel reads Q, K and V where the views before the region leave them and writes O
+where the views after it put it (``tirbyoc.views``): the reshapes, transposes, ``take``s
+and ``split``s with which ``torch.export`` cuts a packed Q/K/V projection into heads and
+joins the heads again are then never copied, and a scalar factor on Q or K joins the
+scale. An operand the kernel cannot read in place (no single strided view of a tensor,
+or rows that are not contiguous) is passed as its own tensor, as before.
+
 The kernel follows the graph's IEEE semantics (NaN for fully masked rows unless the
 fix-up says 0, NaN where a score is NaN or V is non-finite), so the rewrite changes no
 value beyond rounding: the softmax's division is applied to the output rows.
@@ -31,6 +38,7 @@ import math
 from dataclasses import dataclass
 
 from . import _tvm as T
+from . import views
 from .bindings import Bindings, is_op, rewrite_relax_functions, shape_of, tir_dims
 from .normalize import INTRINSIC_ATTR, OFFLOADED_ATTR
 
@@ -40,7 +48,7 @@ INTRINSIC = "attention"
 DESCRIPTION = "R.matmul -> scale -> mask -> R.nn.softmax -> R.matmul as one region"
 # Mirrors tirbyoc_attention_flag and tirbyoc_b_layout (tirbyoc_kernels.h).
 _DIVIDE, _MASK_KEEP, _EMPTY_ZERO = 1, 2, 4
-_B_KN = 0
+_B_KN, _B_NK = 0, 1
 # D + DV the kernel takes.
 _DDV_MAX = 4096
 
@@ -68,6 +76,17 @@ def _scalar(expr, values):
 
 
 @dataclass
+class _Operand:
+    """Where the kernel reads (or writes) one operand: a layout inside ``layout.base``
+    (see ``tirbyoc.views``), its rows ``ld`` apart and its batch items ``batch_stride``
+    apart (0: one item for every batch), and for K the layout code."""
+    layout: views.Layout
+    ld: object
+    batch_stride: object
+    k_layout: int = 0
+
+
+@dataclass
 class _Region:
     out: object          # the variable bound to the P @ V matmul
     q: object
@@ -76,6 +95,8 @@ class _Region:
     mask: object | None
     flags: int
     scale: float
+    final: object = None         # the variable the kernel's call binds (out or a view of it)
+    operands: dict = None        # "q", "k", "v", "o" -> _Operand
 
 
 class _Func(Bindings):
@@ -185,7 +206,90 @@ def _match(f: _Func, pv_var, pv_call) -> _Region | None:
         return None
     if not _shapes_fit(q, k, v, pv_call, s_val):
         return None
-    return _Region(pv_var, q, k, v, mask, flags, scale)
+    region = _Region(pv_var, q, k, v, mask, flags, scale)
+    _place_operands(f, region)
+    return region
+
+
+def _collapse_batch(dims):
+    """One stride for the batch dimensions ``dims`` ((extent, stride) pairs): 0 when
+    they hold one item or only repeat one (a broadcast), else the innermost stride when
+    the items are evenly spaced; None otherwise."""
+    real = [d for d in dims if not _same(d[0], 1)]
+    if all(_same(st, 0) for _, st in real):
+        return T.const(0, "int64")
+    for (_, outer), (extent, inner) in zip(real, real[1:]):
+        if not _same(outer, extent * inner):
+            return None
+    return real[-1][1]
+
+
+def _rows(layout, role):
+    """(ld, batch stride, k layout) of a [B.., rows, cols] operand's layout (for "k":
+    [B.., D, N], read as KN or NK), or None where the kernel cannot read it so."""
+    dims = layout.dims
+    (rows, s_rows), (cols, s_cols) = dims[-2], dims[-1]
+    batch = _collapse_batch(dims[:-2])
+    if batch is None:
+        return None
+    proven = T.analyzer().can_prove
+    if _same(s_cols, 1) and proven(s_rows >= cols):
+        return s_rows, batch, _B_KN
+    if role == "k" and _same(s_rows, 1) and proven(s_cols >= rows):
+        return s_cols, batch, _B_NK
+    return None
+
+
+def _place_operands(f, region):
+    """Read Q, K and V, and write O, in place through the views around the region
+    (``tirbyoc.views``) where the kernel can: the reshapes, transposes, takes and splits
+    that torch.export writes around attention then never copy. Scalar factors on Q and
+    K join the kernel's scale. Every operand falls back to its own tensor."""
+    operands, factor = {}, 1.0
+    for role, expr in (("q", region.q), ("k", region.k), ("v", region.v)):
+        layout, c = views.trace_input(f, expr, scale_ok=role in ("q", "k"))
+        placed = _rows(layout, role)
+        if placed is None:
+            layout, c = views.contiguous(expr), 1.0
+            placed = _rows(layout, role)
+        operands[role] = _Operand(layout, *placed)
+        factor *= c
+    final, layout = views.trace_output(f, region.out)
+    placed = _rows(layout, "o")
+    if placed is None or not f.same_block(final, region.out):
+        final, layout = region.out, views.contiguous(region.out)
+        placed = _rows(layout, "o")
+    operands["o"] = _Operand(layout, *placed)
+    # every size and stride in terms of the dimensions of the tensors the call passes
+    known = {str(x) for e in _call_tensors(region, operands, final)
+             for x in shape_of(e) if isinstance(x, T.Var)}
+    exprs = [x for op in operands.values() for x in (op.ld, op.batch_stride,
+                                                     op.layout.offset)]
+    exprs += list(shape_of(region.q)) + list(shape_of(region.v)) + list(shape_of(region.out))
+    exprs += list(shape_of(region.k))
+    if any(str(v) not in known for x in exprs for v in T.free_vars(T.as_int64(x))):
+        operands = {role: _Operand(views.contiguous(e), *_rows(views.contiguous(e), role))
+                    for role, e in (("q", region.q), ("k", region.k), ("v", region.v),
+                                    ("o", region.out))}
+        final, factor = region.out, 1.0
+    if factor != 1.0:
+        if region.flags & _DIVIDE:
+            region.scale, region.flags = factor / region.scale, region.flags & ~_DIVIDE
+        else:
+            region.scale *= factor
+    region.final, region.operands = final, operands
+
+
+def _call_tensors(region, operands, final):
+    """The call's tensors: each distinct base of Q, K and V, the mask, the output."""
+    out = []
+    for role in ("q", "k", "v"):
+        base = operands[role].layout.base
+        if not any(base.same_as(x) for x in out):
+            out.append(base)
+    if region.mask is not None:
+        out.append(region.mask)
+    return out + [final]
 
 
 def _fixup_scores(f: _Func, where):
@@ -259,48 +363,58 @@ def _kernel_func(region: _Region):
     from .rewrite import status_checks
 
     names = {}
-    bufs = {}
-    for name, expr in (("q", region.q), ("k", region.k), ("v", region.v),
-                       ("mask", region.mask), ("o", region.out)):
-        if expr is not None:
-            bufs[name] = T.decl_buffer(tir_dims(shape_of(expr), names),
-                                       "bool" if name == "mask" else "float32", name)
-    q, k, v, o = bufs["q"], bufs["k"], bufs["v"], bufs["o"]
-    m, d = q.shape[-2], q.shape[-1]
-    n, dv = k.shape[-1], v.shape[-1]
+    tensors = _call_tensors(region, region.operands, region.final)
+    bufs = []
+    for i, expr in enumerate(tensors):
+        dtype = "bool" if region.mask is not None and expr.same_as(region.mask) else "float32"
+        bufs.append(T.decl_buffer(tir_dims(shape_of(expr), names), dtype, f"t{i}"))
+    # the Relax shapes' variables as the PrimFunc's (each one a dimension of a buffer)
+    tvars = {x: names[str(x)] for e in tensors for x in shape_of(e) if isinstance(x, T.Var)}
 
-    def prod(dims):
-        size = T.const(1, "int64")
-        for x in dims:
-            size = size * x
-        return size
+    def prim(x):
+        return T.substitute(T.as_int64(x), tvars)
 
-    def batch_stride(buf):
-        if T.analyzer().can_prove_equal(prod(buf.shape[:-2]), 1):
-            return T.const(0, "int64")
-        return buf.shape[-2] * buf.shape[-1]
+    def buf_of(expr):
+        return next(b for b, e in zip(bufs, tensors) if e.same_as(expr))
 
-    batch = prod(o.shape[:-2])
-    args = [batch, m, n, d, dv,
-            T.buffer_pointer(q, "r"), d, batch_stride(q),
-            T.buffer_pointer(k, "r"), n, batch_stride(k), T.const(_B_KN, "int32"),
-            T.buffer_pointer(v, "r"), dv, batch_stride(v)]
-    if "mask" in bufs:
-        mk = bufs["mask"]
+    def operand(role, access):
+        op = region.operands[role]
+        ptr = T.buffer_pointer(buf_of(op.layout.base), access, prim(op.layout.offset))
+        return ptr, prim(op.ld), prim(op.batch_stride)
+
+    qs, ks, vs, os_ = (shape_of(x) for x in (region.q, region.k, region.v, region.out))
+    m, d, n, dv = (prim(x) for x in (qs[-2], qs[-1], ks[-1], vs[-1]))
+    batch = T.const(1, "int64")
+    for x in os_[:-2]:
+        batch = batch * prim(x)
+    q_ptr, ldq, sq = operand("q", "r")
+    k_ptr, ldk, sk = operand("k", "r")
+    v_ptr, ldv, sv = operand("v", "r")
+    o_ptr, ldo, so = operand("o", "w")
+    args = [batch, m, n, d, dv, q_ptr, ldq, sq, k_ptr, ldk, sk,
+            T.const(region.operands["k"].k_layout, "int32"), v_ptr, ldv, sv]
+    if region.mask is not None:
+        mk = buf_of(region.mask)
         rows = T.const(0, "int64") if T.analyzer().can_prove_equal(mk.shape[-2], 1) and \
             not T.analyzer().can_prove_equal(m, 1) else mk.shape[-1]
-        args += [T.buffer_pointer(mk, "r"), rows, batch_stride(mk)]
+        one = T.const(1, "int64")
+        mbatch = one
+        for x in mk.shape[:-2]:
+            mbatch = mbatch * x
+        mstride = T.const(0, "int64") if T.analyzer().can_prove_equal(mbatch, 1) else \
+            mk.shape[-2] * mk.shape[-1]
+        args += [T.buffer_pointer(mk, "r"), rows, mstride]
     else:
         args += [T.null_pointer(), T.const(0, "int64"), T.const(0, "int64")]
-    args += [T.const(region.flags, "int32"), T.const(region.scale, "float32"),
-             T.buffer_pointer(o, "w"), dv, m * dv]
+    args += [T.const(region.flags, "int32"), T.const(region.scale, "float32"), o_ptr, ldo, so]
     call = T.call_extern("int32", SYMBOL, args)
-    inputs = [b for name, b in bufs.items() if name != "o"]
+    out = bufs[-1]
     block = T.make_block("tirbyoc_attention", status_checks(SYMBOL, call),
-                         reads=[T.full_region(b) for b in inputs], writes=[T.full_region(o)],
+                         reads=[T.full_region(b) for b in bufs[:-1]],
+                         writes=[T.full_region(out)],
                          annotations={OFFLOADED_ATTR: SYMBOL, INTRINSIC_ATTR: INTRINSIC})
     root = T.make_block("root", T.make_realize(block), reads=[], writes=[], annotations={})
-    func = T.prim_func_of(list(bufs.values()), T.make_realize(root))
+    func = T.prim_func_of(bufs, T.make_realize(root))
     return func.with_attr("tirx.noalias", True)
 
 
@@ -312,7 +426,7 @@ def _rewrite_func(func, builder, gvars):
     for var, value in f.values.items():
         region = _match(f, var, value) if is_op(value, "relax.matmul") else None
         if region is not None:
-            regions[var] = region
+            regions[region.final] = region
     if not regions:
         return func
     blocks = []
@@ -327,8 +441,7 @@ def _rewrite_func(func, builder, gvars):
             key = T.structural_hash(kernel)
             if key not in gvars:
                 gvars[key] = builder.add_func(kernel, "tirbyoc_attention")
-            args = [region.q, region.k, region.v] + ([region.mask] if region.mask is not None
-                                                     else [])
+            args = _call_tensors(region, region.operands, region.final)[:-1]
             bindings.append(R.VarBinding(binding.var,
                                          R.call_tir(gvars[key], args, binding.var.ty)))
         blocks.append(R.DataflowBlock(bindings) if isinstance(block, R.DataflowBlock)

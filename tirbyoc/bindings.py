@@ -45,11 +45,12 @@ class Bindings:
     and ``uses`` (variable -> how many bindings, and the function's result, read it)."""
 
     def __init__(self, func):
-        self.values, self.uses = {}, {}
-        for block in func.body.blocks:
+        self.values, self.uses, self._block = {}, {}, {}
+        for index, block in enumerate(func.body.blocks):
             for binding in block.bindings:
                 if isinstance(binding, R.VarBinding):
                     self.values[binding.var] = binding.value
+                    self._block[binding.var] = index
                 self._count(binding.value)
         self._count(func.body.body)
 
@@ -65,6 +66,10 @@ class Bindings:
         """``[(variable, value)]`` of the bindings that read ``var``."""
         return [(v, value) for v, value in self.values.items()
                 if any(u.same_as(var) for u in R.analysis.free_vars(value))]
+
+    def same_block(self, a, b) -> bool:
+        """Whether variables ``a`` and ``b`` are bound in the same binding block."""
+        return a in self._block and self._block.get(a) == self._block.get(b)
 
     def only_user(self, var):
         """The (variable, value) of the one binding that reads ``var``, else None."""
