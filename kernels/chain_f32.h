@@ -111,23 +111,30 @@ CH_INLINE ch_vf ch_copysign(ch_vf mag, ch_vf sgn)
     return (ch_vf)(((ch_vi)mag & 0x7FFFFFFF) | ((ch_vi)sgn & (int32_t)0x80000000));
 }
 
-/* e^x: x = n ln2 + r with |r| <= ln2 / 2 (Cody-Waite split of ln2), e^r by its
- * degree-6 Taylor polynomial (error below 2e-8 relative), times 2^n applied in
- * two halves so that results near the overflow and denormal ends stay exact. */
+/* e^x for a finite x in [-104, 88.73]: x = n ln2 + r with |r| <= ln2 / 2
+ * (Cody-Waite split of ln2); returns e^r by its degree-6 Taylor polynomial
+ * (error below 2e-8 relative) and n. */
+CH_INLINE ch_vf ch_exp_reduce(ch_vf x, ch_vi *n)
+{
+    const ch_vf t = x * 1.44269504f + 12582912.0f; /* round to nearest by the 1.5 * 2^23 shift */
+    const ch_vf nf = t - 12582912.0f;
+    ch_vf r = x - nf * 0.693145751953125f;
+    r = r - nf * 1.428606765330187e-06f;
+    *n = (ch_vi)t - 0x4B400000;
+    return 1.0f + r * (1.0f + r * (0.5f + r * (1.0f / 6 + r * (1.0f / 24 + r * (1.0f / 120 +
+                                                                              r * (1.0f / 720))))));
+}
+
+/* e^x: e^r 2^n (ch_exp_reduce), 2^n applied in two halves so that results near
+ * the overflow and denormal ends stay exact. */
 CH_INLINE ch_vf ch_exp(ch_vf x)
 {
     /* the selects send NaN to the low end; the last line gives it back */
     const ch_vf lo = ch_splat(-104.0f), hi = ch_splat(88.7228f);
-    ch_vf xc = ch_sel(x > lo, x, lo), t, nf, r, p;
+    ch_vf xc = ch_sel(x > lo, x, lo), p;
     ch_vi n, n1;
     xc = ch_sel(xc < hi, xc, hi);
-    t = xc * 1.44269504f + 12582912.0f; /* round to nearest by the 1.5 * 2^23 shift */
-    nf = t - 12582912.0f;
-    n = (ch_vi)t - 0x4B400000;
-    r = xc - nf * 0.693145751953125f;
-    r = r - nf * 1.428606765330187e-06f;
-    p = 1.0f + r * (1.0f + r * (0.5f + r * (1.0f / 6 + r * (1.0f / 24 + r * (1.0f / 120 +
-                                                                           r * (1.0f / 720))))));
+    p = ch_exp_reduce(xc, &n);
     n1 = n >> 1;
     p = p * (ch_vf)((n1 + 127) << 23) * (ch_vf)((n - n1 + 127) << 23);
     p = ch_sel(x > ch_splat(88.72284f), ch_splat(__builtin_inff()), p);
@@ -144,16 +151,8 @@ CH_INLINE ch_vf ch_exp_nonpos(ch_vf x)
 {
     const ch_vf lo = ch_splat(-87.3f);
     const ch_vi low = x < lo;
-    ch_vf xc = ch_sel(low, lo, x), t, nf, r, p;
     ch_vi n;
-    t = xc * 1.44269504f + 12582912.0f;
-    nf = t - 12582912.0f;
-    n = (ch_vi)t - 0x4B400000;
-    r = xc - nf * 0.693145751953125f;
-    r = r - nf * 1.428606765330187e-06f;
-    p = 1.0f + r * (1.0f + r * (0.5f + r * (1.0f / 6 + r * (1.0f / 24 + r * (1.0f / 120 +
-                                                                           r * (1.0f / 720))))));
-    p = p * (ch_vf)((n + 127) << 23);
+    const ch_vf p = ch_exp_reduce(ch_sel(low, lo, x), &n) * (ch_vf)((n + 127) << 23);
     return (ch_vf)(~low & (ch_vi)p);
 }
 
