@@ -200,9 +200,12 @@ typedef void (*tb_task_fn)(void *arg, int tid, int nthreads);
 /* Configured thread count (TIRBYOC_NUM_THREADS or the CPUs available). */
 TB_INTERNAL int tb_num_threads(void);
 /*
- * Runs fn(arg, t, nt) for t = 0 .. nt-1, t = 0 on the calling thread, with
+ * Runs fn(arg, t, nt) for t = 0 .. nt-1 (the parts of the job), with
  * 1 <= nt <= want: nt is 1 when the pool is busy (another caller is using
- * it) or cannot start threads. Returns when all calls have returned.
+ * it) or cannot start threads. Each part runs once, on whichever thread
+ * takes it first (the calling thread takes parts too, so a part may run on
+ * any thread and one thread may run several). Returns when all calls have
+ * returned.
  */
 TB_INTERNAL void tb_parallel(tb_task_fn fn, void *arg, int want);
 /*

@@ -7,7 +7,8 @@
  * caller at a time; it is taken with a try-lock, so a call that finds it
  * busy (the library called concurrently from several threads) simply runs
  * on its own thread. Because kernels split their work the same way for any
- * thread count, results do not depend on who got the pool.
+ * thread count, results do not depend on who got the pool, nor on which
+ * thread runs which part of a job.
  *
  * Fork: the lock word holds the pid of the process that took it, and the
  * pool records the pid that created its workers. A child process (whose
@@ -157,13 +158,30 @@ typedef struct {
     char pad[64 - sizeof(unsigned long)];
 } slot_t;
 
+/*
+ * A job is split into parts 0 .. nparts - 1 that any thread may run: the
+ * caller and the workers take parts from the claim word until none is left,
+ * and the caller waits only until every part is finished. A worker that
+ * wakes late (a busy machine) finds nothing left and goes back to waiting:
+ * no one waits for a thread that has not started, and a part is run by
+ * whichever thread gets there first.
+ *
+ * The claim word is seq << 16 | nparts << 8 | next (nparts <= 64): a thread
+ * takes part `next` by compare-and-swap, then reads fn and arg, which the
+ * caller wrote before it published the word and keeps until every part is
+ * finished (so they are the claimed part's job's).
+ */
+#define CLAIM_PARTS(w) ((int)(((w) >> 8) & 0xFF))
+#define CLAIM_NEXT(w) ((int)((w)&0xFF))
+
 typedef struct {
     pid_t pid; /* process whose threads these are */
     int nworkers;
-    tb_task_fn fn; /* the current job, valid while its gen is posted */
+    tb_task_fn fn; /* the current job, valid while its parts are claimable */
     void *arg;
-    int nt;
-    int done;     /* workers finished with the current job */
+    unsigned long claim; /* see above */
+    unsigned long seq;
+    int finished; /* parts of the current job finished */
     int sleepers; /* workers blocked (or about to block) on cv */
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -183,6 +201,24 @@ static long now_ns(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return ts.tv_sec * 1000000000L + ts.tv_nsec;
+}
+
+/* Runs parts of the current job until none is left. */
+static void run_parts(pool_t *pool)
+{
+    for (;;) {
+        unsigned long w = __atomic_load_n(&pool->claim, __ATOMIC_ACQUIRE);
+        int part, nparts;
+        do {
+            nparts = CLAIM_PARTS(w);
+            part = CLAIM_NEXT(w);
+            if (part >= nparts)
+                return;
+        } while (!__atomic_compare_exchange_n(&pool->claim, &w, w + 1, 0,
+                                              __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE));
+        pool->fn(pool->arg, part, nparts);
+        __atomic_add_fetch(&pool->finished, 1, __ATOMIC_RELEASE);
+    }
 }
 
 static void *worker_main(void *p)
@@ -222,8 +258,7 @@ static void *worker_main(void *p)
             pthread_mutex_unlock(&pool->mu);
         }
         seen = gen;
-        pool->fn(pool->arg, id, pool->nt);
-        __atomic_add_fetch(&pool->done, 1, __ATOMIC_RELEASE);
+        run_parts(pool);
     }
     return NULL;
 }
@@ -326,8 +361,10 @@ void tb_parallel(tb_task_fn fn, void *arg, int want)
 
     pool->fn = fn;
     pool->arg = arg;
-    pool->nt = nt;
-    __atomic_store_n(&pool->done, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&pool->finished, 0, __ATOMIC_RELAXED);
+    pool->seq++;
+    __atomic_store_n(&pool->claim, pool->seq << 16 | (unsigned long)nt << 8,
+                     __ATOMIC_RELEASE);
     for (t = 1; t < nt; ++t)
         __atomic_add_fetch(&pool->slot[t].gen, 1, __ATOMIC_SEQ_CST);
     /* Pairs with the sleeper count a worker publishes before its last check. */
@@ -337,10 +374,11 @@ void tb_parallel(tb_task_fn fn, void *arg, int want)
         pthread_mutex_unlock(&pool->mu);
     }
 
-    fn(arg, 0, nt);
+    run_parts(pool);
 
+    /* Only parts that a worker has taken are left to wait for. */
     spins = 0;
-    while (__atomic_load_n(&pool->done, __ATOMIC_ACQUIRE) < nt - 1) {
+    while (__atomic_load_n(&pool->finished, __ATOMIC_ACQUIRE) < nt) {
         cpu_relax();
         /* A descheduled worker (busy machine): let it run. */
         if (++spins > 20000)
