@@ -296,6 +296,33 @@ int32_t tirbyoc_pack_conv2d_weight_f32(int64_t oc, int64_t groups, int64_t k, co
 int32_t tirbyoc_conv2d_f32_packed(int64_t batch, int64_t c, int64_t h, int64_t w, const float *x, int64_t oc, int64_t groups, int64_t kh, int64_t kw, const float *packed, int64_t stride_h, int64_t stride_w, int64_t pad_top, int64_t pad_left, int64_t dilation_h, int64_t dilation_w, int64_t oh, int64_t ow, int64_t epilogue, const float *residual, float *y);
 
 /*
+ * Depthwise 2-D convolution, float32, NCHW (one filter per channel: a
+ * tirbyoc_conv2d_f32 with groups = C = OC, without the matrix product):
+ *   y[n][c][i][j] = chain( sum over r < KH, s < KW of
+ *                          x[n][c][i * stride_h - pad_top + r * dilation_h]
+ *                               [j * stride_w - pad_left + s * dilation_w]
+ *                          * weight[c][0][r][s] )
+ * for n < batch, c < C, i < OH, j < OW, x 0 outside [0, H) x [0, W). Every
+ * tensor is contiguous: x [batch, C, H, W], weight [C, 1, KH, KW], y and
+ * residual [batch, C, OH, OW]. OH, OW, the padding and the chain are as
+ * for tirbyoc_conv2d_f32: TIRBYOC_EPI_BIAS adds bias[c] and may only be
+ * first, SCALE and DIVIDE are not taken. Each output is the taps'
+ * products added in (r, s) order (one FMA per tap on AVX2 and AVX-512),
+ * then the chain, in vector registers: over zero-padded phase planes of a
+ * channel, or on AVX-512 with 16 channels in the lanes (see
+ * kernels/depthwise_f32.c); work is split over threads by image, channel
+ * (or block of 16) and block of output rows, and results do not depend on
+ * the thread count. With KH * KW == 0 the sum is 0 and the chain still
+ * applies.
+ * Errors: TIRBYOC_ESIZE (a negative size or one of 2^31 or more),
+ * TIRBYOC_EINVAL (a stride or dilation below 1, a padding of 2^31 or more
+ * either way), TIRBYOC_EEPILOGUE (an invalid chain, BIAS not first, SCALE
+ * or DIVIDE), TIRBYOC_ENULL (also a NULL bias or residual the chain uses),
+ * TIRBYOC_ENOMEM.
+ */
+int32_t tirbyoc_depthwise_conv2d_f32(int64_t batch, int64_t c, int64_t h, int64_t w, const float *x, int64_t kh, int64_t kw, const float *weight, int64_t stride_h, int64_t stride_w, int64_t pad_top, int64_t pad_left, int64_t dilation_h, int64_t dilation_w, int64_t oh, int64_t ow, int64_t epilogue, const float *bias, const float *residual, float *y);
+
+/*
  * Settings (process-wide; every kernel reads them when it starts).
  *
  * Instruction set: "avx512" (AVX512F), "avx2" (AVX2 + FMA) or "generic"

@@ -1,6 +1,7 @@
-"""Convolutions as matrix products (tirbyoc.conv): which conv2d forms become an im2col and
-one offloaded matmul (bias, folded batch norm, residual and relu in the kernel call), which
-stay TVM's conv2d, and numerics against PyTorch either way.
+"""Convolutions as kernel calls (tirbyoc.conv): which conv2d forms become one call of the
+conv kernel (an implicit matrix product) or, depthwise, of the depthwise kernel (bias,
+folded batch norm, residual and relu in the kernel call), which stay TVM's conv2d, and
+numerics against PyTorch either way.
 
 Tolerance: max|got - ref| <= 1e-5 * max|ref| against PyTorch's float32 result (products of
 up to 64 * 9 terms; the batch norm folded in float64 and rounded once).
@@ -38,14 +39,17 @@ def _check(model, shape, expected, seed=0):
     return report
 
 
-def _no_tvm_convs(report, unpacked=0):
-    """Every PrimFunc named for a conv is the kernel call (none is TVM's conv2d): all but
-    ``unpacked`` of them on a weight packed at compile time. A weight is packed unless its
+def _no_tvm_convs(report, unpacked=0, depthwise=0):
+    """Every PrimFunc named for a conv is a kernel call (none is TVM's conv2d):
+    ``depthwise`` of them the depthwise kernel's, the others the conv kernel's, all but
+    ``unpacked`` of those on a weight packed at compile time. A weight is packed unless its
     16-channel panels would be mostly padding (fewer than 8 output channels per group)."""
     convs = {name: how for name, how in report.schedules.items() if "conv2d" in name}
     hows = sorted(convs.values())
-    assert convs and hows == sorted(["kernel tirbyoc_conv2d_f32"] * unpacked + [
-        "kernel tirbyoc_conv2d_f32_packed"] * (len(convs) - unpacked)), convs
+    assert convs and hows == sorted(
+        ["kernel tirbyoc_depthwise_conv2d_f32"] * depthwise
+        + ["kernel tirbyoc_conv2d_f32"] * unpacked
+        + ["kernel tirbyoc_conv2d_f32_packed"] * (len(convs) - unpacked - depthwise)), convs
 
 
 def test_small_cnn():
@@ -128,22 +132,52 @@ def test_resnext_block():
 
 
 def test_depthwise_separable_blocks():
-    """Depthwise 3x3 convs (stride 1 and 2) become a sum of per-channel scaled taps that
-    TVM fuses into one scheduled PrimFunc, their batch norm folded and the ReLU6 in the
-    same pass; the stem and the thirteen 1x1 convs are offloaded products with the ReLU6
-    in the kernel call. Products of equal shapes share one PrimFunc (TVM deduplicates
-    them): at 48x48 the last spatial sizes repeat, 14 products in 10 PrimFuncs."""
+    """The thirteen depthwise 3x3 convs (stride 1 and 2) are calls of the depthwise
+    kernel, each with its batch norm folded and the ReLU6 in the kernel's chain; the stem
+    and the thirteen 1x1 convs are offloaded products with the ReLU6 in the kernel call.
+    Calls of equal shapes share one PrimFunc (TVM deduplicates them): at 48x48 the last
+    spatial sizes repeat, 14 products in 10 PrimFuncs, 13 depthwise convs in 9."""
     model = examples.mobilenet_torch(width=0.25, classes=10)
-    report = _check(model, (1, 3, 48, 48), ["conv2d_bias_relu6"] * 10 + ["dense_bias"])
-    _no_tvm_convs(report)
+    report = _check(model, (1, 3, 48, 48), ["conv2d_bias_relu6"] * 10
+                    + ["depthwise_conv2d_bias_relu6"] * 9 + ["dense_bias"])
+    _no_tvm_convs(report, depthwise=9)
+
+
+class _Depthwise(torch.nn.Module):
+    """A depthwise conv, a batch norm, the input added back (with stride 1), a relu."""
+
+    def __init__(self, c, k, shortcut, **kw):
+        super().__init__()
+        torch.manual_seed(3)
+        self.conv = torch.nn.Conv2d(c, c, k, groups=c, **kw)
+        self.bn = torch.nn.BatchNorm2d(c)
+        self.shortcut = shortcut
+
+    def forward(self, x):
+        y = self.bn(self.conv(x))
+        return torch.relu(y + x if self.shortcut else y)
+
+
+@pytest.mark.parametrize("k,shortcut,kw,expected", [
+    (3, True, dict(padding=1), "depthwise_conv2d_bias_residual_relu"),
+    (3, False, dict(stride=2, padding=1, bias=False), "depthwise_conv2d_bias_relu"),
+    (5, True, dict(padding=4, dilation=2), "depthwise_conv2d_bias_residual_relu"),
+    ((3, 5), False, dict(stride=(2, 1), padding=(0, 2)), "depthwise_conv2d_bias_relu"),
+], ids=["3x3-shortcut", "3x3s2-nobias", "5x5-dilated-shortcut", "3x5-s21"])
+def test_depthwise_convs(k, shortcut, kw, expected):
+    """Depthwise convs of other shapes: the batch norm folded, the shortcut and the relu
+    in the depthwise kernel's chain, one call each; numerics against PyTorch."""
+    model = examples._randomize_batch_norms(_Depthwise(20, k, shortcut, **kw), 4).eval()
+    report = _check(model, (2, 20, 13, 11), [expected])
+    _no_tvm_convs(report, depthwise=1)
 
 
 @pytest.mark.parametrize("groups,depthwise", [(1, False), (2, False), (4, True)],
                          ids=["dense", "grouped", "depthwise"])
 def test_weight_as_input(groups, depthwise):
     """A weight passed in (not a compile-time constant) is read in place by the kernel
-    call, with a constant bias and a relu fused; a depthwise conv with such a weight
-    (whose taps need its values) stays TVM's conv2d. Numerics against PyTorch."""
+    call (the depthwise kernel's for a depthwise conv), with a constant bias and a relu
+    fused. Numerics against PyTorch."""
     import tvm
     from tvm import relax
 
@@ -161,7 +195,8 @@ def test_weight_as_input(groups, depthwise):
         bb.emit_func_output(y)
     mod = bb.get()
     offloaded = [r.intrinsic for r in tirbyoc.explain(mod).offloaded]
-    assert offloaded == ([] if depthwise else ["conv2d_bias_relu"]), offloaded
+    assert offloaded == (["depthwise_conv2d_bias_relu"] if depthwise
+                         else ["conv2d_bias_relu"]), offloaded
     xs = rng.standard_normal((2, c, 8, 7)).astype(np.float32)
     ws = rng.standard_normal((oc, c // groups, 3, 3)).astype(np.float32)
     vm = relax.VirtualMachine(tirbyoc.compile(mod), tvm.cpu())

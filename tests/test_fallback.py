@@ -423,8 +423,9 @@ def test_window_reduction_puts_lanes_along_the_output_row():
 
 
 def _padded_taps(x):
-    """A depthwise 3x3 convolution as tirbyoc writes it for the graph: one padding, nine
-    shifted slices of it times a per-channel weight, summed."""
+    """A depthwise 3x3 convolution written as taps (as tirbyoc wrote it for the graph
+    before the depthwise kernel): one padding, nine shifted slices of it times a
+    per-channel weight, summed."""
     c = int(x.ty.shape[1])
     h, w = int(x.ty.shape[2]), int(x.ty.shape[3])
     rng = np.random.default_rng(c)

@@ -242,6 +242,8 @@ def draw_case(symbol, isa, seed, index, rng, fixed_layout):
     extra = ()
     if "attention" in symbol:
         m, n, k, big, extra = draw_attention(rng, index)
+    elif "depthwise" in symbol:
+        m, n, k, big, extra = draw_depthwise(rng, index)
     elif "conv2d" in symbol:
         m, n, k, big, extra = draw_conv(rng, index)
     elif index < len(PINNED):
@@ -385,6 +387,65 @@ def draw_conv(rng, index):
              ("sh", sh), ("sw", sw), ("pt", pt), ("pl", pl), ("dh", dh), ("dw", dw),
              ("oh", oh), ("ow", ow), ("groups", groups))
     return oc, oh * ow, c // groups * kh * kw, flops >= PAR_FLOPS, extra
+
+
+# tirbyoc_depthwise_conv2d_f32 (kernels/depthwise_f32.c): one filter per channel, work
+# units of (image, channel or block of 16 channels, block of output rows), threads from 1
+# MFLOP; paths: phase planes (AVX-512 rows padded to 16 floats for 3x3 / 5x5 / 7x7 at
+# stride 1 and 2), AVX-512's channels in lanes (blocks of 16, the last partial), and the
+# scalar path where no window fits. Case.m is C, Case.n the pixels OH * OW, Case.k
+# KH * KW; the geometry is in Case.extra, with groups = C, so that the conv's operands
+# (ops.conv: weight [C, KH * KW]) and reference (conv_expected) serve as they are.
+DW_C_EDGES = (1, 2, 3, 7, 8, 15, 16, 17, 31, 32, 33, 64)
+DW_HW_EDGES = (1, 2, 3, 7, 8, 14, 15, 16, 17, 28, 31, 33, 47, 56, 70)
+DW_PAR_FLOPS = 1024 * 1024
+# (batch, c, h, w, kh, kw, stride, pad, dilation) of the first cases
+DW_PINNED = ((0, 3, 8, 8, 3, 3, 1, 1, 1), (2, 0, 5, 5, 3, 3, 1, 1, 1),
+             (1, 4, 6, 6, 0, 3, 1, 1, 1), (1, 3, 1, 1, 1, 1, 1, 0, 1),
+             (1, 32, 28, 28, 3, 3, 1, 1, 1), (1, 64, 28, 28, 3, 3, 2, 1, 1),
+             (1, 17, 7, 7, 3, 3, 1, 1, 1), (1, 5, 40, 40, 3, 3, 1, 1, 1),
+             (1, 24, 50, 50, 3, 3, 1, 1, 1), (2, 9, 20, 21, 5, 5, 2, 2, 1),
+             (1, 12, 30, 30, 7, 7, 1, 3, 1), (1, 17, 3, 3, 3, 3, 1, 150000, 150000),
+             (1, 3, 90, 90, 3, 3, 1, 1, 1))
+
+
+def draw_depthwise(rng, index):
+    """(m, n, k, big, extra) of a tirbyoc_depthwise_conv2d_f32 case."""
+    def dim(edges, hi):
+        return int(rng.choice(edges)) if rng.random() < 0.5 else max(1, _log_uniform(rng, hi))
+
+    big = index >= len(DW_PINNED) and rng.random() < 3 * P_BIG
+    while True:
+        if index < len(DW_PINNED):
+            n_img, c, h, w, kh, kw, st, pd, dl = DW_PINNED[index]
+            sh = sw = st
+            pt = pl = pd
+            dh = dw = dl
+        else:
+            n_img = int(rng.choice([1, 1, 1, 2, 3]))
+            c = dim(DW_C_EDGES, 100)
+            h, w = dim(DW_HW_EDGES, 60), dim(DW_HW_EDGES, 60)
+            kh, kw = (int(x) for x in rng.choice([1, 2, 3, 3, 3, 3, 5, 7], size=2))
+            if rng.random() < 0.5:
+                kw = kh
+            sh, sw = (int(x) for x in rng.choice([1, 1, 1, 2, 2, 3], size=2))
+            dh, dw = (int(x) for x in rng.choice([1, 1, 1, 2], size=2))
+            pt, pl = (int(x) for x in rng.choice([0, 0, 1, 1, 2, 3, -1], size=2))
+        oh = max(0, (h + 2 * pt - dh * (kh - 1) - 1) // sh + 1)
+        ow = max(0, (w + 2 * pl - dw * (kw - 1) - 1) // sw + 1)
+        if index >= len(DW_PINNED) and rng.random() < 0.15:  # any output size is valid
+            oh, ow = max(0, oh + int(rng.integers(-1, 3))), max(0, ow + int(rng.integers(-1, 3)))
+        flops = 2 * n_img * c * oh * ow * kh * kw
+        if index >= len(DW_PINNED) and oh * ow == 0 and rng.random() > 0.05:
+            continue  # a few empty outputs, not a quarter of the cases
+        if index < len(DW_PINNED) or ((DW_PAR_FLOPS <= flops <= BIG_FLOPS) if big
+                                      else flops <= SMALL_FLOPS):
+            break
+    extra = (("batch", n_img), ("c", c), ("h", h), ("w", w), ("kh", kh), ("kw", kw),
+             ("sh", sh), ("sw", sw), ("pt", pt), ("pl", pl), ("dh", dh), ("dw", dw),
+             ("oh", oh), ("ow", ow), ("groups", max(c, 1)))
+    # (K 0 without channels: the conv's reference then has no taps to reshape)
+    return c, oh * ow, kh * kw if c else 0, flops >= DW_PAR_FLOPS, extra
 
 
 # --- buffers --------------------------------------------------------------------
@@ -841,6 +902,29 @@ def conv_args(ops):
             _matrix(ops, "y", y, out)]
 
 
+def depthwise_args(ops):
+    """tirbyoc_depthwise_conv2d_f32: the conv's tensors (weight [C, KH * KW]), every one
+    contiguous; nothing is read without an output."""
+    c, g = ops.case, dict(ops.case.extra)
+    x, wt, bias, res, y, names = ops.conv
+    out = g["batch"] * c.m * g["oh"] * g["ow"] > 0
+    null = LIBRARY.ffi.NULL
+    return [_size("batch", g["batch"]), _size("c", c.m), _size("h", g["h"]),
+            _size("w", g["w"]), _matrix(ops, "x", x, out and g["h"] * g["w"] > 0),
+            _size("kh", g["kh"]), _size("kw", g["kw"]),
+            _matrix(ops, "weight", wt, out and c.k > 0),
+            Arg("sh", g["sh"], invalid=(0, -1)), Arg("sw", g["sw"], invalid=(0, -3, 2**31)),
+            Arg("pt", g["pt"], invalid=(2**31, -(2**31))), Arg("pl", g["pl"], invalid=(2**40,)),
+            Arg("dh", g["dh"], invalid=(0, 2**31)), Arg("dw", g["dw"], invalid=(-1,)),
+            _size("oh", g["oh"]), _size("ow", g["ow"]),
+            # SCALE, DIVIDE, BIAS after another operation, an unknown code
+            Arg("epilogue", kernels.encode_epilogue(names),
+                invalid=(9, 10, kernels.encode_epilogue(("relu", "bias")), 12, 15 << 4)),
+            _matrix(ops, "bias", bias, out) if bias is not None else Arg("bias", null),
+            _matrix(ops, "residual", res, out) if res is not None else Arg("residual", null),
+            _matrix(ops, "y", y, out)]
+
+
 def conv_packed_args(ops):
     """tirbyoc_conv2d_f32_packed: conv_args with the weight and bias packed into one buffer
     (read when there is an output and K or the bias step; no bias argument)."""
@@ -1162,6 +1246,8 @@ FAMILIES = (
     Family(r"tirbyoc_conv2d_f32_packed", conv_packed_args, conv_expected, output="y"),
     Family(r"tirbyoc_pack_conv2d_weight_f32", conv_pack_args, conv_pack_expected,
            output="conv_packed_out"),
+    # the conv's reference with groups = C
+    Family(r"tirbyoc_depthwise_conv2d_f32", depthwise_args, conv_expected, output="y"),
 )
 # Exported functions that are not kernels, and where they are exercised.
 NOT_KERNELS = {
@@ -1222,6 +1308,13 @@ def algorithm(case):
             f"mask_{case.get('mask')}"
         return path + ("+threads" if 2 * case.m * case.n * (case.k + dv) >= ATT_PAR_FLOPS
                        and case.m * dv * case.n else "")
+    if "depthwise" in case.symbol:
+        g = dict(case.extra)
+        if case.m * case.n * g["batch"] == 0:
+            return "empty"
+        path = dw_path_forced(case) or "chosen"
+        return path + ("+threads" if 2 * g["batch"] * case.m * case.n * case.k >= DW_PAR_FLOPS
+                       else "")
     if "conv2d" in case.symbol:
         g = dict(case.extra)
         if case.m * case.n * g["batch"] == 0:
@@ -1289,7 +1382,18 @@ CONV_DIRECT_ISAS = ("avx512",)
 
 def conv_direct_forced(case):
     return ("conv2d" in case.symbol and "pack_conv2d" not in case.symbol
+            and "depthwise" not in case.symbol
             and case.isa in CONV_DIRECT_ISAS and case.index % 2 == 1)
+
+
+# The depthwise kernel's paths (kernels/depthwise_f32.c, TIRBYOC_DW_PATH): a quarter of
+# the cases force the scalar path, on AVX-512 a quarter each the planes and the channels
+# in lanes; the rest take the kernel's own choice.
+def dw_path_forced(case):
+    if "depthwise" not in case.symbol:
+        return None
+    forced = {1: "planes", 2: "channels", 3: "scalar"}.get(case.index % 4)
+    return forced if forced == "scalar" or case.isa == "avx512" else None
 
 
 def run_case(symbol, isa, seed, index):
@@ -1310,8 +1414,11 @@ def run_case(symbol, isa, seed, index):
     LIBRARY.lib.tirbyoc_set_num_threads(case.threads)
 
     saved = os.environ.get("TIRBYOC_CONV_DIRECT")
+    saved_dw = os.environ.pop("TIRBYOC_DW_PATH", None)
     if conv_direct_forced(case):
         os.environ["TIRBYOC_CONV_DIRECT"] = "1"
+    if dw_path_forced(case):
+        os.environ["TIRBYOC_DW_PATH"] = dw_path_forced(case)
     try:
         status = getattr(LIBRARY.lib, symbol)(*[arg.value for arg in args])
     finally:
@@ -1319,6 +1426,9 @@ def run_case(symbol, isa, seed, index):
             os.environ.pop("TIRBYOC_CONV_DIRECT", None)
         else:
             os.environ["TIRBYOC_CONV_DIRECT"] = saved
+        os.environ.pop("TIRBYOC_DW_PATH", None)
+        if saved_dw is not None:
+            os.environ["TIRBYOC_DW_PATH"] = saved_dw
 
     problems = []
     for name, buf in ops.buffers.items():

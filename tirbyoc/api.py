@@ -141,14 +141,18 @@ def _show(expr) -> str:
 # What the kernels that the graph level places (before legalization) stand for.
 _GRAPH_LEVEL = {softmax.INTRINSIC: "R.nn.softmax over the last axis",
                 attention.INTRINSIC: attention.DESCRIPTION,
-                conv.INTRINSIC: conv.DESCRIPTION}
+                conv.INTRINSIC: conv.DESCRIPTION,
+                conv.DEPTHWISE_INTRINSIC: conv.DEPTHWISE_DESCRIPTION}
 
 
 def _graph_level(intrinsic: str) -> str:
     """What a kernel placed before legalization stands for (``conv2d_bias_relu`` is a
-    ``conv2d`` with that chain)."""
-    return _GRAPH_LEVEL.get(intrinsic, _GRAPH_LEVEL.get(intrinsic.split("_")[0],
-                                                        "offloaded earlier"))
+    ``conv2d`` with that chain, ``depthwise_conv2d_bias_relu6`` a ``depthwise_conv2d``):
+    the longest registered name that the intrinsic is or starts with."""
+    for name in sorted(_GRAPH_LEVEL, key=len, reverse=True):
+        if intrinsic == name or intrinsic.startswith(name + "_"):
+            return _GRAPH_LEVEL[name]
+    return "offloaded earlier"
 
 
 def _already_offloaded_rows(func_name, func):

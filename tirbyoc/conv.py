@@ -21,15 +21,18 @@ ResNet shortcut), added before the activation; where two convs meet at an add (a
 projection shortcut), the add goes to the first. The activation is a relu or a ReLU6
 (``clip(0, 6)``). Every intermediate of the replaced ops must be used only by the next one.
 
-A depthwise conv (``groups`` = input channels = output channels) is instead the sum over
-its kernel taps of a strided slice of the padded input times that tap's per-channel weight,
-with the same bias, batch norm, shortcut and activation after it: elementwise ops that TVM
-fuses into one PrimFunc (one pass over the output) and tirbyoc's Injective rule schedules.
+A depthwise conv (``groups`` = input channels = output channels, weight ``[C, 1, KH,
+KW]``) is instead one call of ``tirbyoc_depthwise_conv2d_f32`` (no matrix product: each
+channel's taps summed in vector registers, over phase planes of the channel or with 16
+channels in the lanes; see ``kernels/depthwise_f32.c``), with the same bias, folded batch
+norm, shortcut and activation in its chain:
+
+    y = call_tir(tirbyoc_depthwise_conv2d, [x, W', b' (if any), r (if any)])
 
 A weight that is not a constant (a parameter passed in) is read in place by the same
-call; a batch norm after such a conv is not folded (it stays TVM's), and a depthwise conv
-with one needs its values, so it stays TVM's ``conv2d``. A batch norm in training mode,
-another layout, or a symbolic channel or spatial size keep TVM's ``conv2d``.
+call (depthwise or not); a batch norm after such a conv is not folded (it stays TVM's).
+A batch norm in training mode, another layout, or a symbolic channel or spatial size keep
+TVM's ``conv2d``.
 """
 
 from __future__ import annotations
@@ -47,6 +50,10 @@ SYMBOL = "tirbyoc_conv2d_f32"
 PACKED_SYMBOL = "tirbyoc_conv2d_f32_packed"
 INTRINSIC = "conv2d"
 DESCRIPTION = "R.nn.conv2d (+ bias, batch norm, shortcut, relu) as one kernel call"
+DEPTHWISE_SYMBOL = "tirbyoc_depthwise_conv2d_f32"
+DEPTHWISE_INTRINSIC = "depthwise_conv2d"
+DEPTHWISE_DESCRIPTION = ("depthwise R.nn.conv2d (+ bias, batch norm, shortcut, relu) as one "
+                         "kernel call")
 # Mirrors tirbyoc_epilogue_op (tirbyoc_kernels.h).
 _EPI = {"bias": 1, "relu": 2, "relu6": 3, "residual": 11}
 
@@ -115,10 +122,9 @@ def _plan(b: Bindings, var, call, residuals=True):
         weight = weight.astype(np.float64)
     oc = wshape[0]
     groups = int(attrs.groups)
-    # one product per group; depthwise (one filter per channel) as taps instead
+    # one product per group; depthwise (one filter per channel): the depthwise kernel
     depthwise = groups == xs[1] == oc and wshape[1] == 1 and groups > 1
-    if groups < 1 or xs[1] % groups or oc % groups or wshape[1] * groups != xs[1] or \
-            (depthwise and weight is None):
+    if groups < 1 or xs[1] % groups or oc % groups or wshape[1] * groups != xs[1]:
         return None
     bias, residual, act, last = None, None, None, var
     while True:
@@ -246,15 +252,21 @@ def _kernel_func(plan: _Plan, x, residual, out_ty, packed_size=None):
 
 
 def _emit(bb, x, weight, residual, plan: _Plan, out_ty, funcs):
-    """The region's replacement: one kernel call, or for a depthwise conv its taps.
-    ``weight``: the weight the caller passes (``plan.weight_arg`` after the rewrite's
-    remapping), or None for the folded constant."""
+    """The region's replacement: one kernel call (the depthwise kernel's for a depthwise
+    conv). ``weight``: the weight the caller passes (``plan.weight_arg`` after the
+    rewrite's remapping), or None for the folded constant."""
     if plan.depthwise:
-        src = x
-        if any(plan.padding):
-            pt, pl, pb, pr = plan.padding
-            src = bb.emit(R.op.nn.pad(x, [0, 0, 0, 0, pt, pb, pl, pr]))
-        return _emit_depthwise(bb, src, residual, plan)
+        kernel = _depthwise_func(plan, x, residual, out_ty)
+        key = T.structural_hash(kernel)
+        if key not in funcs:
+            funcs[key] = bb.add_func(kernel, "tirbyoc_depthwise_conv2d")
+        args = [x, weight if weight is not None else
+                R.const(plan.weight.astype(np.float32), "float32")]
+        if plan.bias is not None:
+            args.append(R.const(plan.bias.astype(np.float32), "float32"))
+        if residual is not None:
+            args.append(residual)
+        return bb.emit(R.call_tir(funcs[key], args, out_ty))
     ocg = plan.out_shape[1] // plan.groups
     if weight is None and -(-ocg // 16) * 16 <= 2 * ocg:
         # a constant weight (and its bias): packed once, here, for the kernel (unless
@@ -281,40 +293,47 @@ def _emit(bb, x, weight, residual, plan: _Plan, out_ty, funcs):
     return bb.emit(R.call_tir(funcs[key], args, out_ty))
 
 
-def _activation(bb, z, act):
-    if act == "relu":
-        return bb.emit(R.op.nn.relu(z))
-    if act == "relu6":
-        return bb.emit(R.op.clip(z, R.prim_value(T.FloatImm("float64", 0.0)),
-                                 R.prim_value(T.FloatImm("float64", 6.0))))
-    return z
+def _depthwise_func(plan: _Plan, x, residual, out_ty):
+    """The PrimFunc whose only block calls ``tirbyoc_depthwise_conv2d_f32`` for ``plan``:
+    buffers x, the weight [C, 1, KH, KW], the bias (if any), the residual (if any) and the
+    output; the chain bias, residual, activation in that order."""
+    from .rewrite import status_checks
 
-
-def _emit_depthwise(bb, src, residual, plan: _Plan):
-    """A depthwise conv as the sum over kernel taps of a strided slice of the (padded)
-    input times that tap's per-channel weight: elementwise ops that TVM fuses into one
-    PrimFunc (one pass over the output) and tirbyoc's Injective rule schedules."""
-    _, oc, oh, ow = plan.out_shape
-    _, _, kh, kw = plan.weight.shape
+    names = {}
+    xb = T.decl_buffer(tir_dims(shape_of(x), names), "float32", "x")
+    wb = T.decl_buffer([T.const(int(d), "int64") for d in plan.weight_shape], "float32", "w")
+    bb = None if plan.bias is None else T.decl_buffer(
+        [T.const(int(plan.bias.shape[0]), "int64")], "float32", "bias")
+    rb = None if residual is None else T.decl_buffer(tir_dims(shape_of(residual), names),
+                                                     "float32", "residual")
+    yb = T.decl_buffer(tir_dims(out_ty.shape.values, names), "float32", "y")
+    n, c, h, w = xb.shape
+    _, _, kh, kw = wb.shape
+    _, _, oh, ow = yb.shape
     sh, sw = plan.strides
+    pt, pl, _, _ = plan.padding
     dh, dw = plan.dilation
-    op = R.op
-    z = None
-    for r in range(kh):
-        for s in range(kw):
-            tap = bb.emit(op.strided_slice(src, [2, 3], [r * dh, s * dw],
-                                           [r * dh + (oh - 1) * sh + 1,
-                                            s * dw + (ow - 1) * sw + 1], [sh, sw]))
-            w = R.const(plan.weight[:, 0, r, s].reshape(1, oc, 1, 1).astype(np.float32),
-                        "float32")
-            term = bb.emit(op.multiply(tap, w))
-            z = term if z is None else bb.emit(op.add(z, term))
-    if plan.bias is not None:
-        z = bb.emit(op.add(z, R.const(plan.bias.reshape(1, oc, 1, 1).astype(np.float32),
-                                      "float32")))
-    if residual is not None:
-        z = bb.emit(op.add(z, residual))
-    return _activation(bb, z, plan.act)
+    names_ = ((["bias"] if bb is not None else []) + (["residual"] if rb is not None else [])
+              + ([plan.act] if plan.act else []))
+    code = sum(_EPI[op] << (4 * i) for i, op in enumerate(names_))
+
+    def i64(v):
+        return T.const(int(v), "int64")
+
+    args = [n, c, h, w, T.buffer_pointer(xb, "r"), kh, kw, T.buffer_pointer(wb, "r"),
+            i64(sh), i64(sw), i64(pt), i64(pl), i64(dh), i64(dw), oh, ow, i64(code),
+            T.buffer_pointer(bb, "r") if bb is not None else T.null_pointer(),
+            T.buffer_pointer(rb, "r") if rb is not None else T.null_pointer(),
+            T.buffer_pointer(yb, "w")]
+    inputs = [b for b in (xb, wb, bb, rb) if b is not None]
+    call = T.call_extern("int32", DEPTHWISE_SYMBOL, args)
+    block = T.make_block("tirbyoc_depthwise_conv2d", status_checks(DEPTHWISE_SYMBOL, call),
+                         reads=[T.full_region(b) for b in inputs], writes=[T.full_region(yb)],
+                         annotations={OFFLOADED_ATTR: DEPTHWISE_SYMBOL,
+                                      INTRINSIC_ATTR: "_".join([DEPTHWISE_INTRINSIC] + names_)})
+    root = T.make_block("root", T.make_realize(block), reads=[], writes=[], annotations={})
+    func = T.prim_func_of(inputs + [yb], T.make_realize(root))
+    return func.with_attr("tirx.noalias", True)
 
 
 @R.expr_functor.mutator
@@ -338,7 +357,8 @@ class _Rewriter(R.PyExprMutator):
 
 def offload_convs(mod):
     """``mod`` with every convolution of the form above one kernel call (a depthwise one
-    its taps); a new module, functions with a ``Codegen`` attribute untouched."""
+    the depthwise kernel's); a new module, functions with a ``Codegen`` attribute
+    untouched."""
     out, funcs = mod, {}
     for gv, func in list(mod.functions_items()):
         if not isinstance(func, R.Function) or (func.attrs and "Codegen" in func.attrs):

@@ -603,3 +603,53 @@ def conv2d(x, weight, *, stride=1, padding=0, dilation=1, groups=1, epilogue=(),
         batch, c, h, w, _float_ptr(x), oc, groups, kh, kw, _float_ptr(weight), sh, sw, pt, pl, dh, dw, oh, ow,
         encode_epilogue(epilogue), _float_ptr(bias), _float_ptr(residual), _float_ptr(out)))
     return out
+
+
+def depthwise_conv2d(x, weight, *, stride=1, padding=0, dilation=1, epilogue=(), bias=None,
+                     residual=None, out_size=None, out=None):
+    """``chain(depthwise_conv2d(x, weight))`` via ``tirbyoc_depthwise_conv2d_f32``: a
+    conv with one filter per channel (PyTorch's ``groups`` = C = OC), NCHW.
+
+    ``x``: float32 [batch, C, H, W]; ``weight``: [C, 1, KH, KW]; both C-contiguous.
+    ``stride``, ``padding``, ``dilation``, ``out_size``, ``epilogue``, ``bias`` [C] and
+    ``residual`` as for :func:`conv2d`. Returns ``out`` [batch, C, OH, OW].
+    """
+    def pair(v, name):
+        v = (v, v) if isinstance(v, (int, np.integer)) else tuple(v)
+        if len(v) != 2:
+            raise ValueError(f"{name} must be an int or a pair, got {v!r}")
+        return int(v[0]), int(v[1])
+
+    (sh, sw), (pt, pl), (dh, dw) = (pair(stride, "stride"), pair(padding, "padding"),
+                                    pair(dilation, "dilation"))
+    if x.ndim != 4 or weight.ndim != 4 or weight.shape[:2] != (x.shape[1], 1):
+        raise ValueError(f"x must be [N, C, H, W] and weight [C, 1, KH, KW], got {x.shape} "
+                         f"and {weight.shape}")
+    batch, c, h, w = x.shape
+    _, _, kh, kw = weight.shape
+    if out_size is None:
+        out_size = ((h + 2 * pt - dh * (kh - 1) - 1) // sh + 1 if sh > 0 else 0,
+                    (w + 2 * pl - dw * (kw - 1) - 1) // sw + 1 if sw > 0 else 0)
+    oh, ow = (max(int(v), 0) for v in out_size)
+    shape = (batch, c, oh, ow)
+    for name, arr in (("x", x), ("weight", weight), ("bias", bias), ("residual", residual)):
+        if arr is not None and (arr.dtype != np.float32 or not arr.flags.c_contiguous):
+            raise ValueError(f"{name} must be C-contiguous float32")
+    if bias is not None and bias.shape != (c,):
+        raise ValueError(f"bias must have shape ({c},), got {bias.shape}")
+    if residual is not None and residual.shape != shape:
+        raise ValueError(f"residual must have the output's shape {shape}, got "
+                         f"{residual.shape}")
+    if out is None:
+        out = np.empty(shape, np.float32)
+    if out.shape != shape or out.dtype != np.float32 or not out.flags.c_contiguous:
+        raise ValueError(f"out must be C-contiguous float32 of shape {shape}")
+    if any(a is not None and np.may_share_memory(out, a)
+           for a in (x, weight, bias, residual)):
+        raise ValueError("out must not overlap the inputs")
+    _, lib = load()
+    _check("tirbyoc_depthwise_conv2d_f32", lib.tirbyoc_depthwise_conv2d_f32(
+        batch, c, h, w, _float_ptr(x), kh, kw, _float_ptr(weight), sh, sw, pt, pl, dh, dw,
+        oh, ow, encode_epilogue(epilogue), _float_ptr(bias), _float_ptr(residual),
+        _float_ptr(out)))
+    return out

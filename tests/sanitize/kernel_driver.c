@@ -1425,6 +1425,187 @@ static void conv_cases(uint64_t *rng, int threaded)
     conv_packed_errors();
 }
 
+/* ---- tirbyoc_depthwise_conv2d_f32 ---- */
+
+/* One depthwise conv against a double direct sum, every tensor in a block
+ * that ends exactly at its last float; a NaN in x when `specials`. Then the
+ * same call on each path the kernel has (TIRBYOC_DW_PATH: the planes, the
+ * channels in lanes where the ISA has them, the scalar path) and, with
+ * `threads_check`, on 1, 2 and 3 threads: the same bits every time. */
+static void dw_case(uint64_t *rng, int64_t n, int64_t c, int64_t h, int64_t w,
+                    int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t pt,
+                    int64_t pl, int64_t dh, int64_t dw, int64_t ops, int specials,
+                    int threads_check)
+{
+    static const char *const name = "tirbyoc_depthwise_conv2d_f32";
+    static const char *const paths[] = {"planes", "channels", "scalar"};
+    const int64_t oh = (h + 2 * pt - dh * (kh - 1) - 1) / sh + 1;
+    const int64_t ow = (w + 2 * pl - dw * (kw - 1) - 1) / sw + 1;
+    const int has_bias = (ops & 15) == TIRBYOC_EPI_BIAS;
+    int has_res = 0, e;
+    buf_t bx, bw, bb, br, by;
+    float *x = buf_alloc(&bx, (size_t)(n * c * h * w), 1);
+    float *wt = buf_alloc(&bw, (size_t)(c * kh * kw), 2);
+    float *bias = buf_alloc(&bb, has_bias ? (size_t)c : 0, 3);
+    float *res, *y, *first;
+    double worst = 0;
+    int64_t b, o, i, j, r, t;
+    size_t q, pi;
+    int32_t st;
+#define DW_CALL(out)                                                                \
+    tirbyoc_depthwise_conv2d_f32(n, c, h, w, x, kh, kw, wt, sh, sw, pt, pl, dh, dw, oh, \
+                                 ow, ops, has_bias ? bias : NULL, has_res ? res : NULL, out)
+    for (e = 0; e < 16; ++e)
+        has_res |= (int)(((uint64_t)ops >> (4 * e)) & 15u) == TIRBYOC_EPI_RESIDUAL;
+    res = buf_alloc(&br, has_res ? (size_t)(n * c * oh * ow) : 0, 1);
+    y = buf_alloc(&by, (size_t)(n * c * oh * ow), 0);
+    for (q = 0; q < bx.n; ++q) x[q] = rng_float(rng);
+    for (q = 0; q < bw.n; ++q) wt[q] = rng_float(rng);
+    for (q = 0; q < bb.n; ++q) bias[q] = rng_float(rng);
+    for (q = 0; q < br.n; ++q) res[q] = rng_float(rng);
+    for (q = 0; q < by.n; ++q) y[q] = UNWRITTEN;
+    if (specials && bx.n > 0)
+        x[bx.n / 2] = nan_f();
+    st = DW_CALL(y);
+    check(st == TIRBYOC_OK, "status", name, c, oh * ow, kh * kw, NULL);
+    for (b = 0; b < n && st == TIRBYOC_OK; ++b)
+        for (o = 0; o < c; ++o)
+            for (i = 0; i < oh; ++i)
+                for (j = 0; j < ow; ++j) {
+                    const size_t at = (size_t)(((b * c + o) * oh + i) * ow + j);
+                    double want = 0, size = 0, got = y[at];
+                    for (r = 0; r < kh; ++r)
+                        for (t = 0; t < kw; ++t) {
+                            const int64_t ih = i * sh - pt + r * dh, iw = j * sw - pl + t * dw;
+                            double term;
+                            if (ih < 0 || ih >= h || iw < 0 || iw >= w)
+                                continue;
+                            term = (double)x[((b * c + o) * h + ih) * w + iw] *
+                                   (double)wt[(o * kh + r) * kw + t];
+                            want += term;
+                            size += fabs(term);
+                        }
+                    for (e = 0; e < 16; ++e) {
+                        const int op = (int)(((uint64_t)ops >> (4 * e)) & 15u);
+                        if (op == TIRBYOC_EPI_BIAS)
+                            want += bias[o], size += fabs((double)bias[o]);
+                        else if (op == TIRBYOC_EPI_RESIDUAL)
+                            want += res[at], size += fabs((double)res[at]);
+                        else if (op != TIRBYOC_EPI_END)
+                            want = unary_d(op, want);
+                    }
+                    if (isnan(want) || isnan(got)) {
+                        check(isnan(want) && isnan(got), "NaN placement", name, c, oh * ow,
+                              kh * kw, NULL);
+                        continue;
+                    }
+                    {
+                        const double err = fabs(got - want) / (size * 1e-5 + 1e-6);
+                        worst = err > worst ? err : worst;
+                    }
+                }
+    check(worst <= 1.0, "accuracy", name, c, oh * ow, kh * kw, NULL);
+    if (st == TIRBYOC_OK && by.n > 0) {
+        const int saved = tirbyoc_num_threads();
+        first = (float *)malloc(by.n * sizeof(float));
+        memcpy(first, y, by.n * sizeof(float));
+        for (pi = 0; pi < sizeof(paths) / sizeof(paths[0]); ++pi) {
+            setenv("TIRBYOC_DW_PATH", paths[pi], 1);
+            for (e = threads_check ? 1 : saved; e <= (threads_check ? 3 : saved); ++e) {
+                tirbyoc_set_num_threads(e);
+                for (q = 0; q < by.n; ++q) y[q] = UNWRITTEN;
+                check(DW_CALL(y) == TIRBYOC_OK, "status (paths, threads)", name, c, oh * ow,
+                      kh * kw, paths[pi]);
+                check(memcmp(first, y, by.n * sizeof(float)) == 0,
+                      "result differs between paths or thread counts", name, c, oh * ow,
+                      kh * kw, paths[pi]);
+            }
+        }
+        unsetenv("TIRBYOC_DW_PATH");
+        tirbyoc_set_num_threads(saved);
+        free(first);
+    }
+#undef DW_CALL
+    buf_free(&bx); buf_free(&bw); buf_free(&bb); buf_free(&br); buf_free(&by);
+}
+
+/* Every invalid argument gives its status and leaves y untouched. */
+static void dw_errors(void)
+{
+    static const char *const name = "tirbyoc_depthwise_conv2d_f32";
+    float x[2 * 5 * 5], wt[2 * 9], bias[2], y[2 * 5 * 5];
+    int t, ok = 1;
+    const int64_t relu_bias = TIRBYOC_EPI_RELU | TIRBYOC_EPI_BIAS << 4;
+    for (t = 0; t < 50; ++t) x[t] = 1.0f;
+    for (t = 0; t < 18; ++t) wt[t] = 0.5f;
+    for (t = 0; t < 2; ++t) bias[t] = 0.25f;
+    for (t = 0; t < 50; ++t) y[t] = UNWRITTEN;
+#define DW(nn, cc, kk, ss, pp, dd, oo, ops, xp, wp, bp) \
+    tirbyoc_depthwise_conv2d_f32(nn, cc, 5, 5, xp, kk, 3, wp, ss, 1, pp, 1, dd, 1, oo, 5, ops, bp, NULL, y)
+    check(DW(-1, 2, 3, 1, 1, 1, 5, 0, x, wt, NULL) == TIRBYOC_ESIZE, "negative batch", name, 2, 25, 9, "status");
+    check(DW(1, -2, 3, 1, 1, 1, 5, 0, x, wt, NULL) == TIRBYOC_ESIZE, "negative channels", name, 2, 25, 9, "status");
+    check(DW(1, 2, -3, 1, 1, 1, 5, 0, x, wt, NULL) == TIRBYOC_ESIZE, "negative kernel", name, 2, 25, 9, "status");
+    check(DW(1, 2, 3, 1, 1, 1, (int64_t)1 << 31, 0, x, wt, NULL) == TIRBYOC_ESIZE, "huge size", name, 2, 25, 9, "status");
+    check(DW(1, 2, 3, 0, 1, 1, 5, 0, x, wt, NULL) == TIRBYOC_EINVAL, "stride 0", name, 2, 25, 9, "status");
+    check(DW(1, 2, 3, 1, 1, -1, 5, 0, x, wt, NULL) == TIRBYOC_EINVAL, "dilation -1", name, 2, 25, 9, "status");
+    check(DW(1, 2, 3, 1, (int64_t)1 << 31, 1, 5, 0, x, wt, NULL) == TIRBYOC_EINVAL, "padding", name, 2, 25, 9, "status");
+    check(DW(1, 2, 3, 1, 1, 1, 5, relu_bias, x, wt, bias) == TIRBYOC_EEPILOGUE, "bias not first", name, 2, 25, 9, "status");
+    check(DW(1, 2, 3, 1, 1, 1, 5, TIRBYOC_EPI_SCALE, x, wt, NULL) == TIRBYOC_EEPILOGUE, "scale", name, 2, 25, 9, "status");
+    check(DW(1, 2, 3, 1, 1, 1, 5, TIRBYOC_EPI_DIVIDE, x, wt, NULL) == TIRBYOC_EEPILOGUE, "divide", name, 2, 25, 9, "status");
+    check(DW(1, 2, 3, 1, 1, 1, 5, 15, x, wt, NULL) == TIRBYOC_EEPILOGUE, "unknown op", name, 2, 25, 9, "status");
+    check(DW(1, 2, 3, 1, 1, 1, 5, TIRBYOC_EPI_BIAS, x, wt, NULL) == TIRBYOC_ENULL, "NULL bias", name, 2, 25, 9, "status");
+    check(DW(1, 2, 3, 1, 1, 1, 5, TIRBYOC_EPI_RESIDUAL, x, wt, NULL) == TIRBYOC_ENULL, "NULL residual", name, 2, 25, 9, "status");
+    check(DW(1, 2, 3, 1, 1, 1, 5, 0, NULL, wt, NULL) == TIRBYOC_ENULL, "NULL x", name, 2, 25, 9, "status");
+    check(DW(1, 2, 3, 1, 1, 1, 5, 0, x, NULL, NULL) == TIRBYOC_ENULL, "NULL weight", name, 2, 25, 9, "status");
+#undef DW
+    for (t = 0; t < 50; ++t)
+        ok &= to_bits(y[t]) == to_bits(UNWRITTEN);
+    check(ok, "wrote y on an error", name, 2, 25, 9, NULL);
+}
+
+static void dw_cases(uint64_t *rng, int threaded)
+{
+    static const int64_t shapes[][12] = {
+        /* n, c, h, w, kh, kw, sh, sw, pt, pl, dh, dw */
+        {1, 32, 9, 9, 3, 3, 1, 1, 1, 1, 1, 1},    {2, 5, 13, 11, 3, 3, 2, 2, 1, 1, 1, 1},
+        {1, 20, 17, 19, 5, 5, 1, 1, 2, 2, 1, 1},  {1, 18, 15, 16, 5, 5, 2, 2, 2, 2, 1, 1},
+        {2, 6, 9, 14, 1, 1, 1, 1, 0, 0, 1, 1},    {1, 17, 7, 7, 3, 3, 1, 1, 1, 1, 1, 1},
+        {1, 17, 13, 14, 3, 3, 3, 3, 1, 1, 1, 1},  {1, 9, 15, 17, 3, 3, 1, 1, 2, 2, 2, 2},
+        {1, 12, 11, 12, 3, 3, 2, 1, 2, 3, 2, 3},  {1, 10, 9, 45, 3, 5, 1, 2, 1, 2, 1, 1},
+        {1, 24, 6, 44, 3, 3, 1, 1, 1, 1, 1, 1},   {1, 8, 8, 30, 7, 7, 1, 1, 3, 3, 1, 1},
+        {1, 3, 20, 3, 3, 1, 1, 1, 1, 0, 1, 1},    {1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 1, 1},
+        {1, 4, 2, 2, 3, 3, 1, 1, 3, 3, 2, 2},     {2, 0, 5, 5, 3, 3, 1, 1, 1, 1, 1, 1},
+        {1, 3, 4, 4, 0, 3, 1, 1, 1, 1, 1, 1},     /* no taps: the chain on zeros */
+        /* no window fits: the scalar path whatever is asked */
+        {1, 17, 3, 3, 3, 3, 1, 1, 1, 150000, 1, 150000},
+    };
+    static const int64_t chains[] = {
+        0, TIRBYOC_EPI_BIAS | TIRBYOC_EPI_RELU6 << 4,
+        TIRBYOC_EPI_BIAS | TIRBYOC_EPI_RESIDUAL << 4 | TIRBYOC_EPI_RELU << 8,
+        TIRBYOC_EPI_RELU | TIRBYOC_EPI_RESIDUAL << 4 | TIRBYOC_EPI_SILU << 8,
+        TIRBYOC_EPI_BIAS | TIRBYOC_EPI_GELU_ERF << 4 | TIRBYOC_EPI_TANH << 8,
+    };
+    size_t si, ci;
+    if (!threaded)
+        for (si = 0; si < sizeof(shapes) / sizeof(shapes[0]); ++si)
+            for (ci = 0; ci < sizeof(chains) / sizeof(chains[0]); ++ci) {
+                const int64_t *g = shapes[si];
+                dw_case(rng, g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7], g[8], g[9],
+                        g[10], g[11], chains[ci], (int)((si + ci) % 3 == 0), 0);
+            }
+    /* above the threading threshold: planes of many rows, blocks of 16 channels,
+     * few channels (their rows split), a batch of small planes */
+    dw_case(rng, 1, 16, 56, 56, 3, 3, 1, 1, 1, 1, 1, 1, chains[1], 0, 1);
+    dw_case(rng, 1, 40, 28, 28, 3, 3, 2, 2, 1, 1, 1, 1, chains[2], 1, 1);
+    dw_case(rng, 1, 3, 90, 90, 3, 3, 1, 1, 1, 1, 1, 1, chains[1], 0, 1);
+    if (!threaded)
+        dw_case(rng, 2, 300, 7, 7, 3, 3, 1, 1, 1, 1, 1, 1, chains[3], 0, 1);
+    else
+        dw_errors();
+    if (!threaded)
+        dw_errors();
+}
+
 static void matmul_chains(uint64_t *rng, int threaded)
 {
     /* every operation once, in chains of up to 4; sizes on tile edges */
@@ -1454,6 +1635,7 @@ static void matmul_chains(uint64_t *rng, int threaded)
     softmax_rows(rng);
     attention_cases(rng, threaded);
     conv_cases(rng, threaded);
+    dw_cases(rng, threaded);
     if (threaded)
         return;
     {   /* tirbyoc_unary_f32: tails of every vector width, in place too */
@@ -1522,8 +1704,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "  %s done: %ld checks so far\n", ISA_NAMES[i], n_checks);
     }
     /* KERNELS, and the 2 dense pack functions, matmul, unary, softmax, attention, conv2d,
-     * conv2d_f32_packed and pack_conv2d_weight */
+     * conv2d_f32_packed, pack_conv2d_weight and depthwise_conv2d */
     printf("kernel_driver: mode=%s isas=%s kernels=%d checks=%ld failures=%ld\n", mode, isas,
-           N_KERNELS + 9, n_checks, n_failures);
+           N_KERNELS + 10, n_checks, n_failures);
     return n_failures == 0 ? 0 : 1;
 }
