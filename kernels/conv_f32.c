@@ -527,6 +527,37 @@ static int sizes_ok(const int64_t *v, int n, const int idx[3][4])
     return 1;
 }
 
+int32_t tb_conv_check_args(int64_t stride_h, int64_t stride_w, int64_t pad_top,
+                           int64_t pad_left, int64_t dilation_h, int64_t dilation_w,
+                           int64_t epilogue, int64_t *ops, int *uses_residual)
+{
+    int uses_bias, i;
+    if (stride_h < 1 || stride_w < 1 || dilation_h < 1 || dilation_w < 1 ||
+        stride_h >= CONV_DIM_MAX || stride_w >= CONV_DIM_MAX ||
+        dilation_h >= CONV_DIM_MAX || dilation_w >= CONV_DIM_MAX ||
+        pad_top <= -CONV_DIM_MAX || pad_top >= CONV_DIM_MAX ||
+        pad_left <= -CONV_DIM_MAX || pad_left >= CONV_DIM_MAX)
+        return TIRBYOC_EINVAL;
+    *ops = epilogue;
+    if (tb_chain_length(epilogue, &uses_bias, uses_residual) < 0)
+        return TIRBYOC_EEPILOGUE;
+    /* the bias is a K step of the product: it can only come first */
+    if (uses_bias) {
+        if ((epilogue & 15) != TIRBYOC_EPI_BIAS)
+            return TIRBYOC_EEPILOGUE;
+        *ops = (int64_t)((uint64_t)epilogue >> 4);
+        if (tb_chain_length(*ops, &uses_bias, uses_residual) < 0 || uses_bias)
+            return TIRBYOC_EEPILOGUE;
+    }
+    /* SCALE and DIVIDE would need a factor: fold it into the weight */
+    for (i = 0; i < 16; ++i) {
+        const int op = (int)(((uint64_t)*ops >> (4 * i)) & 15u);
+        if (op == TIRBYOC_EPI_SCALE || op == TIRBYOC_EPI_DIVIDE)
+            return TIRBYOC_EEPILOGUE;
+    }
+    return TIRBYOC_OK;
+}
+
 /* Both entry points: the weight as given, or pre-packed (packed not NULL;
  * its bias step then holds the bias, and bias is not read). */
 static int32_t conv2d(int64_t batch, int64_t c, int64_t h, int64_t w,
@@ -541,39 +572,20 @@ static int32_t conv2d(int64_t batch, int64_t c, int64_t h, int64_t w,
     const int64_t sizes[] = {batch, c, h, w, oc, kh, kw, oh, ow};
     /* x, y and the weight: [batch, c, h, w], [batch, oc, oh, ow], [oc, c, kh, kw] */
     static const int tensors[3][4] = {{0, 1, 2, 3}, {0, 4, 7, 8}, {4, 1, 5, 6}};
-    int uses_bias, uses_residual, want;
+    int uses_residual, want;
     const int has_bias = (epilogue & 15) == TIRBYOC_EPI_BIAS;
-    int64_t ops = epilogue;
+    int64_t ops;
+    int32_t st;
     double flops;
 
     if (!sizes_ok(sizes, 9, tensors))
         return TIRBYOC_ESIZE;
-    if (stride_h < 1 || stride_w < 1 || dilation_h < 1 || dilation_w < 1 ||
-        stride_h >= CONV_DIM_MAX || stride_w >= CONV_DIM_MAX ||
-        dilation_h >= CONV_DIM_MAX || dilation_w >= CONV_DIM_MAX ||
-        pad_top <= -CONV_DIM_MAX || pad_top >= CONV_DIM_MAX ||
-        pad_left <= -CONV_DIM_MAX || pad_left >= CONV_DIM_MAX ||
-        groups < 1 || c % groups != 0 || oc % groups != 0)
+    if (groups < 1 || c % groups != 0 || oc % groups != 0)
         return TIRBYOC_EINVAL;
-    if (tb_chain_length(epilogue, &uses_bias, &uses_residual) < 0)
-        return TIRBYOC_EEPILOGUE;
-    /* the bias is a K step of the product: it can only come first */
-    if (uses_bias) {
-        if ((epilogue & 15) != TIRBYOC_EPI_BIAS)
-            return TIRBYOC_EEPILOGUE;
-        ops = (int64_t)((uint64_t)epilogue >> 4);
-        if (tb_chain_length(ops, &uses_bias, &uses_residual) < 0 || uses_bias)
-            return TIRBYOC_EEPILOGUE;
-    }
-    /* SCALE and DIVIDE would need a factor: fold it into the weight */
-    {
-        int i;
-        for (i = 0; i < 16; ++i) {
-            const int op = (int)(((uint64_t)ops >> (4 * i)) & 15u);
-            if (op == TIRBYOC_EPI_SCALE || op == TIRBYOC_EPI_DIVIDE)
-                return TIRBYOC_EEPILOGUE;
-        }
-    }
+    st = tb_conv_check_args(stride_h, stride_w, pad_top, pad_left, dilation_h, dilation_w,
+                            epilogue, &ops, &uses_residual);
+    if (st != TIRBYOC_OK)
+        return st;
     if (batch == 0 || oc == 0 || oh == 0 || ow == 0)
         return TIRBYOC_OK;
     if (y == NULL || (x == NULL && c * h * w > 0) ||

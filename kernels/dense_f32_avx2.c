@@ -3,8 +3,8 @@
  * kernels (see dense_f32_internal.h), for CPUs without AVX-512 (e.g. AMD
  * Zen 2/3, Intel Haswell to Comet Lake).
  *
- * Only this file is compiled for AVX2/FMA (target pragma below); dispatch.c
- * calls into it only when the CPU and OS support it.
+ * Compiled for AVX2/FMA (target pragma below); dispatch.c calls into it
+ * only when the CPU and OS support it.
  *
  * Micro-kernel: Y_MR rows x 16 columns (one W panel of the shared packed
  * layout = two ymm), 12 ymm accumulators. Column edges use vmaskmovps on C

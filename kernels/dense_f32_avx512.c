@@ -2,8 +2,8 @@
  * dense_f32_avx512.c - AVX-512 (AVX512F + FMA) building blocks of the
  * float32 dense kernels (see dense_f32_internal.h).
  *
- * Only this file is compiled for AVX-512 (through the target pragma below);
- * dispatch.c calls into it only when the CPU and OS support it.
+ * Compiled for AVX-512 (through the target pragma below); dispatch.c calls
+ * into it only when the CPU and OS support it.
  *
  * Micro-kernel: X_MR = 14 rows x 32 columns (two 16-float W panels), so
  * 28 of the 32 zmm registers hold accumulators; per k step two W vectors
@@ -21,6 +21,7 @@
 
 #include "dense_f32_internal.h"
 #include "chain_f32.h"
+#include "transpose_avx512.h"
 
 #define X_MR 14
 #define X_NR 32
@@ -275,34 +276,6 @@ static void ukernel(int64_t kc, const float *ap, const float *wp, int64_t wps,
 
 /* ---- packing ---- */
 
-/* In-register transpose: r[i][j] -> r[j][i] for a 16 x 16 block. */
-ALWAYS_INLINE void transpose16(__m512 r[16])
-{
-    __m512 t[16], u[16];
-    int g, c;
-    for (g = 0; g < 8; ++g) {
-        t[2 * g] = _mm512_unpacklo_ps(r[2 * g], r[2 * g + 1]);
-        t[2 * g + 1] = _mm512_unpackhi_ps(r[2 * g], r[2 * g + 1]);
-    }
-    /* u[4g + c]: in 128-bit lane L, column 4L + c of rows 4g .. 4g+3. */
-    for (g = 0; g < 4; ++g) {
-        u[4 * g + 0] = _mm512_shuffle_ps(t[4 * g], t[4 * g + 2], 0x44);
-        u[4 * g + 1] = _mm512_shuffle_ps(t[4 * g], t[4 * g + 2], 0xEE);
-        u[4 * g + 2] = _mm512_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0x44);
-        u[4 * g + 3] = _mm512_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0xEE);
-    }
-    for (c = 0; c < 4; ++c) {
-        const __m512 v0 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0x88);
-        const __m512 v1 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xDD);
-        const __m512 v2 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0x88);
-        const __m512 v3 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0xDD);
-        r[c] = _mm512_shuffle_f32x4(v0, v2, 0x88);
-        r[4 + c] = _mm512_shuffle_f32x4(v1, v3, 0x88);
-        r[8 + c] = _mm512_shuffle_f32x4(v0, v2, 0xDD);
-        r[12 + c] = _mm512_shuffle_f32x4(v1, v3, 0xDD);
-    }
-}
-
 /* rows x 16 block of a row-major matrix (rows <= 16, cols <= 16), zero
  * filled, transposed: r[j] holds column j. */
 ALWAYS_INLINE void load_transposed(__m512 r[16], const float *src,
@@ -313,7 +286,7 @@ ALWAYS_INLINE void load_transposed(__m512 r[16], const float *src,
     for (i = 0; i < 16; ++i)
         r[i] = i < rows ? _mm512_maskz_loadu_ps(mk, src + i * ld)
                         : _mm512_setzero_ps();
-    transpose16(r);
+    tb_transpose16(r);
 }
 
 /* Up to 16 rows x kc of a row-major matrix, k-major: dst[p * ds + i] =

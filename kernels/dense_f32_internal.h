@@ -134,6 +134,19 @@ typedef struct tb_conv_geom {
     int64_t h, w, kh, kw, sh, sw, pt, pl, dh, dw, ow, k;
 } tb_conv_geom;
 
+/* The argument checks of tirbyoc_conv2d_f32 (and its packed form) and
+ * tirbyoc_depthwise_conv2d_f32 after their sizes (conv_f32.c): strides and
+ * dilations in [1, 2^31) and paddings in (-2^31, 2^31), else
+ * TIRBYOC_EINVAL; then the chain: TIRBYOC_EEPILOGUE unless it is valid, has
+ * the bias (if any) first (a step of the sum, not of the chain) and no SCALE
+ * or DIVIDE (a factor belongs in the weight). On TIRBYOC_OK, *ops is the
+ * chain after the bias and *uses_residual whether it adds a residual. */
+TB_INTERNAL int32_t tb_conv_check_args(int64_t stride_h, int64_t stride_w,
+                                       int64_t pad_top, int64_t pad_left,
+                                       int64_t dilation_h, int64_t dilation_w,
+                                       int64_t epilogue, int64_t *ops,
+                                       int *uses_residual);
+
 /* 16 consecutive output pixels (fewer in a block's last panel). */
 typedef struct tb_conv_panel {
     int64_t orow, ocol; /* the first pixel's output row and column */

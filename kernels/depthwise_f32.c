@@ -189,28 +189,77 @@ static int64_t gcd_i64(int64_t x, int64_t y)
     return x;
 }
 
+/* v (one output, or a vector of outputs) through the bias and the
+ * in-register operations s->pre[0 .. s->npre), the same steps on every ISA:
+ * ADD(a, b), SPLAT(f) (f in every lane), RES (the residual at v's outputs),
+ * MAX0(v) = max(0, v) and MIN6(v) = min(6, v), NaN passing both (as the
+ * vector max and min with the constant first). */
+#define DW_PRE_OPS(s, v, ADD, SPLAT, RES, MAX0, MIN6)                        \
+    do {                                                                     \
+        int o_;                                                              \
+        if ((s)->has_bias)                                                   \
+            v = ADD(v, SPLAT((s)->bias));                                    \
+        for (o_ = 0; o_ < (s)->npre; ++o_) {                                 \
+            switch ((s)->pre[o_]) {                                          \
+            case TIRBYOC_EPI_RESIDUAL:                                       \
+                v = ADD(v, RES);                                             \
+                break;                                                       \
+            case TIRBYOC_EPI_RELU:                                           \
+                v = MAX0(v);                                                 \
+                break;                                                       \
+            default: /* RELU6 */                                             \
+                v = MIN6(MAX0(v));                                           \
+                break;                                                       \
+            }                                                                \
+        }                                                                    \
+    } while (0)
+
+DW_INLINE float add_f(float a, float b) { return a + b; }
+DW_INLINE float splat_f(float v) { return v; }
+DW_INLINE float max0_f(float v) { return 0.0f > v ? 0.0f : v; }
+DW_INLINE float min6_f(float v) { return 6.0f < v ? 6.0f : v; }
+
 /* A scalar output through the in-register operations (the same values as the
  * vector code's lanes: max(0, v) is (0 > v ? 0 : v), NaN and -0.0 pass). */
 DW_INLINE float pre_ops(const dw_span *s, float v, int64_t idx)
 {
-    int o;
-    if (s->has_bias)
-        v = v + s->bias;
-    for (o = 0; o < s->npre; ++o) {
-        switch (s->pre[o]) {
-        case TIRBYOC_EPI_RESIDUAL:
-            v = v + s->res[idx];
-            break;
-        case TIRBYOC_EPI_RELU:
-            v = 0.0f > v ? 0.0f : v;
-            break;
-        default: /* RELU6 */
-            v = 0.0f > v ? 0.0f : v;
-            v = 6.0f < v ? 6.0f : v;
-            break;
-        }
-    }
+    DW_PRE_OPS(s, v, add_f, splat_f, s->res[idx], max0_f, min6_f);
     return v;
+}
+
+/* Stores vector v, vector k of the unit's virtual pixels (L lanes), through
+ * PRE(s, v, off, mask) (the in-register operations), one run of lanes per
+ * output row it reaches: STOREU where the run is the whole vector (mask
+ * ALL), else STOREM through MASK(lo, hi), the lanes [lo, hi) as a mask of
+ * type MT. */
+#define DW_PUT(s, v, k, L, PRE, MT, ALL, MASK, STOREU, STOREM)               \
+    do {                                                                     \
+        int32_t g_;                                                          \
+        for (g_ = (s)->seg0[k]; g_ < (s)->seg0[(k) + 1]; ++g_) {             \
+            const dw_seg *sg_ = (s)->seg + g_;                               \
+            if (sg_->hi - sg_->lo == (L)) {                                  \
+                STOREU((s)->y + sg_->off, PRE(s, v, sg_->off, ALL));         \
+            } else {                                                         \
+                const MT m_ = MASK(sg_->lo, sg_->hi);                        \
+                STOREM((s)->y + sg_->off, m_, PRE(s, v, sg_->off, m_));      \
+            }                                                                \
+        }                                                                    \
+    } while (0)
+
+/* The chain's operations after the in-register ones (j->rest, if any) over
+ * output rows [i0, i0 + rows) of the image plane at y + plane, through the
+ * ISA's chain. */
+static void chain_rest(const dw_job *j, int64_t plane, int64_t i0, int64_t rows)
+{
+    tb_chain ch;
+    if (j->rest == 0)
+        return;
+    ch.ops = j->rest;
+    ch.scale = 1.0f;
+    ch.bias = NULL;
+    ch.residual = j->uses_residual ? j->residual + plane : NULL;
+    ch.ldr = j->ow;
+    j->isa->chain(&ch, j->y + plane + i0 * j->ow, j->ow, rows, j->ow, i0, 0);
 }
 
 /* ---- portable code ---- */
@@ -280,16 +329,45 @@ static void row_generic(const dw_row *rw, float *d0, float *d1, const float *src
         row_part(d1, src, rw->off + 1, 2, rw->lo1, rw->hi1, rw->wq);
 }
 
-static void plane_generic(const dw_row *rw, int np, float *const *d0,
-                         float *const *d1)
+/* The rows a vector fill of L lanes leaves to this: zeros where the image row
+ * is outside the image (src NULL), L floats at a time (a vector store each
+ * on the caller's ISA; up to L - 1 past the row), and strides above 2 (the
+ * portable code). Returns whether it filled the row. */
+DW_INLINE int row_common(const int L, const dw_row *rw, float *d0, float *d1,
+                         const float *src)
 {
-    int64_t u;
-    int k;
-    for (u = 0; u < rw->rin; ++u)
-        for (k = 0; k < np; ++k)
-            row_generic(rw + k, d0[k] + u * rw->wq,
-                       d1[k] != NULL ? d1[k] + u * rw->wq : NULL, row_src(rw + k, u));
+    int64_t v;
+    if (src == NULL) {
+        for (v = 0; v < rw->wq; v += L) {
+            __builtin_memset(d0 + v, 0, (size_t)L * sizeof(float));
+            if (d1 != NULL)
+                __builtin_memset(d1 + v, 0, (size_t)L * sizeof(float));
+        }
+        return 1;
+    }
+    if (rw->sw > 2) {
+        row_generic(rw, d0, d1, src);
+        return 1;
+    }
+    return 0;
 }
+
+/* A plane fill (dw_plane_fn) NAME over the row fill ROW(rw, d0, d1, src):
+ * planes k < np, row by row, the image rows in order. */
+#define DW_PLANE_FN(NAME, ROW)                                               \
+    static void NAME(const dw_row *rw, int np, float *const *d0,             \
+                     float *const *d1)                                       \
+    {                                                                        \
+        int64_t u;                                                           \
+        int k;                                                               \
+        for (u = 0; u < rw->rin; ++u)                                        \
+            for (k = 0; k < np; ++k)                                         \
+                ROW(rw + k, d0[k] + u * rw->wq,                              \
+                    d1[k] != NULL ? d1[k] + u * rw->wq : NULL,               \
+                    row_src(rw + k, u));                                     \
+    }
+
+DW_PLANE_FN(plane_generic, row_generic)
 
 typedef void (*dw_span_fn)(const dw_span *s);
 /* Fills planes k < np (rw[k], d0[k], d1[k]), image rows in order. */
@@ -379,27 +457,15 @@ DW_INLINE __m256i lanes_avx2(int64_t lo, int64_t hi)
     return _mm256_and_si256(a, b);
 }
 
+DW_INLINE __m256 max0_avx2(__m256 v) { return _mm256_max_ps(_mm256_setzero_ps(), v); }
+DW_INLINE __m256 min6_avx2(__m256 v) { return _mm256_min_ps(_mm256_set1_ps(6.0f), v); }
+
 /* The in-register operations on v, whose lane l is output off + l
  * (residual read through mask m). */
 DW_INLINE __m256 pre_avx2(const dw_span *s, __m256 v, int64_t off, __m256i m)
 {
-    const __m256 zero = _mm256_setzero_ps();
-    int o;
-    if (s->has_bias)
-        v = _mm256_add_ps(v, _mm256_set1_ps(s->bias));
-    for (o = 0; o < s->npre; ++o) {
-        switch (s->pre[o]) {
-        case TIRBYOC_EPI_RESIDUAL:
-            v = _mm256_add_ps(v, _mm256_maskload_ps(s->res + off, m));
-            break;
-        case TIRBYOC_EPI_RELU:
-            v = _mm256_max_ps(zero, v);
-            break;
-        default:
-            v = _mm256_min_ps(_mm256_set1_ps(6.0f), _mm256_max_ps(zero, v));
-            break;
-        }
-    }
+    DW_PRE_OPS(s, v, _mm256_add_ps, _mm256_set1_ps, _mm256_maskload_ps(s->res + off, m),
+               max0_avx2, min6_avx2);
     return v;
 }
 
@@ -407,17 +473,8 @@ DW_INLINE __m256 pre_avx2(const dw_span *s, __m256 v, int64_t off, __m256i m)
  * in-register operations, one run of lanes per output row it reaches. */
 DW_INLINE void put_avx2(const dw_span *s, __m256 v, int64_t k)
 {
-    int32_t g;
-    for (g = s->seg0[k]; g < s->seg0[k + 1]; ++g) {
-        const dw_seg *sg = s->seg + g;
-        if (sg->hi - sg->lo == 8) {
-            _mm256_storeu_ps(s->y + sg->off,
-                             pre_avx2(s, v, sg->off, _mm256_set1_epi32(-1)));
-        } else {
-            const __m256i m = lanes_avx2(sg->lo, sg->hi);
-            _mm256_maskstore_ps(s->y + sg->off, m, pre_avx2(s, v, sg->off, m));
-        }
-    }
+    DW_PUT(s, v, k, 8, pre_avx2, __m256i, _mm256_set1_epi32(-1), lanes_avx2,
+           _mm256_storeu_ps, _mm256_maskstore_ps);
 }
 
 DW_INLINE void block_avx2(const int NV, const int NT, const dw_span *s, int64_t q)
@@ -465,18 +522,8 @@ DW_INLINE __m256i inside_avx2(int64_t e0, int64_t w)
 DW_INLINE void row_avx2(const dw_row *rw, float *d0, float *d1, const float *src)
 {
     int64_t v;
-    if (src == NULL) {
-        for (v = 0; v < rw->wq; v += 8) {
-            _mm256_storeu_ps(d0 + v, _mm256_setzero_ps());
-            if (d1 != NULL)
-                _mm256_storeu_ps(d1 + v, _mm256_setzero_ps());
-        }
+    if (row_common(8, rw, d0, d1, src))
         return;
-    }
-    if (rw->sw > 2) {
-        row_generic(rw, d0, d1, src);
-        return;
-    }
     if (rw->sw == 1) {
         for (v = 0; v < rw->wq; v += 8) {
             const int64_t e0 = v + rw->off;
@@ -502,16 +549,7 @@ DW_INLINE void row_avx2(const dw_row *rw, float *d0, float *d1, const float *src
     }
 }
 
-static void plane_avx2(const dw_row *rw, int np, float *const *d0,
-                         float *const *d1)
-{
-    int64_t u;
-    int k;
-    for (u = 0; u < rw->rin; ++u)
-        for (k = 0; k < np; ++k)
-            row_avx2(rw + k, d0[k] + u * rw->wq,
-                       d1[k] != NULL ? d1[k] + u * rw->wq : NULL, row_src(rw + k, u));
-}
+DW_PLANE_FN(plane_avx2, row_avx2)
 
 static void fallback_avx2(const dw_job *j, const dw_span *s, int64_t n,
                           int64_t ch, int64_t i0, int64_t i1)
@@ -524,6 +562,8 @@ static void fallback_avx2(const dw_job *j, const dw_span *s, int64_t n,
 /* ---- AVX-512 ---- */
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx2,fma")
+
+#include "transpose_avx512.h"
 
 #define DW5_NV 8
 
@@ -612,27 +652,15 @@ DW_INLINE __mmask16 lanes_avx512(int64_t lo, int64_t hi)
     return (__mmask16)(((1u << hi) - 1u) & ~((1u << lo) - 1u));
 }
 
+DW_INLINE __m512 max0_avx512(__m512 v) { return _mm512_max_ps(_mm512_setzero_ps(), v); }
+DW_INLINE __m512 min6_avx512(__m512 v) { return _mm512_min_ps(_mm512_set1_ps(6.0f), v); }
+
 /* The in-register operations on v, whose lane l is output off + l
  * (residual read through mask m). */
 DW_INLINE __m512 pre_avx512(const dw_span *s, __m512 v, int64_t off, __mmask16 m)
 {
-    const __m512 zero = _mm512_setzero_ps();
-    int o;
-    if (s->has_bias)
-        v = _mm512_add_ps(v, _mm512_set1_ps(s->bias));
-    for (o = 0; o < s->npre; ++o) {
-        switch (s->pre[o]) {
-        case TIRBYOC_EPI_RESIDUAL:
-            v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, s->res + off));
-            break;
-        case TIRBYOC_EPI_RELU:
-            v = _mm512_max_ps(zero, v);
-            break;
-        default:
-            v = _mm512_min_ps(_mm512_set1_ps(6.0f), _mm512_max_ps(zero, v));
-            break;
-        }
-    }
+    DW_PRE_OPS(s, v, _mm512_add_ps, _mm512_set1_ps, _mm512_maskz_loadu_ps(m, s->res + off),
+               max0_avx512, min6_avx512);
     return v;
 }
 
@@ -640,17 +668,8 @@ DW_INLINE __m512 pre_avx512(const dw_span *s, __m512 v, int64_t off, __mmask16 m
  * in-register operations, one run of lanes per output row it reaches. */
 DW_INLINE void put_avx512(const dw_span *s, __m512 v, int64_t k)
 {
-    int32_t g;
-    for (g = s->seg0[k]; g < s->seg0[k + 1]; ++g) {
-        const dw_seg *sg = s->seg + g;
-        if (sg->hi - sg->lo == 16) {
-            _mm512_storeu_ps(s->y + sg->off,
-                             pre_avx512(s, v, sg->off, (__mmask16)0xFFFF));
-        } else {
-            const __mmask16 m = lanes_avx512(sg->lo, sg->hi);
-            _mm512_mask_storeu_ps(s->y + sg->off, m, pre_avx512(s, v, sg->off, m));
-        }
-    }
+    DW_PUT(s, v, k, 16, pre_avx512, __mmask16, (__mmask16)0xFFFF, lanes_avx512,
+           _mm512_storeu_ps, _mm512_mask_storeu_ps);
 }
 
 /* Sums and stores of NV vectors from virtual pixel q: the aligned path
@@ -747,18 +766,8 @@ DW_INLINE void row_avx512(const dw_row *rw, float *d0, float *d1, const float *s
     const __m512i od = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21,
                                          23, 25, 27, 29, 31);
     int64_t v, c;
-    if (src == NULL) {
-        for (v = 0; v < rw->wq; v += 16) {
-            _mm512_storeu_ps(d0 + v, _mm512_setzero_ps());
-            if (d1 != NULL)
-                _mm512_storeu_ps(d1 + v, _mm512_setzero_ps());
-        }
+    if (row_common(16, rw, d0, d1, src))
         return;
-    }
-    if (rw->sw > 2) {
-        row_generic(rw, d0, d1, src);
-        return;
-    }
     if (rw->sw == 1) {
         for (v = 0, c = 0; v < rw->wq; v += 16, ++c) {
             const int64_t e0 = v + rw->off;
@@ -831,36 +840,6 @@ static void fallback_avx512(const dw_job *j, const dw_span *s, int64_t n,
  * (product of tap 0, FMAs in (r, s) order, + bias, ...): the same bits.
  */
 
-/* r[0:16] (rows) -> its transpose. */
-DW_INLINE void tr16_avx512(__m512 *r)
-{
-    __m512 t[16], u[16];
-    int i;
-    for (i = 0; i < 8; ++i) {
-        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-    }
-    for (i = 0; i < 4; ++i) {
-        const __m512d a = _mm512_castps_pd(t[4 * i]), b = _mm512_castps_pd(t[4 * i + 2]);
-        const __m512d c = _mm512_castps_pd(t[4 * i + 1]), d = _mm512_castps_pd(t[4 * i + 3]);
-        u[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, b));
-        u[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, b));
-        u[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(c, d));
-        u[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(c, d));
-    }
-    /* u[4g + k], 128-bit lane L: rows 4g..4g+3 of column 4L + k */
-    for (i = 0; i < 4; ++i) {
-        const __m512 ab0 = _mm512_shuffle_f32x4(u[i], u[4 + i], 0x44);
-        const __m512 ab1 = _mm512_shuffle_f32x4(u[i], u[4 + i], 0xEE);
-        const __m512 cd0 = _mm512_shuffle_f32x4(u[8 + i], u[12 + i], 0x44);
-        const __m512 cd1 = _mm512_shuffle_f32x4(u[8 + i], u[12 + i], 0xEE);
-        r[i] = _mm512_shuffle_f32x4(ab0, cd0, 0x88);
-        r[4 + i] = _mm512_shuffle_f32x4(ab0, cd0, 0xDD);
-        r[8 + i] = _mm512_shuffle_f32x4(ab1, cd1, 0x88);
-        r[12 + i] = _mm512_shuffle_f32x4(ab1, cd1, 0xDD);
-    }
-}
-
 /* The window of a unit: rin rows from image row ihs, channels c0.. (nc of
  * them) of image plane img (NULL when the image is empty). */
 static void c16_fill(const dw_job *j, const float *img, int64_t nc, int64_t ihs,
@@ -905,7 +884,7 @@ static void c16_fill(const dw_job *j, const float *img, int64_t nc, int64_t ihs,
                 if (l < nc)
                     _mm_prefetch((const char *)(img + l * hw + p0 + DW_C16_AHEAD),
                                  _MM_HINT_T0);
-        tr16_avx512(r);
+        tb_transpose16(r);
         if (cnt == 16 && iw + 16 <= w && iw + pl >= 0 && iw + pl + 16 <= vw) {
             /* 16 pixels of one row, all inside the window */
             float *d = win + ((ih - ihs) * vw + iw + pl) * 16;
@@ -1052,7 +1031,7 @@ static void c16_unit(const dw_job *j, int64_t n, int64_t c0, int64_t i0,
 #pragma GCC unroll 16
         for (k = 0; k < 16; ++k)
             r[k] = _mm512_load_ps(tb + (q0 + k) * 16);
-        tr16_avx512(r);
+        tb_transpose16(r);
         if (s.npre == 0) {
             /* nothing after the transpose: the stores alone */
             float *yb = j->y + (n * j->c + c0) * p + i0 * j->ow + q0;
@@ -1079,18 +1058,8 @@ static void c16_unit(const dw_job *j, int64_t n, int64_t c0, int64_t i0,
                                           pre_avx512(&s, r[l], q0, m));
             }
     }
-    if (j->rest != 0)
-        for (l = 0; l < nc; ++l) {
-            const int64_t plane = (n * j->c + c0 + l) * p;
-            tb_chain ch_rest;
-            ch_rest.ops = j->rest;
-            ch_rest.scale = 1.0f;
-            ch_rest.bias = NULL;
-            ch_rest.residual = j->uses_residual ? j->residual + plane : NULL;
-            ch_rest.ldr = j->ow;
-            j->isa->chain(&ch_rest, j->y + plane + i0 * j->ow, j->ow, rows, j->ow,
-                          i0, 0);
-        }
+    for (l = 0; l < nc; ++l)
+        chain_rest(j, (n * j->c + c0 + l) * p, i0, rows);
 }
 
 #pragma GCC pop_options
@@ -1098,6 +1067,25 @@ static void c16_unit(const dw_job *j, int64_t n, int64_t c0, int64_t i0,
 #endif /* DW_X86 */
 
 /* ---- the driver ---- */
+
+/* total in *count parts of about equal size *per, at most the given *per. */
+static void split_even(int64_t total, int64_t *per, int64_t *count)
+{
+    *count = cdiv(total, *per);
+    *per = cdiv(total, *count);
+    *count = cdiv(total, *per);
+}
+
+/* j->rows (output rows per unit, at most `rows`) and j->nrb (units per
+ * plane): fewer rows when `items` (planes, or blocks of channels) would give
+ * the `want` threads fewer than DW_UNITS_PER_THREAD units each. */
+static void split_rows(dw_job *j, int64_t rows, int64_t items, int want)
+{
+    if (want > 1 && items < (int64_t)want * DW_UNITS_PER_THREAD)
+        rows = min_i64(rows, cdiv(j->oh, cdiv((int64_t)want * DW_UNITS_PER_THREAD, items)));
+    j->rows = rows;
+    split_even(j->oh, &j->rows, &j->nrb);
+}
 
 typedef struct {
     dw_span_fn span;
@@ -1343,15 +1331,7 @@ static void dw_unit(void *arg, int64_t u, float *scratch)
                 f.fallback(j, &s, n, ch, i0, i1);
             else
                 f.span(&s);
-            if (j->rest != 0) {
-                tb_chain ch_rest;
-                ch_rest.ops = j->rest;
-                ch_rest.scale = 1.0f;
-                ch_rest.bias = NULL;
-                ch_rest.residual = j->uses_residual ? j->residual + plane : NULL;
-                ch_rest.ldr = j->ow;
-                j->isa->chain(&ch_rest, s.y, j->ow, s.rows, j->ow, i0, 0);
-            }
+            chain_rest(j, plane, i0, s.rows);
         }
     }
 }
@@ -1386,14 +1366,8 @@ static int64_t c16_rows(dw_job *j, int want, const char *env)
             return 0;
         rmax = 1;
     }
-    j->rows = rmax >= (double)j->oh ? j->oh : (int64_t)rmax;
     j->nblk = cdiv(j->c, 16);
-    if (want > 1 && j->batch * j->nblk < (int64_t)want * DW_UNITS_PER_THREAD)
-        j->rows = min_i64(j->rows, cdiv(j->oh, cdiv((int64_t)want * DW_UNITS_PER_THREAD,
-                                                    j->batch * j->nblk)));
-    j->nrb = cdiv(j->oh, j->rows);
-    j->rows = cdiv(j->oh, j->nrb);
-    j->nrb = cdiv(j->oh, j->rows);
+    split_rows(j, rmax >= (double)j->oh ? j->oh : (int64_t)rmax, j->batch * j->nblk, want);
     j->c16 = 1;
     j->c16_wts = cdiv(((j->rows - 1) * j->sh + (j->kh - 1) * j->dh + 1) * j->vw * 16, 16) * 16;
     j->c16_tb = j->c16_wts + (j->ntaps + 1) * 16;
@@ -1430,35 +1404,20 @@ int32_t tirbyoc_depthwise_conv2d_f32(int64_t batch, int64_t c, int64_t h,
 {
     dw_job j;
     const int64_t sizes[] = {batch, c, h, w, kh, kw, oh, ow};
-    int uses_bias, uses_residual, want, i;
+    int uses_residual, want;
     const int has_bias = (epilogue & 15) == TIRBYOC_EPI_BIAS;
     const char *env;
-    int64_t ops = epilogue;
+    int64_t ops;
+    int32_t st;
     double flops;
 
     if (!sizes_ok(sizes, 8))
         return TIRBYOC_ESIZE;
-    if (stride_h < 1 || stride_w < 1 || dilation_h < 1 || dilation_w < 1 ||
-        stride_h >= DW_DIM_MAX || stride_w >= DW_DIM_MAX ||
-        dilation_h >= DW_DIM_MAX || dilation_w >= DW_DIM_MAX ||
-        pad_top <= -DW_DIM_MAX || pad_top >= DW_DIM_MAX ||
-        pad_left <= -DW_DIM_MAX || pad_left >= DW_DIM_MAX)
-        return TIRBYOC_EINVAL;
-    if (tb_chain_length(epilogue, &uses_bias, &uses_residual) < 0)
-        return TIRBYOC_EEPILOGUE;
-    /* as for tirbyoc_conv2d_f32: the bias comes first, no SCALE or DIVIDE */
-    if (uses_bias) {
-        if (!has_bias)
-            return TIRBYOC_EEPILOGUE;
-        ops = (int64_t)((uint64_t)epilogue >> 4);
-        if (tb_chain_length(ops, &uses_bias, &uses_residual) < 0 || uses_bias)
-            return TIRBYOC_EEPILOGUE;
-    }
-    for (i = 0; i < 16; ++i) {
-        const int op = (int)(((uint64_t)ops >> (4 * i)) & 15u);
-        if (op == TIRBYOC_EPI_SCALE || op == TIRBYOC_EPI_DIVIDE)
-            return TIRBYOC_EEPILOGUE;
-    }
+    /* strides, dilations, paddings and the chain: as tirbyoc_conv2d_f32's */
+    st = tb_conv_check_args(stride_h, stride_w, pad_top, pad_left, dilation_h, dilation_w,
+                            epilogue, &ops, &uses_residual);
+    if (st != TIRBYOC_OK)
+        return st;
     if (batch == 0 || c == 0 || oh == 0 || ow == 0)
         return TIRBYOC_OK;
     if (y == NULL || (x == NULL && h * w > 0) ||
@@ -1517,15 +1476,7 @@ int32_t tirbyoc_depthwise_conv2d_f32(int64_t batch, int64_t c, int64_t h,
                 s.res = uses_residual ? residual + (n * c + ch) * p : NULL;
                 for (t = 0; t < p; ++t)
                     yp[t] = pre_ops(&s, 0.0f, t);
-                if (j.rest != 0) {
-                    tb_chain chn;
-                    chn.ops = j.rest;
-                    chn.scale = 1.0f;
-                    chn.bias = NULL;
-                    chn.residual = s.res;
-                    chn.ldr = ow;
-                    j.isa->chain(&chn, yp, ow, oh, ow, 0, 0);
-                }
+                chain_rest(&j, (n * c + ch) * p, 0, oh);
             }
         return TIRBYOC_OK;
     }
@@ -1574,12 +1525,7 @@ int32_t tirbyoc_depthwise_conv2d_f32(int64_t batch, int64_t c, int64_t h,
             j.rows *= 2;
         j.rows = min_i64(j.rows, oh);
     }
-    if (want > 1 && batch * c < (int64_t)want * DW_UNITS_PER_THREAD)
-        j.rows = min_i64(j.rows, cdiv(oh, cdiv((int64_t)want * DW_UNITS_PER_THREAD,
-                                               batch * c)));
-    j.nrb = cdiv(oh, j.rows);
-    j.rows = cdiv(oh, j.nrb); /* blocks of about equal height */
-    j.nrb = cdiv(oh, j.rows);
+    split_rows(&j, j.rows, batch * c, want); /* blocks of about equal height */
     j.ps = j.fallback ? 0 : (int64_t)plane_floats(&j, j.rows);
     /* small planes: several channels per unit (one setup of the window's
      * layout), as long as the units still spread over the threads */
@@ -1588,9 +1534,7 @@ int32_t tirbyoc_depthwise_conv2d_f32(int64_t batch, int64_t c, int64_t h,
         j.group = min_i64(j.group, max_i64(1, batch * c / ((int64_t)want *
                                                            DW_UNITS_PER_THREAD)));
     j.group = min_i64(j.group, c);
-    j.ngroups = cdiv(c, j.group);
-    j.group = cdiv(c, j.ngroups);
-    j.ngroups = cdiv(c, j.group);
+    split_even(c, &j.group, &j.ngroups);
     j.units = batch * j.ngroups * j.nrb;
     j.nwin = 1;
     if (!j.fallback) {

@@ -82,16 +82,24 @@ def reference(x, wt, stride, pad, dil, size, ops, bias=None, residual=None, grou
                 1.0, math.sqrt(w2.shape[1]) / 8))
     v, err = np.concatenate(vs, axis=1), np.concatenate(errs, axis=1)
     shape = (n, oc) + tuple(size)
-    v, err = v.reshape(shape), err.reshape(shape)
-    for op in ops:
-        if op == "bias":
-            v = v + bias.astype(np.float64)[None, :, None, None]
-        elif op == "residual":
-            v = v + residual
-        else:
-            v = UNARY[op](v)
-            err = err * 1.2 + (2e-5 if op.startswith("gelu") else 1e-6) * np.abs(v)
-    return v, err + 1e-6 * np.abs(v) + 1e-30
+    return apply_chain(v.reshape(shape), err.reshape(shape), ops, bias, residual)
+
+
+def apply_chain(v, err, ops, bias=None, residual=None):
+    """(value, error bound) of the float64 sums ``v`` [N, OC, OH, OW] (error bound
+    ``err``) through the chain ``ops``: the bias per output channel, the residual, unary
+    operations (each one grows the bound by 1.2 and 1e-6 of its value, 2e-5 for the
+    GELUs); the bound plus 1e-6 of the final value."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        for op in ops:
+            if op == "bias":
+                v = v + bias.astype(np.float64)[None, :, None, None]
+            elif op == "residual":
+                v = v + residual
+            else:
+                v = UNARY[op](v)
+                err = err * 1.2 + (2e-5 if op.startswith("gelu") else 1e-6) * np.abs(v)
+        return v, err + 1e-6 * np.abs(v) + 1e-30
 
 
 def run_case(rng, n, c, h, w, oc, k, stride=(1, 1), pad=(0, 0), dil=(1, 1), ops=(),
@@ -257,55 +265,74 @@ def test_empty_sizes(each_isa):
     assert out.shape == (1, 1, 0, 0)
 
 
-def _raw(batch=1, c=2, h=4, w=4, oc=3, kh=3, kw=3, stride=(1, 1), pad=(1, 1),
-         dil=(1, 1), size=(4, 4), epilogue=0, x=True, weight=True, bias=False,
-         residual=False, groups=1):
-    """(status, y) of one direct call, y filled with a sentinel first."""
+def raw_call(symbol, y_count, args):
+    """(status, y) of one direct call of ``symbol``, y (``y_count`` floats) filled with a
+    sentinel first: ``args(buf, y)`` gives the call's arguments, ``buf(count, present)``
+    being a buffer of ones or NULL (at most 65536 floats: errors read nothing)."""
     ffi, lib = kernels.load()
     keep = []
 
     def buf(count, present):
         if not present:
             return ffi.NULL
-        arr = np.ones(min(max(count, 1), 1 << 16), np.float32)  # errors read nothing
+        arr = np.ones(min(max(count, 1), 1 << 16), np.float32)
         keep.append(arr)
         return ffi.cast("float *", arr.ctypes.data)
 
-    y = np.full(min(max(batch * oc * size[0] * size[1], 1), 1 << 16), 7.0, np.float32)
-    status = lib.tirbyoc_conv2d_f32(
-        batch, c, h, w, buf(batch * c * h * w, x), oc, groups, kh, kw,
-        buf(oc * c * kh * kw, weight), stride[0], stride[1], pad[0], pad[1], dil[0], dil[1],
-        size[0], size[1], epilogue, buf(oc, bias), buf(y.size, residual),
-        ffi.cast("float *", y.ctypes.data))
+    y = np.full(min(max(y_count, 1), 1 << 16), 7.0, np.float32)
+    status = getattr(lib, symbol)(*args(buf, ffi.cast("float *", y.ctypes.data)))
     return status, y
 
 
-@pytest.mark.parametrize("kw,status", [
-    (dict(batch=-1), kernels.TIRBYOC_ESIZE),
-    (dict(c=-2), kernels.TIRBYOC_ESIZE),
-    (dict(size=(-1, 4)), kernels.TIRBYOC_ESIZE),
-    (dict(h=1 << 31), kernels.TIRBYOC_ESIZE),
-    (dict(stride=(0, 1)), kernels.TIRBYOC_EINVAL),
-    (dict(dil=(1, -1)), kernels.TIRBYOC_EINVAL),
-    (dict(pad=(1 << 31, 0)), kernels.TIRBYOC_EINVAL),
-    (dict(epilogue=2 | 1 << 4, bias=True), kernels.TIRBYOC_EEPILOGUE),  # bias not first
-    (dict(epilogue=9), kernels.TIRBYOC_EEPILOGUE),                       # scale
-    (dict(epilogue=10 | 2 << 4), kernels.TIRBYOC_EEPILOGUE),             # divide
-    (dict(epilogue=15), kernels.TIRBYOC_EEPILOGUE),                      # unknown op
-    (dict(epilogue=1), kernels.TIRBYOC_ENULL),                           # bias NULL
-    (dict(epilogue=11), kernels.TIRBYOC_ENULL),                          # residual NULL
-    (dict(x=False), kernels.TIRBYOC_ENULL),
-    (dict(weight=False), kernels.TIRBYOC_ENULL),
-    (dict(groups=0), kernels.TIRBYOC_EINVAL),
-    (dict(groups=2), kernels.TIRBYOC_EINVAL),  # does not divide OC = 3
-    (dict(groups=3), kernels.TIRBYOC_EINVAL),  # does not divide C = 2
-], ids=["batch", "channels", "out-size", "huge", "stride", "dilation", "padding",
-        "bias-late", "scale", "divide", "unknown-op", "no-bias", "no-residual", "no-x",
-        "no-weight", "groups-0", "groups-oc", "groups-c"])
-def test_errors_write_nothing(kw, status):
-    got, y = _raw(**kw)
-    assert got == status, kernels.status_message(got)
-    assert (y == 7.0).all()
+def _raw(batch=1, c=2, h=4, w=4, oc=3, kh=3, kw=3, stride=(1, 1), pad=(1, 1),
+         dil=(1, 1), size=(4, 4), epilogue=0, x=True, weight=True, bias=False,
+         residual=False, groups=1):
+    """(status, y) of one direct call, y filled with a sentinel first."""
+    ny = batch * oc * size[0] * size[1]
+    return raw_call("tirbyoc_conv2d_f32", ny, lambda buf, y: (
+        batch, c, h, w, buf(batch * c * h * w, x), oc, groups, kh, kw,
+        buf(oc * c * kh * kw, weight), stride[0], stride[1], pad[0], pad[1], dil[0], dil[1],
+        size[0], size[1], epilogue, buf(oc, bias), buf(ny, residual), y))
+
+
+def refusals_test(raw, errors):
+    """The test that each of ``errors`` (id, kwargs, status) makes ``raw(**kwargs)`` (a
+    ``_raw`` of this file or of the depthwise one) return its status and write nothing
+    to y."""
+    @pytest.mark.parametrize("kw,status", [e[1:] for e in errors], ids=[e[0] for e in errors])
+    def test_errors_write_nothing(kw, status):
+        got, y = raw(**kw)
+        assert got == status, kernels.status_message(got)
+        assert (y == 7.0).all()
+
+    return test_errors_write_nothing
+
+
+# The refusals both conv kernels share, as arguments of their _raw (id, kwargs, status).
+SHARED_ERRORS = [
+    ("batch", dict(batch=-1), kernels.TIRBYOC_ESIZE),
+    ("channels", dict(c=-2), kernels.TIRBYOC_ESIZE),
+    ("out-size", dict(size=(-1, 4)), kernels.TIRBYOC_ESIZE),
+    ("huge", dict(h=1 << 31), kernels.TIRBYOC_ESIZE),
+    ("stride", dict(stride=(0, 1)), kernels.TIRBYOC_EINVAL),
+    ("dilation", dict(dil=(1, -1)), kernels.TIRBYOC_EINVAL),
+    ("padding", dict(pad=(1 << 31, 0)), kernels.TIRBYOC_EINVAL),
+    ("bias-late", dict(epilogue=2 | 1 << 4, bias=True), kernels.TIRBYOC_EEPILOGUE),
+    ("scale", dict(epilogue=9), kernels.TIRBYOC_EEPILOGUE),
+    ("divide", dict(epilogue=10 | 2 << 4), kernels.TIRBYOC_EEPILOGUE),
+    ("unknown-op", dict(epilogue=15), kernels.TIRBYOC_EEPILOGUE),
+    ("no-bias", dict(epilogue=1), kernels.TIRBYOC_ENULL),
+    ("no-residual", dict(epilogue=11), kernels.TIRBYOC_ENULL),
+    ("no-x", dict(x=False), kernels.TIRBYOC_ENULL),
+    ("no-weight", dict(weight=False), kernels.TIRBYOC_ENULL),
+]
+ERRORS = SHARED_ERRORS + [
+    ("groups-0", dict(groups=0), kernels.TIRBYOC_EINVAL),
+    ("groups-oc", dict(groups=2), kernels.TIRBYOC_EINVAL),  # does not divide OC = 3
+    ("groups-c", dict(groups=3), kernels.TIRBYOC_EINVAL),   # does not divide C = 2
+]
+
+test_errors_write_nothing = refusals_test(_raw, ERRORS)
 
 
 def test_wrapper_errors_name_the_problem():

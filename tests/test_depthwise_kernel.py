@@ -23,7 +23,7 @@ import pytest
 
 from tirbyoc import kernels
 
-from .test_kernel_fuzz import CHAIN_REFERENCE as UNARY
+from .test_conv_kernel import SHARED_ERRORS, apply_chain, out_size, raw_call, refusals_test
 from .test_matmul_kernels import on_each_thread_count
 
 # Every instruction set with its choice of path, AVX-512 with each of its vector paths
@@ -44,11 +44,6 @@ def each_path(request, monkeypatch):
     kernels.set_isa(isa)
     yield request.param
     kernels.set_isa(saved)
-
-
-def out_size(h, w, kh, kw, stride, pad, dil):
-    return ((h + 2 * pad[0] - dil[0] * (kh - 1) - 1) // stride[0] + 1,
-            (w + 2 * pad[1] - dil[1] * (kw - 1) - 1) // stride[1] + 1)
 
 
 def reference(x, wt, stride, pad, dil, size, ops, bias=None, residual=None):
@@ -72,15 +67,7 @@ def reference(x, wt, stride, pad, dil, size, ops, bias=None, residual=None):
                 v = v + term
                 sq = sq + np.where(np.isfinite(term), term, 0.0) ** 2
         err = np.sqrt(sq) * 1e-5 * max(1.0, math.sqrt(kh * kw) / 8)
-        for op in ops:
-            if op == "bias":
-                v = v + bias.astype(np.float64)[None, :, None, None]
-            elif op == "residual":
-                v = v + residual
-            else:
-                v = UNARY[op](v)
-                err = err * 1.2 + (2e-5 if op.startswith("gelu") else 1e-6) * np.abs(v)
-    return v, err + 1e-6 * np.abs(v) + 1e-30
+    return apply_chain(v, err, ops, bias, residual)
 
 
 def make(rng, n, c, h, w, k, stride=(1, 1), pad=(0, 0), dil=(1, 1), ops=(), size=None):
@@ -239,50 +226,21 @@ def test_empty_sizes(each_path):
 def _raw(batch=1, c=2, h=4, w=4, kh=3, kw=3, stride=(1, 1), pad=(1, 1), dil=(1, 1),
          size=(4, 4), epilogue=0, x=True, weight=True, bias=False, residual=False):
     """(status, y) of one direct call, y filled with a sentinel first."""
-    ffi, lib = kernels.load()
-    keep = []
-
-    def buf(count, present):
-        if not present:
-            return ffi.NULL
-        arr = np.ones(min(max(count, 1), 1 << 16), np.float32)  # errors read nothing
-        keep.append(arr)
-        return ffi.cast("float *", arr.ctypes.data)
-
-    y = np.full(min(max(batch * c * size[0] * size[1], 1), 1 << 16), 7.0, np.float32)
-    status = lib.tirbyoc_depthwise_conv2d_f32(
+    ny = batch * c * size[0] * size[1]
+    return raw_call("tirbyoc_depthwise_conv2d_f32", ny, lambda buf, y: (
         batch, c, h, w, buf(batch * c * h * w, x), kh, kw, buf(c * kh * kw, weight),
         stride[0], stride[1], pad[0], pad[1], dil[0], dil[1], size[0], size[1], epilogue,
-        buf(c, bias), buf(y.size, residual), ffi.cast("float *", y.ctypes.data))
-    return status, y
+        buf(c, bias), buf(ny, residual), y))
 
 
-@pytest.mark.parametrize("kw,status", [
-    (dict(batch=-1), kernels.TIRBYOC_ESIZE),
-    (dict(c=-2), kernels.TIRBYOC_ESIZE),
-    (dict(kh=-1), kernels.TIRBYOC_ESIZE),
-    (dict(size=(-1, 4)), kernels.TIRBYOC_ESIZE),
-    (dict(h=1 << 31), kernels.TIRBYOC_ESIZE),
-    (dict(stride=(0, 1)), kernels.TIRBYOC_EINVAL),
-    (dict(dil=(1, -1)), kernels.TIRBYOC_EINVAL),
-    (dict(pad=(1 << 31, 0)), kernels.TIRBYOC_EINVAL),
-    (dict(pad=(0, -(1 << 31))), kernels.TIRBYOC_EINVAL),
-    (dict(epilogue=2 | 1 << 4, bias=True), kernels.TIRBYOC_EEPILOGUE),  # bias not first
-    (dict(epilogue=9), kernels.TIRBYOC_EEPILOGUE),                       # scale
-    (dict(epilogue=10 | 2 << 4), kernels.TIRBYOC_EEPILOGUE),             # divide
-    (dict(epilogue=15), kernels.TIRBYOC_EEPILOGUE),                      # unknown op
-    (dict(epilogue=2 | 3 << 8), kernels.TIRBYOC_EEPILOGUE),              # op after the end
-    (dict(epilogue=1), kernels.TIRBYOC_ENULL),                           # bias NULL
-    (dict(epilogue=11), kernels.TIRBYOC_ENULL),                          # residual NULL
-    (dict(x=False), kernels.TIRBYOC_ENULL),
-    (dict(weight=False), kernels.TIRBYOC_ENULL),
-], ids=["batch", "channels", "kernel", "out-size", "huge", "stride", "dilation", "padding",
-        "negative-padding", "bias-late", "scale", "divide", "unknown-op", "after-end",
-        "no-bias", "no-residual", "no-x", "no-weight"])
-def test_errors_write_nothing(kw, status):
-    got, y = _raw(**kw)
-    assert got == status, kernels.status_message(got)
-    assert (y == 7.0).all()
+# the conv kernel's refusals (test_conv_kernel), and a few more
+ERRORS = SHARED_ERRORS + [
+    ("kernel", dict(kh=-1), kernels.TIRBYOC_ESIZE),
+    ("negative-padding", dict(pad=(0, -(1 << 31))), kernels.TIRBYOC_EINVAL),
+    ("after-end", dict(epilogue=2 | 3 << 8), kernels.TIRBYOC_EEPILOGUE),  # op after the end
+]
+
+test_errors_write_nothing = refusals_test(_raw, ERRORS)
 
 
 def test_wrapper_errors_name_the_problem():

@@ -346,6 +346,33 @@ CONV_PINNED = ((1, 3, 8, 8, 5, 3, 3, 1, 1, 1), (0, 3, 8, 8, 5, 3, 3, 1, 1, 1),
                (1, 3, 24, 70, 8, 7, 7, 2, 3, 1))
 
 
+def _conv_out_size(rng, pinned, h, w, kh, kw, sh, sw, pt, pl, dh, dw):
+    """PyTorch's output size of a conv case (0 where the filter does not fit), or for a
+    random (not ``pinned``) case now and then one a little off it: any size is valid."""
+    oh = max(0, (h + 2 * pt - dh * (kh - 1) - 1) // sh + 1)
+    ow = max(0, (w + 2 * pl - dw * (kw - 1) - 1) // sw + 1)
+    if not pinned and rng.random() < 0.15:
+        oh, ow = max(0, oh + int(rng.integers(-1, 3))), max(0, ow + int(rng.integers(-1, 3)))
+    return oh, ow
+
+
+def _conv_case_kept(rng, pinned, pixels, flops, par_flops, big):
+    """Whether a drawn conv case is kept: a pinned one always; a few empty outputs, not a
+    quarter of the cases; above ``par_flops`` (threaded) for a big case, else small."""
+    if pinned:
+        return True
+    if pixels == 0 and rng.random() > 0.05:
+        return False
+    return (par_flops <= flops <= BIG_FLOPS) if big else flops <= SMALL_FLOPS
+
+
+def _conv_extra(n_img, c, h, w, kh, kw, sh, sw, pt, pl, dh, dw, oh, ow, groups):
+    """Case.extra of a conv case: its geometry by name."""
+    return (("batch", n_img), ("c", c), ("h", h), ("w", w), ("kh", kh), ("kw", kw),
+            ("sh", sh), ("sw", sw), ("pt", pt), ("pl", pl), ("dh", dh), ("dw", dw),
+            ("oh", oh), ("ow", ow), ("groups", groups))
+
+
 def draw_conv(rng, index):
     """(m, n, k, big, extra) of a tirbyoc_conv2d_f32 case."""
     def dim(edges, hi):
@@ -373,19 +400,12 @@ def draw_conv(rng, index):
         if index >= len(CONV_PINNED) and rng.random() < 0.25:  # any divisor of C and OC
             common = math.gcd(c, oc)
             groups = int(rng.choice([d for d in range(1, common + 1) if common % d == 0]))
-        oh = max(0, (h + 2 * pt - dh * (kh - 1) - 1) // sh + 1)
-        ow = max(0, (w + 2 * pl - dw * (kw - 1) - 1) // sw + 1)
-        if index >= len(CONV_PINNED) and rng.random() < 0.15:  # any output size is valid
-            oh, ow = max(0, oh + int(rng.integers(-1, 3))), max(0, ow + int(rng.integers(-1, 3)))
+        pinned = index < len(CONV_PINNED)
+        oh, ow = _conv_out_size(rng, pinned, h, w, kh, kw, sh, sw, pt, pl, dh, dw)
         flops = 2 * n_img * oc * oh * ow * (c // groups) * kh * kw
-        if index >= len(CONV_PINNED) and oh * ow == 0 and rng.random() > 0.05:
-            continue  # a few empty outputs, not a quarter of the cases
-        if index < len(CONV_PINNED) or ((PAR_FLOPS <= flops <= BIG_FLOPS) if big
-                                        else flops <= SMALL_FLOPS):
+        if _conv_case_kept(rng, pinned, oh * ow, flops, PAR_FLOPS, big):
             break
-    extra = (("batch", n_img), ("c", c), ("h", h), ("w", w), ("kh", kh), ("kw", kw),
-             ("sh", sh), ("sw", sw), ("pt", pt), ("pl", pl), ("dh", dh), ("dw", dw),
-             ("oh", oh), ("ow", ow), ("groups", groups))
+    extra = _conv_extra(n_img, c, h, w, kh, kw, sh, sw, pt, pl, dh, dw, oh, ow, groups)
     return oc, oh * ow, c // groups * kh * kw, flops >= PAR_FLOPS, extra
 
 
@@ -431,19 +451,12 @@ def draw_depthwise(rng, index):
             sh, sw = (int(x) for x in rng.choice([1, 1, 1, 2, 2, 3], size=2))
             dh, dw = (int(x) for x in rng.choice([1, 1, 1, 2], size=2))
             pt, pl = (int(x) for x in rng.choice([0, 0, 1, 1, 2, 3, -1], size=2))
-        oh = max(0, (h + 2 * pt - dh * (kh - 1) - 1) // sh + 1)
-        ow = max(0, (w + 2 * pl - dw * (kw - 1) - 1) // sw + 1)
-        if index >= len(DW_PINNED) and rng.random() < 0.15:  # any output size is valid
-            oh, ow = max(0, oh + int(rng.integers(-1, 3))), max(0, ow + int(rng.integers(-1, 3)))
+        pinned = index < len(DW_PINNED)
+        oh, ow = _conv_out_size(rng, pinned, h, w, kh, kw, sh, sw, pt, pl, dh, dw)
         flops = 2 * n_img * c * oh * ow * kh * kw
-        if index >= len(DW_PINNED) and oh * ow == 0 and rng.random() > 0.05:
-            continue  # a few empty outputs, not a quarter of the cases
-        if index < len(DW_PINNED) or ((DW_PAR_FLOPS <= flops <= BIG_FLOPS) if big
-                                      else flops <= SMALL_FLOPS):
+        if _conv_case_kept(rng, pinned, oh * ow, flops, DW_PAR_FLOPS, big):
             break
-    extra = (("batch", n_img), ("c", c), ("h", h), ("w", w), ("kh", kh), ("kw", kw),
-             ("sh", sh), ("sw", sw), ("pt", pt), ("pl", pl), ("dh", dh), ("dw", dw),
-             ("oh", oh), ("ow", ow), ("groups", max(c, 1)))
+    extra = _conv_extra(n_img, c, h, w, kh, kw, sh, sw, pt, pl, dh, dw, oh, ow, max(c, 1))
     # (K 0 without channels: the conv's reference then has no taps to reshape)
     return c, oh * ow, kh * kw if c else 0, flops >= DW_PAR_FLOPS, extra
 

@@ -118,7 +118,8 @@ def make_ffibuilder(root=""):
         extra_compile_args=list(EXTRA_COMPILE_ARGS),
         extra_link_args=list(EXTRA_LINK_ARGS),
         depends=[os.path.join(root, dep) for dep in (HEADER, "kernels/dense_f32_internal.h",
-                                                       "kernels/chain_f32.h")],
+                                                       "kernels/chain_f32.h",
+                                                       "kernels/transpose_avx512.h")],
     )
     return builder
 

@@ -197,9 +197,10 @@ def _batch_norm(b: Bindings, var, call, data):
 
 def _kernel_func(plan: _Plan, x, residual, out_ty, packed_size=None):
     """The PrimFunc whose only block calls ``tirbyoc_conv2d_f32`` for ``plan``: buffers x,
-    the weight, the bias (if any), the residual (if any) and the output; or, given
+    the weight, the bias (if any), the residual (if any) and the output; given
     ``packed_size``, ``tirbyoc_conv2d_f32_packed`` with the packed weight (holding the
-    bias) in place of the weight and the bias."""
+    bias) in place of the weight and the bias; for a depthwise ``plan``,
+    ``tirbyoc_depthwise_conv2d_f32`` (the weight [C, 1, KH, KW], no groups)."""
     from .rewrite import status_checks
 
     names = {}
@@ -228,24 +229,31 @@ def _kernel_func(plan: _Plan, x, residual, out_ty, packed_size=None):
         return T.const(int(v), "int64")
 
     geometry = [i64(sh), i64(sw), i64(pt), i64(pl), i64(dh), i64(dw), oh, ow, i64(code)]
+    bptr = T.buffer_pointer(bb, "r") if bb is not None else T.null_pointer()
     rptr = T.buffer_pointer(rb, "r") if rb is not None else T.null_pointer()
-    if pb is None:
+    xptr, yptr = T.buffer_pointer(xb, "r"), T.buffer_pointer(yb, "w")
+    block_name, intrinsic = "tirbyoc_conv2d", INTRINSIC
+    if plan.depthwise:
+        symbol, block_name, intrinsic = (DEPTHWISE_SYMBOL, "tirbyoc_depthwise_conv2d",
+                                         DEPTHWISE_INTRINSIC)
+        args = [n, c, h, w, xptr, kh, kw, T.buffer_pointer(wb, "r"), *geometry, bptr, rptr,
+                yptr]
+        inputs = [b for b in (xb, wb, bb, rb) if b is not None]
+    elif pb is None:
         symbol = SYMBOL
-        args = [n, c, h, w, T.buffer_pointer(xb, "r"), oc, i64(plan.groups), kh, kw,
-                T.buffer_pointer(wb, "r"), *geometry,
-                T.buffer_pointer(bb, "r") if bb is not None else T.null_pointer(), rptr,
-                T.buffer_pointer(yb, "w")]
+        args = [n, c, h, w, xptr, oc, i64(plan.groups), kh, kw, T.buffer_pointer(wb, "r"),
+                *geometry, bptr, rptr, yptr]
         inputs = [b for b in (xb, wb, bb, rb) if b is not None]
     else:
         symbol = PACKED_SYMBOL
-        args = [n, c, h, w, T.buffer_pointer(xb, "r"), oc, i64(plan.groups), kh, kw,
-                T.buffer_pointer(pb, "r"), *geometry, rptr, T.buffer_pointer(yb, "w")]
+        args = [n, c, h, w, xptr, oc, i64(plan.groups), kh, kw, T.buffer_pointer(pb, "r"),
+                *geometry, rptr, yptr]
         inputs = [b for b in (xb, pb, rb) if b is not None]
     call = T.call_extern("int32", symbol, args)
-    block = T.make_block("tirbyoc_conv2d", status_checks(symbol, call),
+    block = T.make_block(block_name, status_checks(symbol, call),
                          reads=[T.full_region(b) for b in inputs], writes=[T.full_region(yb)],
                          annotations={OFFLOADED_ATTR: symbol,
-                                      INTRINSIC_ATTR: "_".join([INTRINSIC] + names_)})
+                                      INTRINSIC_ATTR: "_".join([intrinsic] + names_)})
     root = T.make_block("root", T.make_realize(block), reads=[], writes=[], annotations={})
     func = T.prim_func_of(inputs + [yb], T.make_realize(root))
     return func.with_attr("tirx.noalias", True)
@@ -255,20 +263,8 @@ def _emit(bb, x, weight, residual, plan: _Plan, out_ty, funcs):
     """The region's replacement: one kernel call (the depthwise kernel's for a depthwise
     conv). ``weight``: the weight the caller passes (``plan.weight_arg`` after the
     rewrite's remapping), or None for the folded constant."""
-    if plan.depthwise:
-        kernel = _depthwise_func(plan, x, residual, out_ty)
-        key = T.structural_hash(kernel)
-        if key not in funcs:
-            funcs[key] = bb.add_func(kernel, "tirbyoc_depthwise_conv2d")
-        args = [x, weight if weight is not None else
-                R.const(plan.weight.astype(np.float32), "float32")]
-        if plan.bias is not None:
-            args.append(R.const(plan.bias.astype(np.float32), "float32"))
-        if residual is not None:
-            args.append(residual)
-        return bb.emit(R.call_tir(funcs[key], args, out_ty))
     ocg = plan.out_shape[1] // plan.groups
-    if weight is None and -(-ocg // 16) * 16 <= 2 * ocg:
+    if not plan.depthwise and weight is None and -(-ocg // 16) * 16 <= 2 * ocg:
         # a constant weight (and its bias): packed once, here, for the kernel (unless
         # its 16-channel panels would be mostly padding)
         from . import kernels
@@ -287,53 +283,11 @@ def _emit(bb, x, weight, residual, plan: _Plan, out_ty, funcs):
             args.append(R.const(plan.bias.astype(np.float32), "float32"))
     key = T.structural_hash(kernel)
     if key not in funcs:
-        funcs[key] = bb.add_func(kernel, "tirbyoc_conv2d")
+        funcs[key] = bb.add_func(kernel, "tirbyoc_depthwise_conv2d" if plan.depthwise
+                                 else "tirbyoc_conv2d")
     if residual is not None:
         args.append(residual)
     return bb.emit(R.call_tir(funcs[key], args, out_ty))
-
-
-def _depthwise_func(plan: _Plan, x, residual, out_ty):
-    """The PrimFunc whose only block calls ``tirbyoc_depthwise_conv2d_f32`` for ``plan``:
-    buffers x, the weight [C, 1, KH, KW], the bias (if any), the residual (if any) and the
-    output; the chain bias, residual, activation in that order."""
-    from .rewrite import status_checks
-
-    names = {}
-    xb = T.decl_buffer(tir_dims(shape_of(x), names), "float32", "x")
-    wb = T.decl_buffer([T.const(int(d), "int64") for d in plan.weight_shape], "float32", "w")
-    bb = None if plan.bias is None else T.decl_buffer(
-        [T.const(int(plan.bias.shape[0]), "int64")], "float32", "bias")
-    rb = None if residual is None else T.decl_buffer(tir_dims(shape_of(residual), names),
-                                                     "float32", "residual")
-    yb = T.decl_buffer(tir_dims(out_ty.shape.values, names), "float32", "y")
-    n, c, h, w = xb.shape
-    _, _, kh, kw = wb.shape
-    _, _, oh, ow = yb.shape
-    sh, sw = plan.strides
-    pt, pl, _, _ = plan.padding
-    dh, dw = plan.dilation
-    names_ = ((["bias"] if bb is not None else []) + (["residual"] if rb is not None else [])
-              + ([plan.act] if plan.act else []))
-    code = sum(_EPI[op] << (4 * i) for i, op in enumerate(names_))
-
-    def i64(v):
-        return T.const(int(v), "int64")
-
-    args = [n, c, h, w, T.buffer_pointer(xb, "r"), kh, kw, T.buffer_pointer(wb, "r"),
-            i64(sh), i64(sw), i64(pt), i64(pl), i64(dh), i64(dw), oh, ow, i64(code),
-            T.buffer_pointer(bb, "r") if bb is not None else T.null_pointer(),
-            T.buffer_pointer(rb, "r") if rb is not None else T.null_pointer(),
-            T.buffer_pointer(yb, "w")]
-    inputs = [b for b in (xb, wb, bb, rb) if b is not None]
-    call = T.call_extern("int32", DEPTHWISE_SYMBOL, args)
-    block = T.make_block("tirbyoc_depthwise_conv2d", status_checks(DEPTHWISE_SYMBOL, call),
-                         reads=[T.full_region(b) for b in inputs], writes=[T.full_region(yb)],
-                         annotations={OFFLOADED_ATTR: DEPTHWISE_SYMBOL,
-                                      INTRINSIC_ATTR: "_".join([DEPTHWISE_INTRINSIC] + names_)})
-    root = T.make_block("root", T.make_realize(block), reads=[], writes=[], annotations={})
-    func = T.prim_func_of(inputs + [yb], T.make_realize(root))
-    return func.with_attr("tirx.noalias", True)
 
 
 @R.expr_functor.mutator

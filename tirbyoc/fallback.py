@@ -345,9 +345,10 @@ class OuterParallel(T.DlightScheduleRule):
 
 def _shared_pads(sch, blocks) -> list:
     """The padding blocks (an ``if_then_else`` on the indices) that several blocks read,
-    such as the padded input of a depthwise convolution's taps: kept as their own loop
-    nest. Inlined, each read would test the bounds again, and the bounds test keeps the
-    consumer's inner loop from being vectorized."""
+    such as the padded input of a stencil that a model writes as shifted slices of one
+    padded tensor (a blur, a convolution spelled out as its taps): kept as their own
+    loop nest. Inlined, each read would test the bounds again, and the bounds test keeps
+    the consumer's inner loop from being vectorized."""
     stmts = [sch.get(b.block_rv) for b in blocks]
     shared = []
     for b, stmt in zip(blocks, stmts):

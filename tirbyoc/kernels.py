@@ -531,6 +531,51 @@ def pack_conv2d_weight(weight, bias=None, groups=1):
     return PackedConv2dWeight(data, tuple(weight.shape), int(groups), bias is not None)
 
 
+def _conv_pair(v, name):
+    v = (v, v) if isinstance(v, (int, np.integer)) else tuple(v)
+    if len(v) != 2:
+        raise ValueError(f"{name} must be an int or a pair, got {v!r}")
+    return int(v[0]), int(v[1])
+
+
+def _conv_geometry(stride, padding, dilation):
+    """((sh, sw), (pt, pl), (dh, dw)) of a conv's int-or-pair arguments."""
+    return (_conv_pair(stride, "stride"), _conv_pair(padding, "padding"),
+            _conv_pair(dilation, "dilation"))
+
+
+def _conv_operands(x, kh, kw, oc, geometry, out_size, weight, bias, residual, out):
+    """The checks :func:`conv2d` and :func:`depthwise_conv2d` share, once the
+    weight's shape is known to fit ``x``: the output size (``out_size``, or
+    PyTorch's for symmetric padding), every operand C-contiguous float32, ``bias``
+    [OC], ``residual`` and ``out`` of the output's shape, ``out`` (allocated when
+    None) overlapping no input. Returns ``(dims, out)``, dims the kernels' geometry
+    arguments in their order: ``(sh, sw, pt, pl, dh, dw, oh, ow)``."""
+    (sh, sw), (pt, pl), (dh, dw) = geometry
+    batch, _, h, w = x.shape
+    if out_size is None:
+        out_size = ((h + 2 * pt - dh * (kh - 1) - 1) // sh + 1 if sh > 0 else 0,
+                    (w + 2 * pl - dw * (kw - 1) - 1) // sw + 1 if sw > 0 else 0)
+    oh, ow = (max(int(v), 0) for v in out_size)
+    shape = (batch, oc, oh, ow)
+    for name, arr in (("x", x), ("weight", weight), ("bias", bias), ("residual", residual)):
+        if arr is not None and (arr.dtype != np.float32 or not arr.flags.c_contiguous):
+            raise ValueError(f"{name} must be C-contiguous float32")
+    if bias is not None and bias.shape != (oc,):
+        raise ValueError(f"bias must have shape ({oc},), got {bias.shape}")
+    if residual is not None and residual.shape != shape:
+        raise ValueError(f"residual must have the output's shape {shape}, got "
+                         f"{residual.shape}")
+    if out is None:
+        out = np.empty(shape, np.float32)
+    if out.shape != shape or out.dtype != np.float32 or not out.flags.c_contiguous:
+        raise ValueError(f"out must be C-contiguous float32 of shape {shape}")
+    if any(a is not None and np.may_share_memory(out, a)
+           for a in (x, weight, bias, residual)):
+        raise ValueError("out must not overlap the inputs")
+    return (sh, sw, pt, pl, dh, dw, oh, ow), out
+
+
 def conv2d(x, weight, *, stride=1, padding=0, dilation=1, groups=1, epilogue=(), bias=None,
            residual=None, out_size=None, out=None):
     """``chain(conv2d(x, weight))`` via ``tirbyoc_conv2d_f32`` (NCHW, OIHW).
@@ -556,14 +601,7 @@ def conv2d(x, weight, *, stride=1, padding=0, dilation=1, groups=1, epilogue=(),
         weight = packed.data  # what the kernel reads
     wshape = packed.shape if packed is not None else weight.shape
 
-    def pair(v, name):
-        v = (v, v) if isinstance(v, (int, np.integer)) else tuple(v)
-        if len(v) != 2:
-            raise ValueError(f"{name} must be an int or a pair, got {v!r}")
-        return int(v[0]), int(v[1])
-
-    (sh, sw), (pt, pl), (dh, dw) = (pair(stride, "stride"), pair(padding, "padding"),
-                                    pair(dilation, "dilation"))
+    geometry = _conv_geometry(stride, padding, dilation)
     groups = int(groups)
     if groups < 1 or x.ndim != 4 or len(wshape) != 4 or x.shape[1] % groups or \
             wshape[0] % groups or wshape[1] * groups != x.shape[1]:
@@ -572,35 +610,16 @@ def conv2d(x, weight, *, stride=1, padding=0, dilation=1, groups=1, epilogue=(),
                          f"groups={groups}")
     batch, c, h, w = x.shape
     oc, _, kh, kw = wshape
-    if out_size is None:
-        out_size = ((h + 2 * pt - dh * (kh - 1) - 1) // sh + 1 if sh > 0 else 0,
-                    (w + 2 * pl - dw * (kw - 1) - 1) // sw + 1 if sw > 0 else 0)
-    oh, ow = (max(int(v), 0) for v in out_size)
-    shape = (batch, oc, oh, ow)
-    for name, arr in (("x", x), ("weight", weight), ("bias", bias), ("residual", residual)):
-        if arr is not None and (arr.dtype != np.float32 or not arr.flags.c_contiguous):
-            raise ValueError(f"{name} must be C-contiguous float32")
-    if bias is not None and bias.shape != (oc,):
-        raise ValueError(f"bias must have shape ({oc},), got {bias.shape}")
-    if residual is not None and residual.shape != shape:
-        raise ValueError(f"residual must have the output's shape {shape}, got "
-                         f"{residual.shape}")
-    if out is None:
-        out = np.empty(shape, np.float32)
-    if out.shape != shape or out.dtype != np.float32 or not out.flags.c_contiguous:
-        raise ValueError(f"out must be C-contiguous float32 of shape {shape}")
-    if any(a is not None and np.may_share_memory(out, a)
-           for a in (x, weight, bias, residual)):
-        raise ValueError("out must not overlap the inputs")
-    ffi, lib = load()
+    dims, out = _conv_operands(x, kh, kw, oc, geometry, out_size, weight, bias, residual,
+                               out)
+    _, lib = load()
     if packed is not None:
         _check("tirbyoc_conv2d_f32_packed", lib.tirbyoc_conv2d_f32_packed(
-            batch, c, h, w, _float_ptr(x), oc, groups, kh, kw, _float_ptr(weight), sh,
-            sw, pt, pl, dh, dw, oh, ow, encode_epilogue(epilogue), _float_ptr(residual),
-            _float_ptr(out)))
+            batch, c, h, w, _float_ptr(x), oc, groups, kh, kw, _float_ptr(weight), *dims,
+            encode_epilogue(epilogue), _float_ptr(residual), _float_ptr(out)))
         return out
     _check("tirbyoc_conv2d_f32", lib.tirbyoc_conv2d_f32(
-        batch, c, h, w, _float_ptr(x), oc, groups, kh, kw, _float_ptr(weight), sh, sw, pt, pl, dh, dw, oh, ow,
+        batch, c, h, w, _float_ptr(x), oc, groups, kh, kw, _float_ptr(weight), *dims,
         encode_epilogue(epilogue), _float_ptr(bias), _float_ptr(residual), _float_ptr(out)))
     return out
 
@@ -614,42 +633,15 @@ def depthwise_conv2d(x, weight, *, stride=1, padding=0, dilation=1, epilogue=(),
     ``stride``, ``padding``, ``dilation``, ``out_size``, ``epilogue``, ``bias`` [C] and
     ``residual`` as for :func:`conv2d`. Returns ``out`` [batch, C, OH, OW].
     """
-    def pair(v, name):
-        v = (v, v) if isinstance(v, (int, np.integer)) else tuple(v)
-        if len(v) != 2:
-            raise ValueError(f"{name} must be an int or a pair, got {v!r}")
-        return int(v[0]), int(v[1])
-
-    (sh, sw), (pt, pl), (dh, dw) = (pair(stride, "stride"), pair(padding, "padding"),
-                                    pair(dilation, "dilation"))
+    geometry = _conv_geometry(stride, padding, dilation)
     if x.ndim != 4 or weight.ndim != 4 or weight.shape[:2] != (x.shape[1], 1):
         raise ValueError(f"x must be [N, C, H, W] and weight [C, 1, KH, KW], got {x.shape} "
                          f"and {weight.shape}")
     batch, c, h, w = x.shape
     _, _, kh, kw = weight.shape
-    if out_size is None:
-        out_size = ((h + 2 * pt - dh * (kh - 1) - 1) // sh + 1 if sh > 0 else 0,
-                    (w + 2 * pl - dw * (kw - 1) - 1) // sw + 1 if sw > 0 else 0)
-    oh, ow = (max(int(v), 0) for v in out_size)
-    shape = (batch, c, oh, ow)
-    for name, arr in (("x", x), ("weight", weight), ("bias", bias), ("residual", residual)):
-        if arr is not None and (arr.dtype != np.float32 or not arr.flags.c_contiguous):
-            raise ValueError(f"{name} must be C-contiguous float32")
-    if bias is not None and bias.shape != (c,):
-        raise ValueError(f"bias must have shape ({c},), got {bias.shape}")
-    if residual is not None and residual.shape != shape:
-        raise ValueError(f"residual must have the output's shape {shape}, got "
-                         f"{residual.shape}")
-    if out is None:
-        out = np.empty(shape, np.float32)
-    if out.shape != shape or out.dtype != np.float32 or not out.flags.c_contiguous:
-        raise ValueError(f"out must be C-contiguous float32 of shape {shape}")
-    if any(a is not None and np.may_share_memory(out, a)
-           for a in (x, weight, bias, residual)):
-        raise ValueError("out must not overlap the inputs")
+    dims, out = _conv_operands(x, kh, kw, c, geometry, out_size, weight, bias, residual, out)
     _, lib = load()
     _check("tirbyoc_depthwise_conv2d_f32", lib.tirbyoc_depthwise_conv2d_f32(
-        batch, c, h, w, _float_ptr(x), kh, kw, _float_ptr(weight), sh, sw, pt, pl, dh, dw,
-        oh, ow, encode_epilogue(epilogue), _float_ptr(bias), _float_ptr(residual),
-        _float_ptr(out)))
+        batch, c, h, w, _float_ptr(x), kh, kw, _float_ptr(weight), *dims,
+        encode_epilogue(epilogue), _float_ptr(bias), _float_ptr(residual), _float_ptr(out)))
     return out

@@ -1179,76 +1179,114 @@ static void conv_packed_case(const conv_call_t *a, const float *y, size_t ny,
     buf_free(&by);
 }
 
-/* One conv (in gr groups) against a double direct sum: every tensor in a
- * block that ends exactly at its last float (ASan sees a read past any of
- * them); a NaN in x when `specials`; the same bits on 1, 2 and 3 threads when
- * `threads_check`. Then the weight and bias packed by
- * tirbyoc_pack_conv2d_weight_f32 (conv_packed_case). */
-static void conv_case(uint64_t *rng, int64_t n, int64_t c, int64_t h, int64_t w,
-                      int64_t oc, int64_t gr, int64_t kh, int64_t kw, int64_t sh, int64_t sw,
-                      int64_t pt, int64_t pl, int64_t dh, int64_t dw, int64_t ops,
-                      int specials, int threads_check)
+/* The operands of one conv test, each in a block that ends exactly at its
+ * last float (ASan sees a read past any of them), and the call's arguments
+ * (y aside). */
+typedef struct {
+    conv_call_t a;
+    buf_t bx, bw, bb, br, by;
+    float *y;
+} conv_test_t;
+
+typedef int32_t (*conv_fn)(const conv_call_t *a, float *y);
+
+static int32_t call_conv2d(const conv_call_t *a, float *y)
 {
-    static const char *const name = "tirbyoc_conv2d_f32";
+    return tirbyoc_conv2d_f32(a->n, a->c, a->h, a->w, a->x, a->oc, a->gr, a->kh, a->kw, a->wt,
+                              a->sh, a->sw, a->pt, a->pl, a->dh, a->dw, a->oh, a->ow, a->ops,
+                              a->bias, a->res, y);
+}
+
+/* The depthwise kernel on a conv_call_t with gr = oc = c (or 1 without channels). */
+static int32_t call_depthwise(const conv_call_t *a, float *y)
+{
+    return tirbyoc_depthwise_conv2d_f32(a->n, a->c, a->h, a->w, a->x, a->kh, a->kw, a->wt,
+                                        a->sh, a->sw, a->pt, a->pl, a->dh, a->dw, a->oh,
+                                        a->ow, a->ops, a->bias, a->res, y);
+}
+
+/* Random operands of a conv of x [n, c, h, w] into oc channels in gr groups
+ * (PyTorch's output size), a bias and a residual where the chain `ops` has
+ * them, y all UNWRITTEN; a NaN in x when `specials`. */
+static void conv_test_init(conv_test_t *t, uint64_t *rng, int64_t n, int64_t c, int64_t h,
+                           int64_t w, int64_t oc, int64_t gr, int64_t kh, int64_t kw,
+                           int64_t sh, int64_t sw, int64_t pt, int64_t pl, int64_t dh,
+                           int64_t dw, int64_t ops, int specials)
+{
     const int64_t oh = (h + 2 * pt - dh * (kh - 1) - 1) / sh + 1;
     const int64_t ow = (w + 2 * pl - dw * (kw - 1) - 1) / sw + 1;
     const int has_bias = (ops & 15) == TIRBYOC_EPI_BIAS;
-    const int64_t cg = c / gr, ocg = oc / gr;
     int has_res = 0, e;
-    buf_t bx, bw, bb, br, by;
-    float *x = buf_alloc(&bx, (size_t)(n * c * h * w), 1);
-    float *wt = buf_alloc(&bw, (size_t)(oc * cg * kh * kw), 2);
-    float *bias = buf_alloc(&bb, has_bias ? (size_t)oc : 0, 3);
-    float *res, *y;
-    double worst = 0;
-    int64_t b, o, i, j, ci, r, t;
+    float *x, *wt, *bias, *res;
     size_t q;
-    int32_t st;
-    conv_call_t call;
     for (e = 0; e < 16; ++e)
         has_res |= (int)(((uint64_t)ops >> (4 * e)) & 15u) == TIRBYOC_EPI_RESIDUAL;
-    res = buf_alloc(&br, has_res ? (size_t)(n * oc * oh * ow) : 0, 1);
-    y = buf_alloc(&by, (size_t)(n * oc * oh * ow), 0);
-    for (q = 0; q < bx.n; ++q) x[q] = rng_float(rng);
-    for (q = 0; q < bw.n; ++q) wt[q] = rng_float(rng);
-    for (q = 0; q < bb.n; ++q) bias[q] = rng_float(rng);
-    for (q = 0; q < br.n; ++q) res[q] = rng_float(rng);
-    for (q = 0; q < by.n; ++q) y[q] = UNWRITTEN;
-    if (specials && bx.n > 0)
-        x[bx.n / 2] = nan_f();
-    st = tirbyoc_conv2d_f32(n, c, h, w, x, oc, gr, kh, kw, wt, sh, sw, pt, pl, dh, dw, oh,
-                            ow, ops, has_bias ? bias : NULL, has_res ? res : NULL, y);
-    check(st == TIRBYOC_OK, "status", name, oc, oh * ow, c * kh * kw, NULL);
-    for (b = 0; b < n && st == TIRBYOC_OK; ++b)
-        for (o = 0; o < oc; ++o)
-            for (i = 0; i < oh; ++i)
-                for (j = 0; j < ow; ++j) {
-                    const size_t at = (size_t)(((b * oc + o) * oh + i) * ow + j);
+    x = buf_alloc(&t->bx, (size_t)(n * c * h * w), 1);
+    wt = buf_alloc(&t->bw, (size_t)(oc * (c / gr) * kh * kw), 2);
+    bias = buf_alloc(&t->bb, has_bias ? (size_t)oc : 0, 3);
+    res = buf_alloc(&t->br, has_res ? (size_t)(n * oc * oh * ow) : 0, 1);
+    t->y = buf_alloc(&t->by, (size_t)(n * oc * oh * ow), 0);
+    for (q = 0; q < t->bx.n; ++q) x[q] = rng_float(rng);
+    for (q = 0; q < t->bw.n; ++q) wt[q] = rng_float(rng);
+    for (q = 0; q < t->bb.n; ++q) bias[q] = rng_float(rng);
+    for (q = 0; q < t->br.n; ++q) res[q] = rng_float(rng);
+    for (q = 0; q < t->by.n; ++q) t->y[q] = UNWRITTEN;
+    if (specials && t->bx.n > 0)
+        x[t->bx.n / 2] = nan_f();
+    t->a = (conv_call_t){n, c, h, w, x, oc, gr, kh, kw, wt, sh, sw, pt, pl, dh, dw, oh, ow,
+                         ops, has_bias ? bias : NULL, has_res ? res : NULL};
+}
+
+static void conv_test_free(conv_test_t *t)
+{
+    buf_free(&t->bx); buf_free(&t->bw); buf_free(&t->bb); buf_free(&t->br); buf_free(&t->by);
+}
+
+/* `call` on t's operands, y against a double direct sum (per group) and the
+ * chain: NaN exactly where the reference has one, else within 1e-5 of the
+ * terms' magnitudes. Returns whether the status was TIRBYOC_OK. */
+static int conv_test_run(const char *name, conv_fn call, conv_test_t *t)
+{
+    const conv_call_t *a = &t->a;
+    const int64_t cg = a->c / a->gr, ocg = a->oc / a->gr, k = cg * a->kh * a->kw;
+    const float *y = t->y;
+    double worst = 0;
+    int64_t b, o, i, j, ci, r, s;
+    int e;
+    const int32_t st = call(a, t->y);
+    check(st == TIRBYOC_OK, "status", name, a->oc, a->oh * a->ow, k, NULL);
+    for (b = 0; b < a->n && st == TIRBYOC_OK; ++b)
+        for (o = 0; o < a->oc; ++o)
+            for (i = 0; i < a->oh; ++i)
+                for (j = 0; j < a->ow; ++j) {
+                    const size_t at = (size_t)(((b * a->oc + o) * a->oh + i) * a->ow + j);
                     double want = 0, size = 0, got = y[at];
                     for (ci = 0; ci < cg; ++ci)
-                        for (r = 0; r < kh; ++r)
-                            for (t = 0; t < kw; ++t) {
-                                const int64_t ih = i * sh - pt + r * dh, iw = j * sw - pl + t * dw;
+                        for (r = 0; r < a->kh; ++r)
+                            for (s = 0; s < a->kw; ++s) {
+                                const int64_t ih = i * a->sh - a->pt + r * a->dh;
+                                const int64_t iw = j * a->sw - a->pl + s * a->dw;
                                 double term;
-                                if (ih < 0 || ih >= h || iw < 0 || iw >= w)
+                                if (ih < 0 || ih >= a->h || iw < 0 || iw >= a->w)
                                     continue;
-                                term = (double)x[((b * c + o / ocg * cg + ci) * h + ih) * w + iw] *
-                                       (double)wt[((o * cg + ci) * kh + r) * kw + t];
+                                term = (double)a->x[((b * a->c + o / ocg * cg + ci) * a->h + ih) *
+                                                        a->w + iw] *
+                                       (double)a->wt[((o * cg + ci) * a->kh + r) * a->kw + s];
                                 want += term;
                                 size += fabs(term);
                             }
                     for (e = 0; e < 16; ++e) {
-                        const int op = (int)(((uint64_t)ops >> (4 * e)) & 15u);
+                        const int op = (int)(((uint64_t)a->ops >> (4 * e)) & 15u);
                         if (op == TIRBYOC_EPI_BIAS)
-                            want += bias[o], size += fabs((double)bias[o]);
+                            want += a->bias[o], size += fabs((double)a->bias[o]);
                         else if (op == TIRBYOC_EPI_RESIDUAL)
-                            want += res[at], size += fabs((double)res[at]);
+                            want += a->res[at], size += fabs((double)a->res[at]);
                         else if (op != TIRBYOC_EPI_END)
                             want = unary_d(op, want);
                     }
                     if (isnan(want) || isnan(got)) {
-                        check(isnan(want) && isnan(got), "NaN placement", name, oc, oh * ow,
-                              c * kh * kw, NULL);
+                        check(isnan(want) && isnan(got), "NaN placement", name, a->oc,
+                              a->oh * a->ow, k, NULL);
                         continue;
                     }
                     {
@@ -1256,29 +1294,101 @@ static void conv_case(uint64_t *rng, int64_t n, int64_t c, int64_t h, int64_t w,
                         worst = err > worst ? err : worst;
                     }
                 }
-    check(worst <= 1.0, "accuracy", name, oc, oh * ow, c * kh * kw, NULL);
-    if (threads_check && st == TIRBYOC_OK) {
-        const int saved = tirbyoc_num_threads();
-        float *first = (float *)malloc(by.n * sizeof(float) + 1);
-        memcpy(first, y, by.n * sizeof(float));
-        for (e = 1; e <= 3; ++e) {
+    check(worst <= 1.0, "accuracy", name, a->oc, a->oh * a->ow, k, NULL);
+    return st == TIRBYOC_OK;
+}
+
+/* `call` again on t's operands, y reset each time: with the environment
+ * variable `env` set to each of values[0:nvalues] (none: as it is), on 1, 2
+ * and 3 threads when `threads_check` (else the current count); the same bits
+ * as the first call's y every time. */
+static void conv_test_repeat(const char *name, conv_fn call, conv_test_t *t, const char *env,
+                             const char *const *values, size_t nvalues, int threads_check)
+{
+    const conv_call_t *a = &t->a;
+    const int64_t k = a->c / a->gr * a->kh * a->kw;
+    const int saved = tirbyoc_num_threads();
+    const size_t ny = t->by.n;
+    float *first = (float *)malloc(ny * sizeof(float) + 1);
+    size_t v, q;
+    int e;
+    memcpy(first, t->y, ny * sizeof(float));
+    for (v = 0; v < (nvalues > 0 ? nvalues : 1); ++v) {
+        const char *detail = nvalues > 0 ? values[v] : NULL;
+        if (nvalues > 0)
+            setenv(env, values[v], 1);
+        for (e = threads_check ? 1 : saved; e <= (threads_check ? 3 : saved); ++e) {
             tirbyoc_set_num_threads(e);
-            check(tirbyoc_conv2d_f32(n, c, h, w, x, oc, gr, kh, kw, wt, sh, sw, pt, pl, dh, dw,
-                                     oh, ow, ops, has_bias ? bias : NULL, has_res ? res : NULL,
-                                     y) == TIRBYOC_OK, "status (threads)", name, oc, oh * ow,
-                  c * kh * kw, NULL);
-            check(memcmp(first, y, by.n * sizeof(float)) == 0,
-                  "result differs between thread counts", name, oc, oh * ow, c * kh * kw, NULL);
+            for (q = 0; q < ny; ++q)
+                t->y[q] = UNWRITTEN;
+            check(call(a, t->y) == TIRBYOC_OK, "status (paths, threads)", name, a->oc,
+                  a->oh * a->ow, k, detail);
+            check(memcmp(first, t->y, ny * sizeof(float)) == 0,
+                  "result differs between paths or thread counts", name, a->oc,
+                  a->oh * a->ow, k, detail);
         }
-        tirbyoc_set_num_threads(saved);
-        free(first);
     }
-    if (st == TIRBYOC_OK) {
-        call = (conv_call_t){n, c, h, w, x, oc, gr, kh, kw, wt, sh, sw, pt, pl, dh, dw, oh, ow,
-                             ops, has_bias ? bias : NULL, has_res ? res : NULL};
-        conv_packed_case(&call, y, by.n, threads_check);
+    if (nvalues > 0)
+        unsetenv(env);
+    tirbyoc_set_num_threads(saved);
+    free(first);
+}
+
+/* One conv (in gr groups) against the reference (conv_test_run); the same
+ * bits on 1, 2 and 3 threads when `threads_check`. Then the weight and bias
+ * packed by tirbyoc_pack_conv2d_weight_f32 (conv_packed_case). */
+static void conv_case(uint64_t *rng, int64_t n, int64_t c, int64_t h, int64_t w,
+                      int64_t oc, int64_t gr, int64_t kh, int64_t kw, int64_t sh, int64_t sw,
+                      int64_t pt, int64_t pl, int64_t dh, int64_t dw, int64_t ops,
+                      int specials, int threads_check)
+{
+    static const char *const name = "tirbyoc_conv2d_f32";
+    conv_test_t t;
+    conv_test_init(&t, rng, n, c, h, w, oc, gr, kh, kw, sh, sw, pt, pl, dh, dw, ops, specials);
+    if (conv_test_run(name, call_conv2d, &t)) {
+        if (threads_check)
+            conv_test_repeat(name, call_conv2d, &t, NULL, NULL, 0, 1);
+        conv_packed_case(&t.a, t.y, t.by.n, threads_check);
     }
-    buf_free(&bx); buf_free(&bw); buf_free(&bb); buf_free(&br); buf_free(&by);
+    conv_test_free(&t);
+}
+
+/* The invalid arguments both conv kernels refuse, each on a copy of the
+ * valid call `good` (x [1, 2, 5, 5], a 3x3 filter, padding 1, OH = OW = 5,
+ * no chain, bias and residual NULL): its status, and y (ny floats, all
+ * UNWRITTEN) left untouched. */
+static void conv_shared_errors(const char *name, conv_fn call, const conv_call_t *good,
+                               float *bias, float *y, size_t ny)
+{
+    const int64_t k = good->c / good->gr * good->kh * good->kw, p = good->oh * good->ow;
+    const int64_t relu_bias = TIRBYOC_EPI_RELU | TIRBYOC_EPI_BIAS << 4;
+    size_t q;
+    int ok = 1;
+#define BAD(want, what, EDIT)                                                   \
+    do {                                                                       \
+        conv_call_t a = *good;                                                 \
+        EDIT;                                                                  \
+        check(call(&a, y) == (want), what, name, good->oc, p, k, "status");    \
+    } while (0)
+    BAD(TIRBYOC_ESIZE, "negative batch", a.n = -1);
+    BAD(TIRBYOC_ESIZE, "negative channels", a.c = -2);
+    BAD(TIRBYOC_ESIZE, "negative kernel", a.kh = -3);
+    BAD(TIRBYOC_ESIZE, "huge size", a.oh = (int64_t)1 << 31);
+    BAD(TIRBYOC_EINVAL, "stride 0", a.sh = 0);
+    BAD(TIRBYOC_EINVAL, "dilation -1", a.dh = -1);
+    BAD(TIRBYOC_EINVAL, "padding", a.pt = (int64_t)1 << 31);
+    BAD(TIRBYOC_EEPILOGUE, "bias not first", (a.ops = relu_bias, a.bias = bias));
+    BAD(TIRBYOC_EEPILOGUE, "scale", a.ops = TIRBYOC_EPI_SCALE);
+    BAD(TIRBYOC_EEPILOGUE, "divide", a.ops = TIRBYOC_EPI_DIVIDE);
+    BAD(TIRBYOC_EEPILOGUE, "unknown op", a.ops = 15);
+    BAD(TIRBYOC_ENULL, "NULL bias", a.ops = TIRBYOC_EPI_BIAS);
+    BAD(TIRBYOC_ENULL, "NULL residual", a.ops = TIRBYOC_EPI_RESIDUAL);
+    BAD(TIRBYOC_ENULL, "NULL x", a.x = NULL);
+    BAD(TIRBYOC_ENULL, "NULL weight", a.wt = NULL);
+#undef BAD
+    for (q = 0; q < ny; ++q)
+        ok &= to_bits(y[q]) == to_bits(UNWRITTEN);
+    check(ok, "wrote y on an error", name, good->oc, p, k, NULL);
 }
 
 /* Every invalid argument gives its status and leaves y untouched. */
@@ -1286,33 +1396,22 @@ static void conv_errors(void)
 {
     static const char *const name = "tirbyoc_conv2d_f32";
     float x[2 * 5 * 5], wt[3 * 2 * 9], bias[3], y[3 * 5 * 5];
+    const conv_call_t good = {1, 2, 5, 5, x, 3, 1, 3, 3, wt, 1, 1, 1, 1, 1, 1, 5, 5, 0,
+                              NULL, NULL};
+    conv_call_t a = good;
     int t, ok = 1;
-    const int64_t relu_bias = TIRBYOC_EPI_RELU | TIRBYOC_EPI_BIAS << 4;
     for (t = 0; t < 50; ++t) x[t] = 1.0f;
     for (t = 0; t < 54; ++t) wt[t] = 0.5f;
     for (t = 0; t < 3; ++t) bias[t] = 0.25f;
     for (t = 0; t < 75; ++t) y[t] = UNWRITTEN;
-#define CONV(nn, cc, ss, pp, dd, oo, ops, xp, wp, bp) \
-    tirbyoc_conv2d_f32(nn, cc, 5, 5, xp, 3, 1, 3, 3, wp, ss, 1, pp, 1, dd, 1, oo, 5, ops, bp, NULL, y)
-    check(CONV(-1, 2, 1, 1, 1, 5, 0, x, wt, NULL) == TIRBYOC_ESIZE, "negative batch", name, 3, 25, 18, "status");
-    check(CONV(1, 2, 1, 1, 1, (int64_t)1 << 31, 0, x, wt, NULL) == TIRBYOC_ESIZE, "huge size", name, 3, 25, 18, "status");
-    check(CONV(1, 2, 0, 1, 1, 5, 0, x, wt, NULL) == TIRBYOC_EINVAL, "stride 0", name, 3, 25, 18, "status");
-    check(CONV(1, 2, 1, 1, -1, 5, 0, x, wt, NULL) == TIRBYOC_EINVAL, "dilation -1", name, 3, 25, 18, "status");
-    check(CONV(1, 2, 1, (int64_t)1 << 31, 1, 5, 0, x, wt, NULL) == TIRBYOC_EINVAL, "padding", name, 3, 25, 18, "status");
-    check(CONV(1, 2, 1, 1, 1, 5, relu_bias, x, wt, bias) == TIRBYOC_EEPILOGUE, "bias not first", name, 3, 25, 18, "status");
-    check(CONV(1, 2, 1, 1, 1, 5, TIRBYOC_EPI_SCALE, x, wt, NULL) == TIRBYOC_EEPILOGUE, "scale", name, 3, 25, 18, "status");
-    check(CONV(1, 2, 1, 1, 1, 5, TIRBYOC_EPI_BIAS, x, wt, NULL) == TIRBYOC_ENULL, "NULL bias", name, 3, 25, 18, "status");
-    check(CONV(1, 2, 1, 1, 1, 5, TIRBYOC_EPI_RESIDUAL, x, wt, NULL) == TIRBYOC_ENULL, "NULL residual", name, 3, 25, 18, "status");
-    check(CONV(1, 2, 1, 1, 1, 5, 0, NULL, wt, NULL) == TIRBYOC_ENULL, "NULL x", name, 3, 25, 18, "status");
-    check(CONV(1, 2, 1, 1, 1, 5, 0, x, NULL, NULL) == TIRBYOC_ENULL, "NULL weight", name, 3, 25, 18, "status");
-#undef CONV
+    conv_shared_errors(name, call_conv2d, &good, bias, y, 75);
     /* groups: below 1, or not dividing C (2) or OC (3) */
-    check(tirbyoc_conv2d_f32(1, 2, 5, 5, x, 3, 0, 3, 3, wt, 1, 1, 1, 1, 1, 1, 5, 5, 0, NULL,
-                             NULL, y) == TIRBYOC_EINVAL, "groups 0", name, 3, 25, 18, "status");
-    check(tirbyoc_conv2d_f32(1, 2, 5, 5, x, 3, 2, 3, 3, wt, 1, 1, 1, 1, 1, 1, 5, 5, 0, NULL,
-                             NULL, y) == TIRBYOC_EINVAL, "groups 2 of OC 3", name, 3, 25, 18, "status");
-    check(tirbyoc_conv2d_f32(1, 2, 5, 5, x, 3, 3, 3, 3, wt, 1, 1, 1, 1, 1, 1, 5, 5, 0, NULL,
-                             NULL, y) == TIRBYOC_EINVAL, "groups 3 of C 2", name, 3, 25, 18, "status");
+    a.gr = 0;
+    check(call_conv2d(&a, y) == TIRBYOC_EINVAL, "groups 0", name, 3, 25, 18, "status");
+    a.gr = 2;
+    check(call_conv2d(&a, y) == TIRBYOC_EINVAL, "groups 2 of OC 3", name, 3, 25, 18, "status");
+    a.gr = 3;
+    check(call_conv2d(&a, y) == TIRBYOC_EINVAL, "groups 3 of C 2", name, 3, 25, 18, "status");
     for (t = 0; t < 75; ++t)
         ok &= to_bits(y[t]) == to_bits(UNWRITTEN);
     check(ok, "wrote y on an error", name, 3, 25, 18, NULL);
@@ -1427,11 +1526,11 @@ static void conv_cases(uint64_t *rng, int threaded)
 
 /* ---- tirbyoc_depthwise_conv2d_f32 ---- */
 
-/* One depthwise conv against a double direct sum, every tensor in a block
- * that ends exactly at its last float; a NaN in x when `specials`. Then the
- * same call on each path the kernel has (TIRBYOC_DW_PATH: the planes, the
- * channels in lanes where the ISA has them, the scalar path) and, with
- * `threads_check`, on 1, 2 and 3 threads: the same bits every time. */
+/* One depthwise conv against the reference (conv_test_run, a conv in C
+ * groups); a NaN in x when `specials`. Then the same call on each path the
+ * kernel has (TIRBYOC_DW_PATH: the planes, the channels in lanes where the
+ * ISA has them, the scalar path) and, with `threads_check`, on 1, 2 and 3
+ * threads: the same bits every time. */
 static void dw_case(uint64_t *rng, int64_t n, int64_t c, int64_t h, int64_t w,
                     int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t pt,
                     int64_t pl, int64_t dh, int64_t dw, int64_t ops, int specials,
@@ -1439,128 +1538,27 @@ static void dw_case(uint64_t *rng, int64_t n, int64_t c, int64_t h, int64_t w,
 {
     static const char *const name = "tirbyoc_depthwise_conv2d_f32";
     static const char *const paths[] = {"planes", "channels", "scalar"};
-    const int64_t oh = (h + 2 * pt - dh * (kh - 1) - 1) / sh + 1;
-    const int64_t ow = (w + 2 * pl - dw * (kw - 1) - 1) / sw + 1;
-    const int has_bias = (ops & 15) == TIRBYOC_EPI_BIAS;
-    int has_res = 0, e;
-    buf_t bx, bw, bb, br, by;
-    float *x = buf_alloc(&bx, (size_t)(n * c * h * w), 1);
-    float *wt = buf_alloc(&bw, (size_t)(c * kh * kw), 2);
-    float *bias = buf_alloc(&bb, has_bias ? (size_t)c : 0, 3);
-    float *res, *y, *first;
-    double worst = 0;
-    int64_t b, o, i, j, r, t;
-    size_t q, pi;
-    int32_t st;
-#define DW_CALL(out)                                                                \
-    tirbyoc_depthwise_conv2d_f32(n, c, h, w, x, kh, kw, wt, sh, sw, pt, pl, dh, dw, oh, \
-                                 ow, ops, has_bias ? bias : NULL, has_res ? res : NULL, out)
-    for (e = 0; e < 16; ++e)
-        has_res |= (int)(((uint64_t)ops >> (4 * e)) & 15u) == TIRBYOC_EPI_RESIDUAL;
-    res = buf_alloc(&br, has_res ? (size_t)(n * c * oh * ow) : 0, 1);
-    y = buf_alloc(&by, (size_t)(n * c * oh * ow), 0);
-    for (q = 0; q < bx.n; ++q) x[q] = rng_float(rng);
-    for (q = 0; q < bw.n; ++q) wt[q] = rng_float(rng);
-    for (q = 0; q < bb.n; ++q) bias[q] = rng_float(rng);
-    for (q = 0; q < br.n; ++q) res[q] = rng_float(rng);
-    for (q = 0; q < by.n; ++q) y[q] = UNWRITTEN;
-    if (specials && bx.n > 0)
-        x[bx.n / 2] = nan_f();
-    st = DW_CALL(y);
-    check(st == TIRBYOC_OK, "status", name, c, oh * ow, kh * kw, NULL);
-    for (b = 0; b < n && st == TIRBYOC_OK; ++b)
-        for (o = 0; o < c; ++o)
-            for (i = 0; i < oh; ++i)
-                for (j = 0; j < ow; ++j) {
-                    const size_t at = (size_t)(((b * c + o) * oh + i) * ow + j);
-                    double want = 0, size = 0, got = y[at];
-                    for (r = 0; r < kh; ++r)
-                        for (t = 0; t < kw; ++t) {
-                            const int64_t ih = i * sh - pt + r * dh, iw = j * sw - pl + t * dw;
-                            double term;
-                            if (ih < 0 || ih >= h || iw < 0 || iw >= w)
-                                continue;
-                            term = (double)x[((b * c + o) * h + ih) * w + iw] *
-                                   (double)wt[(o * kh + r) * kw + t];
-                            want += term;
-                            size += fabs(term);
-                        }
-                    for (e = 0; e < 16; ++e) {
-                        const int op = (int)(((uint64_t)ops >> (4 * e)) & 15u);
-                        if (op == TIRBYOC_EPI_BIAS)
-                            want += bias[o], size += fabs((double)bias[o]);
-                        else if (op == TIRBYOC_EPI_RESIDUAL)
-                            want += res[at], size += fabs((double)res[at]);
-                        else if (op != TIRBYOC_EPI_END)
-                            want = unary_d(op, want);
-                    }
-                    if (isnan(want) || isnan(got)) {
-                        check(isnan(want) && isnan(got), "NaN placement", name, c, oh * ow,
-                              kh * kw, NULL);
-                        continue;
-                    }
-                    {
-                        const double err = fabs(got - want) / (size * 1e-5 + 1e-6);
-                        worst = err > worst ? err : worst;
-                    }
-                }
-    check(worst <= 1.0, "accuracy", name, c, oh * ow, kh * kw, NULL);
-    if (st == TIRBYOC_OK && by.n > 0) {
-        const int saved = tirbyoc_num_threads();
-        first = (float *)malloc(by.n * sizeof(float));
-        memcpy(first, y, by.n * sizeof(float));
-        for (pi = 0; pi < sizeof(paths) / sizeof(paths[0]); ++pi) {
-            setenv("TIRBYOC_DW_PATH", paths[pi], 1);
-            for (e = threads_check ? 1 : saved; e <= (threads_check ? 3 : saved); ++e) {
-                tirbyoc_set_num_threads(e);
-                for (q = 0; q < by.n; ++q) y[q] = UNWRITTEN;
-                check(DW_CALL(y) == TIRBYOC_OK, "status (paths, threads)", name, c, oh * ow,
-                      kh * kw, paths[pi]);
-                check(memcmp(first, y, by.n * sizeof(float)) == 0,
-                      "result differs between paths or thread counts", name, c, oh * ow,
-                      kh * kw, paths[pi]);
-            }
-        }
-        unsetenv("TIRBYOC_DW_PATH");
-        tirbyoc_set_num_threads(saved);
-        free(first);
-    }
-#undef DW_CALL
-    buf_free(&bx); buf_free(&bw); buf_free(&bb); buf_free(&br); buf_free(&by);
+    conv_test_t t;
+    conv_test_init(&t, rng, n, c, h, w, c, c > 0 ? c : 1, kh, kw, sh, sw, pt, pl, dh, dw, ops,
+                   specials);
+    if (conv_test_run(name, call_depthwise, &t) && t.by.n > 0)
+        conv_test_repeat(name, call_depthwise, &t, "TIRBYOC_DW_PATH", paths,
+                         sizeof(paths) / sizeof(paths[0]), threads_check);
+    conv_test_free(&t);
 }
 
 /* Every invalid argument gives its status and leaves y untouched. */
 static void dw_errors(void)
 {
-    static const char *const name = "tirbyoc_depthwise_conv2d_f32";
     float x[2 * 5 * 5], wt[2 * 9], bias[2], y[2 * 5 * 5];
-    int t, ok = 1;
-    const int64_t relu_bias = TIRBYOC_EPI_RELU | TIRBYOC_EPI_BIAS << 4;
+    const conv_call_t good = {1, 2, 5, 5, x, 2, 2, 3, 3, wt, 1, 1, 1, 1, 1, 1, 5, 5, 0,
+                              NULL, NULL};
+    int t;
     for (t = 0; t < 50; ++t) x[t] = 1.0f;
     for (t = 0; t < 18; ++t) wt[t] = 0.5f;
     for (t = 0; t < 2; ++t) bias[t] = 0.25f;
     for (t = 0; t < 50; ++t) y[t] = UNWRITTEN;
-#define DW(nn, cc, kk, ss, pp, dd, oo, ops, xp, wp, bp) \
-    tirbyoc_depthwise_conv2d_f32(nn, cc, 5, 5, xp, kk, 3, wp, ss, 1, pp, 1, dd, 1, oo, 5, ops, bp, NULL, y)
-    check(DW(-1, 2, 3, 1, 1, 1, 5, 0, x, wt, NULL) == TIRBYOC_ESIZE, "negative batch", name, 2, 25, 9, "status");
-    check(DW(1, -2, 3, 1, 1, 1, 5, 0, x, wt, NULL) == TIRBYOC_ESIZE, "negative channels", name, 2, 25, 9, "status");
-    check(DW(1, 2, -3, 1, 1, 1, 5, 0, x, wt, NULL) == TIRBYOC_ESIZE, "negative kernel", name, 2, 25, 9, "status");
-    check(DW(1, 2, 3, 1, 1, 1, (int64_t)1 << 31, 0, x, wt, NULL) == TIRBYOC_ESIZE, "huge size", name, 2, 25, 9, "status");
-    check(DW(1, 2, 3, 0, 1, 1, 5, 0, x, wt, NULL) == TIRBYOC_EINVAL, "stride 0", name, 2, 25, 9, "status");
-    check(DW(1, 2, 3, 1, 1, -1, 5, 0, x, wt, NULL) == TIRBYOC_EINVAL, "dilation -1", name, 2, 25, 9, "status");
-    check(DW(1, 2, 3, 1, (int64_t)1 << 31, 1, 5, 0, x, wt, NULL) == TIRBYOC_EINVAL, "padding", name, 2, 25, 9, "status");
-    check(DW(1, 2, 3, 1, 1, 1, 5, relu_bias, x, wt, bias) == TIRBYOC_EEPILOGUE, "bias not first", name, 2, 25, 9, "status");
-    check(DW(1, 2, 3, 1, 1, 1, 5, TIRBYOC_EPI_SCALE, x, wt, NULL) == TIRBYOC_EEPILOGUE, "scale", name, 2, 25, 9, "status");
-    check(DW(1, 2, 3, 1, 1, 1, 5, TIRBYOC_EPI_DIVIDE, x, wt, NULL) == TIRBYOC_EEPILOGUE, "divide", name, 2, 25, 9, "status");
-    check(DW(1, 2, 3, 1, 1, 1, 5, 15, x, wt, NULL) == TIRBYOC_EEPILOGUE, "unknown op", name, 2, 25, 9, "status");
-    check(DW(1, 2, 3, 1, 1, 1, 5, TIRBYOC_EPI_BIAS, x, wt, NULL) == TIRBYOC_ENULL, "NULL bias", name, 2, 25, 9, "status");
-    check(DW(1, 2, 3, 1, 1, 1, 5, TIRBYOC_EPI_RESIDUAL, x, wt, NULL) == TIRBYOC_ENULL, "NULL residual", name, 2, 25, 9, "status");
-    check(DW(1, 2, 3, 1, 1, 1, 5, 0, NULL, wt, NULL) == TIRBYOC_ENULL, "NULL x", name, 2, 25, 9, "status");
-    check(DW(1, 2, 3, 1, 1, 1, 5, 0, x, NULL, NULL) == TIRBYOC_ENULL, "NULL weight", name, 2, 25, 9, "status");
-#undef DW
-    for (t = 0; t < 50; ++t)
-        ok &= to_bits(y[t]) == to_bits(UNWRITTEN);
-    check(ok, "wrote y on an error", name, 2, 25, 9, NULL);
+    conv_shared_errors("tirbyoc_depthwise_conv2d_f32", call_depthwise, &good, bias, y, 50);
 }
 
 static void dw_cases(uint64_t *rng, int threaded)
@@ -1600,10 +1598,7 @@ static void dw_cases(uint64_t *rng, int threaded)
     dw_case(rng, 1, 3, 90, 90, 3, 3, 1, 1, 1, 1, 1, 1, chains[1], 0, 1);
     if (!threaded)
         dw_case(rng, 2, 300, 7, 7, 3, 3, 1, 1, 1, 1, 1, 1, chains[3], 0, 1);
-    else
-        dw_errors();
-    if (!threaded)
-        dw_errors();
+    dw_errors();
 }
 
 static void matmul_chains(uint64_t *rng, int threaded)
