@@ -323,6 +323,23 @@ int32_t tirbyoc_conv2d_f32_packed(int64_t batch, int64_t c, int64_t h, int64_t w
 int32_t tirbyoc_depthwise_conv2d_f32(int64_t batch, int64_t c, int64_t h, int64_t w, const float *x, int64_t kh, int64_t kw, const float *weight, int64_t stride_h, int64_t stride_w, int64_t pad_top, int64_t pad_left, int64_t dilation_h, int64_t dilation_w, int64_t oh, int64_t ow, int64_t epilogue, const float *bias, const float *residual, float *y);
 
 /*
+ * 2-D max pooling, float32, NCHW:
+ *   y[n][c][i][j] = max over r < KH, s < KW, of the taps inside the input,
+ *                   x[n][c][i * stride_h - pad_top + r * dilation_h]
+ *                        [j * stride_w - pad_left + s * dilation_w]
+ * for n < batch, c < C, i < OH, j < OW; x [batch, C, H, W] and y [batch, C,
+ * OH, OW] contiguous. Taps outside [0, H) x [0, W) are left out (the
+ * padding never wins); a window without a tap inside gives -inf. A NaN tap
+ * gives NaN (as PyTorch's max_pool2d). OH and OW are the caller's (floor or
+ * ceil mode). Results are exact, so they do not depend on the instruction
+ * set or the thread count.
+ * Errors: TIRBYOC_ESIZE (a negative size, a window below 1, or one of 2^31
+ * or more), TIRBYOC_EINVAL (a stride or dilation below 1, a negative
+ * padding, or one of 2^31 or more), TIRBYOC_ENULL, TIRBYOC_ENOMEM.
+ */
+int32_t tirbyoc_max_pool2d_f32(int64_t batch, int64_t c, int64_t h, int64_t w, const float *x, int64_t kh, int64_t kw, int64_t stride_h, int64_t stride_w, int64_t pad_top, int64_t pad_left, int64_t dilation_h, int64_t dilation_w, int64_t oh, int64_t ow, float *y);
+
+/*
  * Settings (process-wide; every kernel reads them when it starts).
  *
  * Instruction set: "avx512" (AVX512F), "avx2" (AVX2 + FMA) or "generic"

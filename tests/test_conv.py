@@ -62,12 +62,14 @@ def test_resnet_blocks_fold_batch_norms_and_fuse_shortcuts():
     """Stem (7x7/2 conv, batch norm, relu, max pool) and two basic blocks, the second with
     a 1x1/2 projection shortcut: every conv is a matmul, each batch norm folded (random
     statistics), the identity shortcut added in the second conv's kernel call before the
-    relu; the projection's add belongs to one of the two convs that meet there."""
+    relu; the projection's add belongs to one of the two convs that meet there. The max
+    pool is a kernel call too."""
     model = examples.resnet_torch((1, 1), (16, 32), 10)
     report = _check(model, (1, 3, 40, 40), [
-        "conv2d_bias_relu", "conv2d_bias_relu", "conv2d_bias_residual_relu",
+        "conv2d_bias_relu", "max_pool2d", "conv2d_bias_relu", "conv2d_bias_residual_relu",
         "conv2d_bias_relu", "conv2d_bias_residual_relu", "conv2d_bias", "dense_bias"])
     _no_tvm_convs(report)
+    assert report.schedules["tirbyoc_max_pool2d"] == "kernel tirbyoc_max_pool2d_f32"
 
 
 class _Conv(torch.nn.Module):

@@ -244,6 +244,8 @@ def draw_case(symbol, isa, seed, index, rng, fixed_layout):
         m, n, k, big, extra = draw_attention(rng, index)
     elif "depthwise" in symbol:
         m, n, k, big, extra = draw_depthwise(rng, index)
+    elif "max_pool" in symbol:
+        m, n, k, big, extra = draw_pool(rng, index)
     elif "conv2d" in symbol:
         m, n, k, big, extra = draw_conv(rng, index)
     elif index < len(PINNED):
@@ -459,6 +461,49 @@ def draw_depthwise(rng, index):
     extra = _conv_extra(n_img, c, h, w, kh, kw, sh, sw, pt, pl, dh, dw, oh, ow, max(c, 1))
     # (K 0 without channels: the conv's reference then has no taps to reshape)
     return c, oh * ow, kh * kw if c else 0, flops >= DW_PAR_FLOPS, extra
+
+
+# tirbyoc_max_pool2d_f32 (kernels/pool_f32.c): a vertical then a horizontal pass per
+# output row, columns with every tap inside on loops specialized for 3 and 2 taps at
+# strides 1 and 2 (no dilation), the rest bounded; units of (plane, 8 output rows),
+# threads from 256K taps. Case.m is C, Case.n the pixels OH * OW, Case.k KH * KW; the
+# geometry in Case.extra (groups = C, so ops.conv's x and y serve).
+POOL_PAR_TAPS = 256 * 1024
+# (batch, c, h, w, kh, kw, stride, pad, dilation) of the first cases
+POOL_PINNED = ((0, 3, 8, 8, 3, 3, 2, 1, 1), (2, 0, 5, 5, 3, 3, 1, 1, 1),
+               (1, 3, 1, 1, 1, 1, 1, 0, 1), (1, 64, 112, 112, 3, 3, 2, 1, 1),
+               (1, 5, 17, 19, 2, 2, 2, 0, 1), (1, 4, 9, 9, 3, 3, 1, 1, 2),
+               (2, 7, 30, 31, 3, 3, 1, 1, 1), (1, 3, 5, 6, 4, 4, 1, 3, 1))
+
+
+def draw_pool(rng, index):
+    """(m, n, k, big, extra) of a tirbyoc_max_pool2d_f32 case (windows of at least one
+    tap, paddings of at least 0: what the kernel takes)."""
+    def dim(edges, hi):
+        return int(rng.choice(edges)) if rng.random() < 0.5 else max(1, _log_uniform(rng, hi))
+
+    big = index >= len(POOL_PINNED) and rng.random() < 3 * P_BIG
+    while True:
+        if index < len(POOL_PINNED):
+            n_img, c, h, w, kh, kw, st, pd, dl = POOL_PINNED[index]
+            sh = sw = st
+            pt = pl = pd
+            dh = dw = dl
+        else:
+            n_img = int(rng.choice([1, 1, 1, 2, 3]))
+            c = dim(DW_C_EDGES, 100)
+            h, w = dim(DW_HW_EDGES, 120), dim(DW_HW_EDGES, 120)
+            kh, kw = (int(x) for x in rng.choice([1, 2, 2, 3, 3, 3, 3, 5], size=2))
+            sh, sw = (int(x) for x in rng.choice([1, 1, 2, 2, 2, 3], size=2))
+            dh, dw = (int(x) for x in rng.choice([1, 1, 1, 1, 2], size=2))
+            pt, pl = (int(x) for x in rng.choice([0, 0, 1, 1, 1, 2, 4], size=2))
+        pinned = index < len(POOL_PINNED)
+        oh, ow = _conv_out_size(rng, pinned, h, w, kh, kw, sh, sw, pt, pl, dh, dw)
+        taps = n_img * c * oh * ow * kh * kw
+        if _conv_case_kept(rng, pinned, oh * ow, taps, POOL_PAR_TAPS, big):
+            break
+    extra = _conv_extra(n_img, c, h, w, kh, kw, sh, sw, pt, pl, dh, dw, oh, ow, max(c, 1))
+    return c, oh * ow, kh * kw if c else 0, taps >= POOL_PAR_TAPS, extra
 
 
 # --- buffers --------------------------------------------------------------------
@@ -938,6 +983,21 @@ def depthwise_args(ops):
             _matrix(ops, "y", y, out)]
 
 
+def pool_args(ops):
+    """tirbyoc_max_pool2d_f32: the conv case's x [N * C, H * W] and y [N * C, OH * OW],
+    contiguous; nothing is read without an output."""
+    c, g = ops.case, dict(ops.case.extra)
+    x, _, _, _, y, _ = ops.conv
+    out = g["batch"] * c.m * g["oh"] * g["ow"] > 0
+    return [_size("batch", g["batch"]), _size("c", c.m), _size("h", g["h"]),
+            _size("w", g["w"]), _matrix(ops, "x", x, out and g["h"] * g["w"] > 0),
+            Arg("kh", g["kh"], invalid=(0, -1, 2**31)), Arg("kw", g["kw"], invalid=(0,)),
+            Arg("sh", g["sh"], invalid=(0, -1)), Arg("sw", g["sw"], invalid=(0, 2**31)),
+            Arg("pt", g["pt"], invalid=(-1, 2**31)), Arg("pl", g["pl"], invalid=(-3,)),
+            Arg("dh", g["dh"], invalid=(0,)), Arg("dw", g["dw"], invalid=(-1,)),
+            _size("oh", g["oh"]), _size("ow", g["ow"]), _matrix(ops, "y", y, out)]
+
+
 def conv_packed_args(ops):
     """tirbyoc_conv2d_f32_packed: conv_args with the weight and bias packed into one buffer
     (read when there is an output and K or the bias step; no bias argument)."""
@@ -1200,6 +1260,30 @@ def conv_expected(ops, groups):
     return v, _chain_tolerance(v, err, finite_in, seen)
 
 
+def pool_expected(ops, groups):
+    """The maximum over each window's taps inside the input in float64 (-inf for a window
+    without one, NaN if a tap is NaN): exact, so compared bit for bit."""
+    c, g = ops.case, dict(ops.case.extra)
+    x, _, _, _, _, _ = ops.conv
+    planes, oh, ow = g["batch"] * c.m, g["oh"], g["ow"]
+    xs = x.view.astype(np.float64).reshape(planes, g["h"], g["w"])
+    out = np.full((planes, oh, ow), -np.inf)
+    nan = np.zeros((planes, oh, ow), bool)
+    for r in range(g["kh"]):
+        rows = np.arange(oh) * g["sh"] - g["pt"] + r * g["dh"]
+        for t in range(g["kw"]):
+            cs = np.arange(ow) * g["sw"] - g["pl"] + t * g["dw"]
+            ok = ((rows >= 0) & (rows < g["h"]))[:, None] & ((cs >= 0) & (cs < g["w"]))[None, :]
+            if not (g["h"] and g["w"] and ok.any()):
+                continue
+            tap = xs[:, np.clip(rows, 0, g["h"] - 1)][:, :, np.clip(cs, 0, g["w"] - 1)]
+            tap = np.where(ok, tap, -np.inf)
+            nan |= np.isnan(tap)
+            out = np.fmax(out, tap)
+    out[nan] = np.nan
+    return out.reshape(planes, oh * ow), None  # None: bit for bit
+
+
 def dense_expected(ops, groups):
     return _dense_expected(ops, groups.get("epi"))
 
@@ -1261,6 +1345,7 @@ FAMILIES = (
            output="conv_packed_out"),
     # the conv's reference with groups = C
     Family(r"tirbyoc_depthwise_conv2d_f32", depthwise_args, conv_expected, output="y"),
+    Family(r"tirbyoc_max_pool2d_f32", pool_args, pool_expected, output="y"),
 )
 # Exported functions that are not kernels, and where they are exercised.
 NOT_KERNELS = {
@@ -1321,6 +1406,13 @@ def algorithm(case):
             f"mask_{case.get('mask')}"
         return path + ("+threads" if 2 * case.m * case.n * (case.k + dv) >= ATT_PAR_FLOPS
                        and case.m * dv * case.n else "")
+    if "max_pool" in case.symbol:
+        g = dict(case.extra)
+        if case.m * case.n * g["batch"] == 0:
+            return "empty"
+        fast = g["dw"] == 1 and (g["sw"], g["kw"]) in ((1, 2), (1, 3), (2, 2), (2, 3))
+        return ("columns" if fast else "general") + (
+            "+threads" if g["batch"] * case.m * case.n * case.k >= POOL_PAR_TAPS else "")
     if "depthwise" in case.symbol:
         g = dict(case.extra)
         if case.m * case.n * g["batch"] == 0:

@@ -575,7 +575,7 @@ EXPECTED_SYMBOLS = sorted(FUNC_IDS + [
     "tirbyoc_status_string", "tirbyoc_matmul_f32", "tirbyoc_unary_f32", "tirbyoc_softmax_f32",
     "tirbyoc_attention_f32",
     "tirbyoc_conv2d_f32", "tirbyoc_conv2d_packed_size_f32", "tirbyoc_pack_conv2d_weight_f32",
-    "tirbyoc_conv2d_f32_packed", "tirbyoc_depthwise_conv2d_f32",
+    "tirbyoc_conv2d_f32_packed", "tirbyoc_depthwise_conv2d_f32", "tirbyoc_max_pool2d_f32",
 ])
 
 

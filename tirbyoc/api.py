@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import _tvm as T
-from . import attention, conv, fallback, relax_prep, softmax, weights
+from . import attention, conv, fallback, pool, relax_prep, softmax, weights
 from .matcher import Region
 from .normalize import INTRINSIC_ATTR, normalize
 from .schedule_rule import ScheduleRule, registry
@@ -142,7 +142,8 @@ def _show(expr) -> str:
 _GRAPH_LEVEL = {softmax.INTRINSIC: "R.nn.softmax over the last axis",
                 attention.INTRINSIC: attention.DESCRIPTION,
                 conv.INTRINSIC: conv.DESCRIPTION,
-                conv.DEPTHWISE_INTRINSIC: conv.DEPTHWISE_DESCRIPTION}
+                conv.DEPTHWISE_INTRINSIC: conv.DEPTHWISE_DESCRIPTION,
+                pool.INTRINSIC: pool.DESCRIPTION}
 
 
 def _graph_level(intrinsic: str) -> str:

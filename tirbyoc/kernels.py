@@ -645,3 +645,46 @@ def depthwise_conv2d(x, weight, *, stride=1, padding=0, dilation=1, epilogue=(),
         batch, c, h, w, _float_ptr(x), kh, kw, _float_ptr(weight), *dims,
         encode_epilogue(epilogue), _float_ptr(bias), _float_ptr(residual), _float_ptr(out)))
     return out
+
+
+def max_pool2d(x, kernel_size, *, stride=None, padding=0, dilation=1, ceil_mode=False,
+               out=None):
+    """``max_pool2d(x)`` via ``tirbyoc_max_pool2d_f32`` (NCHW), as PyTorch's
+    ``F.max_pool2d``: taps outside the input left out, NaN propagating.
+
+    ``x``: C-contiguous float32 [batch, C, H, W]; ``kernel_size``, ``stride`` (default
+    the kernel size), ``padding`` and ``dilation``: int or pair; ``ceil_mode`` as
+    PyTorch's (a last window may start in the right or bottom padding, not past it).
+    Returns ``out`` [batch, C, OH, OW].
+    """
+    kh, kw = _conv_pair(kernel_size, "kernel_size")
+    (sh, sw), (pt, pl), (dh, dw) = _conv_geometry(
+        (kh, kw) if stride is None else stride, padding, dilation)
+    if x.ndim != 4 or x.dtype != np.float32 or not x.flags.c_contiguous:
+        raise ValueError(f"x must be a C-contiguous float32 [N, C, H, W], got {x.dtype} "
+                         f"{x.shape}")
+    if min(kh, kw, sh, sw, dh, dw) < 1 or min(pt, pl) < 0:
+        raise ValueError("kernel_size, stride and dilation must be at least 1 and padding "
+                         "at least 0")
+    batch, c, h, w = x.shape
+
+    def size(n, k, s, p, d):
+        span = n + 2 * p - d * (k - 1) - 1
+        if span < 0:
+            return 0
+        o = (span + (s - 1 if ceil_mode else 0)) // s + 1
+        # ceil mode: the last window must start inside the input or the left padding
+        return o - 1 if ceil_mode and (o - 1) * s >= n + p else o
+
+    shape = (batch, c, size(h, kh, sh, pt, dh), size(w, kw, sw, pl, dw))
+    if out is None:
+        out = np.empty(shape, np.float32)
+    if out.shape != shape or out.dtype != np.float32 or not out.flags.c_contiguous:
+        raise ValueError(f"out must be C-contiguous float32 of shape {shape}")
+    if np.may_share_memory(out, x):
+        raise ValueError("out must not overlap x")
+    _, lib = load()
+    _check("tirbyoc_max_pool2d_f32", lib.tirbyoc_max_pool2d_f32(
+        batch, c, h, w, _float_ptr(x), kh, kw, sh, sw, pt, pl, dh, dw, shape[2], shape[3],
+        _float_ptr(out)))
+    return out

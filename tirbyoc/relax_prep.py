@@ -103,8 +103,9 @@ def prepare(mod, fuse="auto", softmax=True):
     if not legalized and not scope.chosen:
         if softmax:
             from .conv import offload_convs
+            from .pool import offload_pools
 
-            mod = offload_convs(mod)
+            mod = offload_pools(offload_convs(mod))
         mod = sink_reshapes(mod)
         if softmax:
             from .attention import offload_attention

@@ -1601,6 +1601,110 @@ static void dw_cases(uint64_t *rng, int threaded)
     dw_errors();
 }
 
+/* ---- tirbyoc_max_pool2d_f32 ---- */
+
+/* One max pool against a scalar reference (the taps inside the input, NaN
+ * wins, -inf without a tap), bit for bit; NaNs in x when `specials`; with
+ * `threads_check` again on 1, 2 and 3 threads, the same bits. */
+static void pool_case(uint64_t *rng, int64_t n, int64_t c, int64_t h, int64_t w,
+                      int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t pt,
+                      int64_t pl, int64_t dh, int64_t dw, int specials, int threads_check)
+{
+    static const char *const name = "tirbyoc_max_pool2d_f32";
+    const int64_t oh = h + 2 * pt - dh * (kh - 1) - 1 < 0 ? 0 : (h + 2 * pt - dh * (kh - 1) - 1) / sh + 1;
+    const int64_t ow = w + 2 * pl - dw * (kw - 1) - 1 < 0 ? 0 : (w + 2 * pl - dw * (kw - 1) - 1) / sw + 1;
+    const int64_t nx = n * c * h * w, ny = n * c * oh * ow;
+    buf_t bx, by, bz;
+    float *x = buf_alloc(&bx, (size_t)nx, 1), *y = buf_alloc(&by, (size_t)ny, 3);
+    float *z = buf_alloc(&bz, (size_t)ny, 2);
+    int64_t t, p, i, j, a, b;
+    int ok = 1, th;
+    for (t = 0; t < nx; ++t)
+        x[t] = specials && rng_int(rng, 0, 40) == 0 ? NAN : rng_float(rng) * 4;
+    for (t = 0; t < ny; ++t)
+        y[t] = UNWRITTEN;
+    check(tirbyoc_max_pool2d_f32(n, c, h, w, x, kh, kw, sh, sw, pt, pl, dh, dw, oh, ow, y) ==
+              TIRBYOC_OK, "status", name, c, oh * ow, kh * kw, NULL);
+    for (p = 0; p < n * c; ++p)
+        for (i = 0; i < oh; ++i)
+            for (j = 0; j < ow; ++j) {
+                float m = -INFINITY;
+                for (a = 0; a < kh; ++a)
+                    for (b = 0; b < kw; ++b) {
+                        const int64_t r = i * sh - pt + a * dh, q = j * sw - pl + b * dw;
+                        float v;
+                        if (r < 0 || r >= h || q < 0 || q >= w)
+                            continue;
+                        v = x[(p * h + r) * w + q];
+                        if (v != v || m != m)
+                            m = NAN;
+                        else if (v > m)
+                            m = v;
+                    }
+                t = (p * oh + i) * ow + j;
+                ok &= y[t] == m || (y[t] != y[t] && m != m);
+            }
+    check(ok, "result", name, c, oh * ow, kh * kw, NULL);
+    for (th = 1; threads_check && th <= 3; ++th) {
+        tirbyoc_set_num_threads(th);
+        tirbyoc_max_pool2d_f32(n, c, h, w, x, kh, kw, sh, sw, pt, pl, dh, dw, oh, ow, z);
+        check(memcmp(y, z, (size_t)ny * sizeof(float)) == 0, "same bits on 1-3 threads",
+              name, c, oh * ow, th, NULL);
+    }
+    buf_free(&bx);
+    buf_free(&by);
+    buf_free(&bz);
+}
+
+/* Every invalid argument gives its status and leaves y untouched. */
+static void pool_errors(void)
+{
+    static const char *const name = "tirbyoc_max_pool2d_f32";
+    float x[2 * 5 * 5], y[2 * 3 * 3];
+    int t, ok = 1;
+    for (t = 0; t < 50; ++t) x[t] = 1.0f;
+    for (t = 0; t < 18; ++t) y[t] = UNWRITTEN;
+#define POOL_REFUSED(STATUS, ...)                                                  \
+    check(tirbyoc_max_pool2d_f32(__VA_ARGS__) == (STATUS), "refused", name, 2, 9, 9, #__VA_ARGS__)
+    POOL_REFUSED(TIRBYOC_ESIZE, -1, 2, 5, 5, x, 3, 3, 2, 2, 1, 1, 1, 1, 3, 3, y);
+    POOL_REFUSED(TIRBYOC_ESIZE, 1, 2, 5, -5, x, 3, 3, 2, 2, 1, 1, 1, 1, 3, 3, y);
+    POOL_REFUSED(TIRBYOC_ESIZE, 1, 2, 5, 5, x, 0, 3, 2, 2, 1, 1, 1, 1, 3, 3, y);
+    POOL_REFUSED(TIRBYOC_ESIZE, 1, 2, 5, 5, x, 3, 3, 2, 2, 1, 1, 1, 1, (int64_t)1 << 31, 3, y);
+    POOL_REFUSED(TIRBYOC_EINVAL, 1, 2, 5, 5, x, 3, 3, 0, 2, 1, 1, 1, 1, 3, 3, y);
+    POOL_REFUSED(TIRBYOC_EINVAL, 1, 2, 5, 5, x, 3, 3, 2, 2, -1, 1, 1, 1, 3, 3, y);
+    POOL_REFUSED(TIRBYOC_EINVAL, 1, 2, 5, 5, x, 3, 3, 2, 2, 1, 1, 1, 0, 3, 3, y);
+    POOL_REFUSED(TIRBYOC_ENULL, 1, 2, 5, 5, NULL, 3, 3, 2, 2, 1, 1, 1, 1, 3, 3, y);
+    POOL_REFUSED(TIRBYOC_ENULL, 1, 2, 5, 5, x, 3, 3, 2, 2, 1, 1, 1, 1, 3, 3, NULL);
+#undef POOL_REFUSED
+    for (t = 0; t < 18; ++t)
+        ok &= y[t] == UNWRITTEN;
+    check(ok, "refused calls write nothing", name, 2, 9, 9, NULL);
+}
+
+static void pool_cases(uint64_t *rng, int threaded)
+{
+    static const int64_t shapes[][12] = {
+        /* n, c, h, w, kh, kw, sh, sw, pt, pl, dh, dw */
+        {1, 5, 17, 19, 3, 3, 2, 2, 1, 1, 1, 1},   {2, 3, 9, 8, 2, 2, 2, 2, 0, 0, 1, 1},
+        {1, 4, 11, 13, 3, 3, 1, 1, 1, 1, 1, 1},   {1, 3, 10, 9, 2, 3, 1, 1, 1, 1, 1, 1},
+        {1, 2, 12, 15, 3, 2, 2, 3, 1, 1, 2, 2},   {1, 3, 6, 5, 5, 5, 1, 1, 2, 2, 1, 1},
+        {1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 1, 1},     {2, 0, 5, 5, 3, 3, 1, 1, 1, 1, 1, 1},
+        {1, 2, 4, 40, 1, 7, 1, 3, 0, 3, 1, 1},
+    };
+    size_t si;
+    if (!threaded)
+        for (si = 0; si < sizeof(shapes) / sizeof(shapes[0]); ++si) {
+            const int64_t *g = shapes[si];
+            pool_case(rng, g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7], g[8], g[9],
+                      g[10], g[11], (int)(si % 2), 0);
+        }
+    /* above the threading threshold: ResNet's stem pool, a batch of planes */
+    pool_case(rng, 1, 24, 112, 112, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1);
+    pool_case(rng, 3, 40, 30, 31, 3, 3, 1, 1, 1, 1, 1, 1, 0, 1);
+    if (!threaded)
+        pool_errors();
+}
+
 static void matmul_chains(uint64_t *rng, int threaded)
 {
     /* every operation once, in chains of up to 4; sizes on tile edges */
@@ -1631,6 +1735,7 @@ static void matmul_chains(uint64_t *rng, int threaded)
     attention_cases(rng, threaded);
     conv_cases(rng, threaded);
     dw_cases(rng, threaded);
+    pool_cases(rng, threaded);
     if (threaded)
         return;
     {   /* tirbyoc_unary_f32: tails of every vector width, in place too */
@@ -1699,8 +1804,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "  %s done: %ld checks so far\n", ISA_NAMES[i], n_checks);
     }
     /* KERNELS, and the 2 dense pack functions, matmul, unary, softmax, attention, conv2d,
-     * conv2d_f32_packed, pack_conv2d_weight and depthwise_conv2d */
+     * conv2d_f32_packed, pack_conv2d_weight, depthwise_conv2d and max_pool2d */
     printf("kernel_driver: mode=%s isas=%s kernels=%d checks=%ld failures=%ld\n", mode, isas,
-           N_KERNELS + 10, n_checks, n_failures);
+           N_KERNELS + 11, n_checks, n_failures);
     return n_failures == 0 ? 0 : 1;
 }

@@ -1,0 +1,268 @@
+/*
+ * pool_f32.c - max pooling, float32, NCHW (tirbyoc_max_pool2d_f32).
+ *
+ * Output row i of a plane is built in two passes: the vertical maximum of
+ * the input rows its window covers (a contiguous elementwise pass into a
+ * row buffer), then the horizontal maximum over each output column's taps
+ * of that buffer. Columns whose taps all lie inside the row (all but a few
+ * at the edges) take a loop with the stride and the tap count as
+ * compile-time constants for the common shapes (3x3 / 2x2 windows, strides 1
+ * and 2, no dilation), which the compiler vectorizes with the instruction
+ * set's own strided loads; the rest takes a general loop with bounds.
+ *
+ * The maximum propagates NaN (PyTorch's max_pool2d): a NaN anywhere in a
+ * window gives NaN. A window with no tap inside the input gives -inf.
+ * Every output is computed the same way whatever the instruction set (the
+ * maximum is exact) or the thread count.
+ *
+ * Each instruction set's copy of the two passes is compiled here under its
+ * target pragma; tb_active_isa() picks one.
+ */
+#include <stdint.h>
+
+#include "dense_f32_internal.h"
+
+/* Output rows per unit of work. */
+#define PL_UNIT_ROWS 8
+/* Below this many window taps a call stays on the calling thread. */
+#define PL_PAR_TAPS (256.0 * 1024)
+#define PL_DIM_MAX ((int64_t)1 << 31)
+
+/* The larger of m and v, NaN if either is NaN. */
+#define PL_MAX(m, v) ((v) > (m) || (v) != (v) ? (v) : (m))
+
+typedef struct {
+    int64_t planes, h, w, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow;
+    int64_t q_lo, q_hi; /* output columns whose taps are all inside a row */
+    int64_t row_units;  /* units per plane */
+    const float *x;
+    float *y;
+    const struct pl_fns_s *fns; /* the instruction set's passes */
+} pl_job;
+
+typedef struct pl_fns_s {
+    void (*vmax)(float *restrict t, const float *restrict a, int64_t n);
+    void (*vcopy)(float *restrict t, const float *restrict a, int64_t n);
+    void (*hmax)(const pl_job *j, const float *t, float *y);
+} pl_fns;
+
+
+static int64_t min_i64(int64_t a, int64_t b) { return a < b ? a : b; }
+static int64_t max_i64(int64_t a, int64_t b) { return a > b ? a : b; }
+static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+/* Output column q of one input row t (any window): the maximum of the taps
+ * inside the row, -inf if none is. */
+static float col_max(const pl_job *j, const float *t, int64_t q)
+{
+    float m = -__builtin_inff();
+    int64_t b;
+    for (b = 0; b < j->kw; ++b) {
+        const int64_t c = q * j->sw - j->pw + b * j->dw;
+        if (c >= 0 && c < j->w)
+            m = PL_MAX(m, t[c]);
+    }
+    return m;
+}
+
+static void cols_general(const pl_job *j, const float *t, float *y, int64_t lo,
+                         int64_t hi)
+{
+    int64_t q;
+    for (q = lo; q < hi; ++q)
+        y[q] = col_max(j, t, q);
+}
+
+/* The two passes for one instruction set (compiled under its pragma). */
+#define PL_PASSES(SUF)                                                        \
+    static void vmax_##SUF(float *restrict t, const float *restrict a,        \
+                           int64_t n)                                         \
+    {                                                                         \
+        int64_t c;                                                            \
+        for (c = 0; c < n; ++c)                                               \
+            t[c] = PL_MAX(t[c], a[c]);                                        \
+    }                                                                         \
+    static void vcopy_##SUF(float *restrict t, const float *restrict a,       \
+                            int64_t n)                                        \
+    {                                                                         \
+        int64_t c;                                                            \
+        for (c = 0; c < n; ++c)                                               \
+            t[c] = a[c];                                                      \
+    }                                                                         \
+    PL_COLS(SUF, 2, 3)                                                        \
+    PL_COLS(SUF, 1, 3)                                                        \
+    PL_COLS(SUF, 2, 2)                                                        \
+    PL_COLS(SUF, 1, 2)                                                        \
+    static void hmax_##SUF(const pl_job *j, const float *t, float *y);        \
+    static const pl_fns fns_##SUF = {vmax_##SUF, vcopy_##SUF, hmax_##SUF};   \
+    static void hmax_##SUF(const pl_job *j, const float *t, float *y)         \
+    {                                                                         \
+        const int64_t lo = j->q_lo, hi = j->q_hi;                             \
+        cols_general(j, t, y, 0, lo);                                         \
+        if (j->dw == 1 && j->sw == 2 && j->kw == 3)                           \
+            cols_##SUF##_2_3(t, j->pw, y, lo, hi);                            \
+        else if (j->dw == 1 && j->sw == 1 && j->kw == 3)                      \
+            cols_##SUF##_1_3(t, j->pw, y, lo, hi);                            \
+        else if (j->dw == 1 && j->sw == 2 && j->kw == 2)                      \
+            cols_##SUF##_2_2(t, j->pw, y, lo, hi);                            \
+        else if (j->dw == 1 && j->sw == 1 && j->kw == 2)                      \
+            cols_##SUF##_1_2(t, j->pw, y, lo, hi);                            \
+        else                                                                  \
+            cols_general(j, t, y, lo, hi);                                    \
+        cols_general(j, t, y, max_i64(lo, hi), j->ow);                        \
+    }
+
+/* Columns [lo, hi) with every tap inside the row: y[q] = max of
+ * t[q * S - pad + b] for b < K. */
+#define PL_COLS(SUF, S, K)                                                    \
+    static void cols_##SUF##_##S##_##K(const float *restrict t, int64_t pad,  \
+                                       float *restrict y, int64_t lo,         \
+                                       int64_t hi)                            \
+    {                                                                         \
+        int64_t q;                                                            \
+        for (q = lo; q < hi; ++q) {                                           \
+            float m = t[q * S - pad];                                         \
+            int b;                                                            \
+            for (b = 1; b < K; ++b)                                           \
+                m = PL_MAX(m, t[q * S - pad + b]);                            \
+            y[q] = m;                                                         \
+        }                                                                     \
+    }
+
+PL_PASSES(generic)
+
+#if defined(__x86_64__) || defined(__i386__)
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+PL_PASSES(avx2)
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx2,fma")
+PL_PASSES(avx512)
+#pragma GCC pop_options
+#define PL_HAVE_X86 1
+#endif
+
+/* Output rows of one unit: plane p, rows [i0, i1); t: a buffer of w floats,
+ * or NULL (rows longer than the scratch: each output over its window). */
+static void pool_rows(const pl_job *j, int64_t p, int64_t i0, int64_t i1,
+                      float *t)
+{
+    const pl_fns *f = j->fns;
+    const float *x = j->x + p * j->h * j->w;
+    float *y = j->y + p * j->oh * j->ow;
+    int64_t i, a, q;
+    for (i = i0; i < i1; ++i) {
+        float *yrow = y + i * j->ow;
+        const float *row = NULL;
+        int rows = 0;
+        for (q = 0; t == NULL && q < j->ow; ++q)
+            yrow[q] = -__builtin_inff();
+        for (a = 0; a < j->kh; ++a) {
+            const int64_t r = i * j->sh - j->ph + a * j->dh;
+            if (r < 0 || r >= j->h)
+                continue;
+            if (t == NULL) {
+                for (q = 0; q < j->ow; ++q)
+                    yrow[q] = PL_MAX(yrow[q], col_max(j, x + r * j->w, q));
+                continue;
+            }
+            if (rows == 0) {
+                row = x + r * j->w; /* one row: read in place */
+            } else {
+                if (rows == 1)
+                    f->vcopy(t, row, j->w);
+                f->vmax(t, x + r * j->w, j->w);
+                row = t;
+            }
+            ++rows;
+        }
+        if (t == NULL)
+            continue;
+        if (rows == 0)
+            for (q = 0; q < j->ow; ++q)
+                yrow[q] = -__builtin_inff();
+        else
+            f->hmax(j, row, yrow);
+    }
+}
+
+static void pool_unit(void *arg, int64_t u, float *scratch)
+{
+    const pl_job *j = (const pl_job *)arg;
+    const int64_t p = u / j->row_units, r = u % j->row_units;
+    const int64_t i0 = r * PL_UNIT_ROWS, i1 = min_i64(j->oh, i0 + PL_UNIT_ROWS);
+    pool_rows(j, p, i0, i1, (size_t)j->w <= TB_SCRATCH_FLOATS ? scratch : NULL);
+}
+
+int32_t tirbyoc_max_pool2d_f32(int64_t batch, int64_t c, int64_t h, int64_t w,
+                               const float *x, int64_t kh, int64_t kw,
+                               int64_t stride_h, int64_t stride_w, int64_t pad_top,
+                               int64_t pad_left, int64_t dilation_h,
+                               int64_t dilation_w, int64_t oh, int64_t ow, float *y)
+{
+    pl_job j;
+    const tb_isa *isa;
+    int64_t units, want;
+    if (batch < 0 || c < 0 || h < 0 || w < 0 || oh < 0 || ow < 0 || kh < 1 ||
+        kw < 1 || batch >= PL_DIM_MAX || c >= PL_DIM_MAX || h >= PL_DIM_MAX ||
+        w >= PL_DIM_MAX || oh >= PL_DIM_MAX || ow >= PL_DIM_MAX ||
+        kh >= PL_DIM_MAX || kw >= PL_DIM_MAX)
+        return TIRBYOC_ESIZE;
+    if (stride_h < 1 || stride_w < 1 || dilation_h < 1 || dilation_w < 1 ||
+        stride_h >= PL_DIM_MAX || stride_w >= PL_DIM_MAX ||
+        dilation_h >= PL_DIM_MAX || dilation_w >= PL_DIM_MAX || pad_top < 0 ||
+        pad_left < 0 || pad_top >= PL_DIM_MAX || pad_left >= PL_DIM_MAX)
+        return TIRBYOC_EINVAL;
+    if (batch == 0 || c == 0 || oh == 0 || ow == 0)
+        return TIRBYOC_OK;
+    if (y == NULL || (h > 0 && w > 0 && x == NULL))
+        return TIRBYOC_ENULL;
+    if (h == 0 || w == 0) {
+        /* no window holds a tap */
+        for (units = 0; units < batch * c * oh * ow; ++units)
+            y[units] = -__builtin_inff();
+        return TIRBYOC_OK;
+    }
+    if (tb_scratch() == NULL)
+        return TIRBYOC_ENOMEM;
+    isa = tb_active_isa();
+    j.planes = batch * c;
+    j.h = h;
+    j.w = w;
+    j.kh = kh;
+    j.kw = kw;
+    j.sh = stride_h;
+    j.sw = stride_w;
+    j.ph = pad_top;
+    j.pw = pad_left;
+    j.dh = dilation_h;
+    j.dw = dilation_w;
+    j.oh = oh;
+    j.ow = ow;
+    j.x = x;
+    j.y = y;
+    j.fns = &fns_generic;
+#ifdef PL_HAVE_X86
+    if (isa == &tb_isa_avx512)
+        j.fns = &fns_avx512;
+    else if (isa == &tb_isa_avx2)
+        j.fns = &fns_avx2;
+#else
+    (void)isa;
+#endif
+    /* columns with every tap inside: q * sw >= pw and
+     * q * sw - pw + (kw - 1) * dw <= w - 1 */
+    j.q_lo = min_i64(ow, cdiv(pad_left, stride_w));
+    j.q_hi = w - 1 + pad_left - (kw - 1) * dilation_w < 0
+                 ? 0
+                 : min_i64(ow, (w - 1 + pad_left - (kw - 1) * dilation_w) / stride_w + 1);
+    j.row_units = cdiv(oh, PL_UNIT_ROWS);
+    units = j.planes * j.row_units;
+    want = tb_num_threads();
+    if ((double)j.planes * (double)oh * (double)ow * (double)(kh * kw) < PL_PAR_TAPS)
+        want = 1;
+    tb_units(pool_unit, &j, units, (int)min_i64(want, units));
+    return TIRBYOC_OK;
+}

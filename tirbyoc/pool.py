@@ -1,0 +1,102 @@
+"""Max pooling as a kernel call: a float32 ``R.nn.max_pool2d`` in NCHW with static
+channels and spatial sizes (the batch may be symbolic) becomes one ``R.call_tir`` of a
+PrimFunc that calls ``tirbyoc_max_pool2d_f32`` (``kernels/pool_f32.c``: a vertical then a
+horizontal pass, NaN propagating as in PyTorch).
+
+The kernel leaves out the taps outside the input, which is what the padding means for a
+maximum (TVM pads with the lowest float); the output size is the graph's, so floor and
+ceil mode are both taken. Another layout, another dtype or a symbolic channel or spatial
+size keep TVM's pooling (and its ``WindowReduction`` schedule).
+"""
+
+from __future__ import annotations
+
+from . import _tvm as T
+from .bindings import is_op, rewrite_relax_functions, shape_of, tir_dims
+from .normalize import INTRINSIC_ATTR, OFFLOADED_ATTR
+
+R = T.relax_ns
+SYMBOL = "tirbyoc_max_pool2d_f32"
+INTRINSIC = "max_pool2d"
+DESCRIPTION = "R.nn.max_pool2d (NCHW) as one kernel call"
+
+
+def _ints(values):
+    return [int(v) for v in values]
+
+
+def _params(call):
+    """(kh, kw, sh, sw, pad_top, pad_left, dh, dw) of a max pool the kernel takes, else
+    None."""
+    attrs = call.attrs
+    if str(attrs.layout) != "NCHW" or str(attrs.out_layout) != "NCHW":
+        return None
+    x = call.args[0]
+    xs, ys = shape_of(x), shape_of(call)
+    ty = getattr(x, "ty", None)
+    if xs is None or ys is None or len(xs) != 4 or len(ys) != 4 or \
+            getattr(ty, "dtype", None) != "float32":
+        return None
+    if not all(isinstance(d, T.IntImm) for d in list(xs[1:]) + list(ys[1:])):
+        return None
+    kh, kw = _ints(attrs.pool_size)
+    sh, sw = _ints(attrs.strides)
+    dh, dw = _ints(attrs.dilation)
+    pad = _ints(attrs.padding)
+    top, left = pad[0], pad[1]
+    if min(kh, kw, sh, sw, dh, dw) < 1 or min(pad) < 0:
+        return None
+    return kh, kw, sh, sw, top, left, dh, dw
+
+
+def _kernel_func(x, out_ty, params):
+    from .rewrite import status_checks
+
+    names = {}
+    xb = T.decl_buffer(tir_dims(shape_of(x), names), "float32", "x")
+    yb = T.decl_buffer(tir_dims(shape_of(out_ty), names), "float32", "y")
+    n, c, h, w = xb.shape
+    oh, ow = yb.shape[2], yb.shape[3]
+    kh, kw, sh, sw, top, left, dh, dw = (T.const(v, "int64") for v in params)
+    call = T.call_extern("int32", SYMBOL, [
+        n, c, h, w, T.buffer_pointer(xb, "r"), kh, kw, sh, sw, top, left, dh, dw, oh, ow,
+        T.buffer_pointer(yb, "w")])
+    block = T.make_block("tirbyoc_max_pool2d", status_checks(SYMBOL, call),
+                         reads=[T.full_region(xb)], writes=[T.full_region(yb)],
+                         annotations={OFFLOADED_ATTR: SYMBOL, INTRINSIC_ATTR: INTRINSIC})
+    root = T.make_block("root", T.make_realize(block), reads=[], writes=[], annotations={})
+    return T.prim_func_of([xb, yb], T.make_realize(root)).with_attr("tirx.noalias", True)
+
+
+def _rewrite_func(func, builder, gvars):
+    found = False
+    blocks = []
+    for block in func.body.blocks:
+        bindings = []
+        for binding in block.bindings:
+            value = binding.value if isinstance(binding, R.VarBinding) else None
+            params = _params(value) if is_op(value, "relax.nn.max_pool2d") else None
+            if params is None:
+                bindings.append(binding)
+                continue
+            found = True
+            kernel = _kernel_func(value.args[0], binding.var, params)
+            key = T.structural_hash(kernel)
+            if key not in gvars:
+                gvars[key] = builder.add_func(kernel, "tirbyoc_max_pool2d")
+            bindings.append(R.VarBinding(binding.var, R.call_tir(
+                gvars[key], [value.args[0]], binding.var.ty)))
+        blocks.append(R.DataflowBlock(bindings) if isinstance(block, R.DataflowBlock)
+                      else R.BindingBlock(bindings))
+    if not found:
+        return func
+    return R.Function(func.params, R.SeqExpr(blocks, func.body.body), func.ret_ty,
+                      func.is_pure, func.attrs)
+
+
+def offload_pools(mod):
+    """``mod`` with every max pool the kernel takes (see the module docstring) one kernel
+    call (a new module; functions with a ``Codegen`` attribute untouched)."""
+    gvars = {}
+    return rewrite_relax_functions(mod, lambda func, builder: _rewrite_func(func, builder,
+                                                                             gvars))
