@@ -228,21 +228,9 @@ int32_t tirbyoc_max_pool2d_f32(int64_t batch, int64_t c, int64_t h, int64_t w,
     if (tb_scratch() == NULL)
         return TIRBYOC_ENOMEM;
     isa = tb_active_isa();
-    j.planes = batch * c;
-    j.h = h;
-    j.w = w;
-    j.kh = kh;
-    j.kw = kw;
-    j.sh = stride_h;
-    j.sw = stride_w;
-    j.ph = pad_top;
-    j.pw = pad_left;
-    j.dh = dilation_h;
-    j.dw = dilation_w;
-    j.oh = oh;
-    j.ow = ow;
-    j.x = x;
-    j.y = y;
+    j = (pl_job){.planes = batch * c, .h = h, .w = w, .kh = kh, .kw = kw,
+                 .sh = stride_h, .sw = stride_w, .ph = pad_top, .pw = pad_left,
+                 .dh = dilation_h, .dw = dilation_w, .oh = oh, .ow = ow, .x = x, .y = y};
     j.fns = &fns_generic;
 #ifdef PL_HAVE_X86
     if (isa == &tb_isa_avx512)

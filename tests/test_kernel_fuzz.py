@@ -431,36 +431,51 @@ DW_PINNED = ((0, 3, 8, 8, 3, 3, 1, 1, 1), (2, 0, 5, 5, 3, 3, 1, 1, 1),
              (1, 3, 90, 90, 3, 3, 1, 1, 1))
 
 
-def draw_depthwise(rng, index):
-    """(m, n, k, big, extra) of a tirbyoc_depthwise_conv2d_f32 case."""
+def _draw_per_channel(rng, index, pinned_table, choices, hw_hi, square, par, taps_cost):
+    """(extra, work, big) of a case with one window per channel (depthwise conv, max
+    pool): the pinned geometry ``index`` of ``pinned_table``, else one drawn with
+    ``choices`` (kernel sizes, strides, dilations, paddings to pick from; with ``square``
+    half the windows square), kept as conv cases are (``_conv_case_kept``: ``work`` =
+    ``taps_cost`` * the taps of every output, threaded from ``par``)."""
     def dim(edges, hi):
         return int(rng.choice(edges)) if rng.random() < 0.5 else max(1, _log_uniform(rng, hi))
 
-    big = index >= len(DW_PINNED) and rng.random() < 3 * P_BIG
+    ks, ss, ds, ps = choices
+    pinned = index < len(pinned_table)
+    big = not pinned and rng.random() < 3 * P_BIG
     while True:
-        if index < len(DW_PINNED):
-            n_img, c, h, w, kh, kw, st, pd, dl = DW_PINNED[index]
+        if pinned:
+            n_img, c, h, w, kh, kw, st, pd, dl = pinned_table[index]
             sh = sw = st
             pt = pl = pd
             dh = dw = dl
         else:
             n_img = int(rng.choice([1, 1, 1, 2, 3]))
             c = dim(DW_C_EDGES, 100)
-            h, w = dim(DW_HW_EDGES, 60), dim(DW_HW_EDGES, 60)
-            kh, kw = (int(x) for x in rng.choice([1, 2, 3, 3, 3, 3, 5, 7], size=2))
-            if rng.random() < 0.5:
+            h, w = dim(DW_HW_EDGES, hw_hi), dim(DW_HW_EDGES, hw_hi)
+            kh, kw = (int(x) for x in rng.choice(ks, size=2))
+            if square and rng.random() < 0.5:
                 kw = kh
-            sh, sw = (int(x) for x in rng.choice([1, 1, 1, 2, 2, 3], size=2))
-            dh, dw = (int(x) for x in rng.choice([1, 1, 1, 2], size=2))
-            pt, pl = (int(x) for x in rng.choice([0, 0, 1, 1, 2, 3, -1], size=2))
-        pinned = index < len(DW_PINNED)
+            sh, sw = (int(x) for x in rng.choice(ss, size=2))
+            dh, dw = (int(x) for x in rng.choice(ds, size=2))
+            pt, pl = (int(x) for x in rng.choice(ps, size=2))
         oh, ow = _conv_out_size(rng, pinned, h, w, kh, kw, sh, sw, pt, pl, dh, dw)
-        flops = 2 * n_img * c * oh * ow * kh * kw
-        if _conv_case_kept(rng, pinned, oh * ow, flops, DW_PAR_FLOPS, big):
+        work = taps_cost * n_img * c * oh * ow * kh * kw
+        if _conv_case_kept(rng, pinned, oh * ow, work, par, big):
             break
     extra = _conv_extra(n_img, c, h, w, kh, kw, sh, sw, pt, pl, dh, dw, oh, ow, max(c, 1))
+    return extra, work, big
+
+
+def draw_depthwise(rng, index):
+    """(m, n, k, big, extra) of a tirbyoc_depthwise_conv2d_f32 case."""
+    extra, flops, _ = _draw_per_channel(
+        rng, index, DW_PINNED, ([1, 2, 3, 3, 3, 3, 5, 7], [1, 1, 1, 2, 2, 3], [1, 1, 1, 2],
+                                [0, 0, 1, 1, 2, 3, -1]), 60, True, DW_PAR_FLOPS, 2)
+    g = dict(extra)
+    c, kh, kw = g["c"], g["kh"], g["kw"]
     # (K 0 without channels: the conv's reference then has no taps to reshape)
-    return c, oh * ow, kh * kw if c else 0, flops >= DW_PAR_FLOPS, extra
+    return c, g["oh"] * g["ow"], kh * kw if c else 0, flops >= DW_PAR_FLOPS, extra
 
 
 # tirbyoc_max_pool2d_f32 (kernels/pool_f32.c): a vertical then a horizontal pass per
@@ -479,31 +494,13 @@ POOL_PINNED = ((0, 3, 8, 8, 3, 3, 2, 1, 1), (2, 0, 5, 5, 3, 3, 1, 1, 1),
 def draw_pool(rng, index):
     """(m, n, k, big, extra) of a tirbyoc_max_pool2d_f32 case (windows of at least one
     tap, paddings of at least 0: what the kernel takes)."""
-    def dim(edges, hi):
-        return int(rng.choice(edges)) if rng.random() < 0.5 else max(1, _log_uniform(rng, hi))
-
-    big = index >= len(POOL_PINNED) and rng.random() < 3 * P_BIG
-    while True:
-        if index < len(POOL_PINNED):
-            n_img, c, h, w, kh, kw, st, pd, dl = POOL_PINNED[index]
-            sh = sw = st
-            pt = pl = pd
-            dh = dw = dl
-        else:
-            n_img = int(rng.choice([1, 1, 1, 2, 3]))
-            c = dim(DW_C_EDGES, 100)
-            h, w = dim(DW_HW_EDGES, 120), dim(DW_HW_EDGES, 120)
-            kh, kw = (int(x) for x in rng.choice([1, 2, 2, 3, 3, 3, 3, 5], size=2))
-            sh, sw = (int(x) for x in rng.choice([1, 1, 2, 2, 2, 3], size=2))
-            dh, dw = (int(x) for x in rng.choice([1, 1, 1, 1, 2], size=2))
-            pt, pl = (int(x) for x in rng.choice([0, 0, 1, 1, 1, 2, 4], size=2))
-        pinned = index < len(POOL_PINNED)
-        oh, ow = _conv_out_size(rng, pinned, h, w, kh, kw, sh, sw, pt, pl, dh, dw)
-        taps = n_img * c * oh * ow * kh * kw
-        if _conv_case_kept(rng, pinned, oh * ow, taps, POOL_PAR_TAPS, big):
-            break
-    extra = _conv_extra(n_img, c, h, w, kh, kw, sh, sw, pt, pl, dh, dw, oh, ow, max(c, 1))
-    return c, oh * ow, kh * kw if c else 0, taps >= POOL_PAR_TAPS, extra
+    extra, taps, _ = _draw_per_channel(
+        rng, index, POOL_PINNED, ([1, 2, 2, 3, 3, 3, 3, 5], [1, 1, 2, 2, 2, 3],
+                                  [1, 1, 1, 1, 2], [0, 0, 1, 1, 1, 2, 4]),
+        120, False, POOL_PAR_TAPS, 1)
+    g = dict(extra)
+    c = g["c"]
+    return c, g["oh"] * g["ow"], g["kh"] * g["kw"] if c else 0, taps >= POOL_PAR_TAPS, extra
 
 
 # --- buffers --------------------------------------------------------------------
