@@ -42,7 +42,8 @@ typedef struct {
 
 typedef struct pl_fns_s {
     void (*vmax)(float *restrict t, const float *restrict a, int64_t n);
-    void (*vcopy)(float *restrict t, const float *restrict a, int64_t n);
+    void (*vmax2)(float *restrict t, const float *restrict a, const float *restrict b,
+                  int64_t n);
     void (*hmax)(const pl_job *j, const float *t, float *y);
 } pl_fns;
 
@@ -82,19 +83,19 @@ static void cols_general(const pl_job *j, const float *t, float *y, int64_t lo,
         for (c = 0; c < n; ++c)                                               \
             t[c] = PL_MAX(t[c], a[c]);                                        \
     }                                                                         \
-    static void vcopy_##SUF(float *restrict t, const float *restrict a,       \
-                            int64_t n)                                        \
+    static void vmax2_##SUF(float *restrict t, const float *restrict a,       \
+                            const float *restrict b, int64_t n)               \
     {                                                                         \
         int64_t c;                                                            \
         for (c = 0; c < n; ++c)                                               \
-            t[c] = a[c];                                                      \
+            t[c] = PL_MAX(a[c], b[c]);                                        \
     }                                                                         \
     PL_COLS(SUF, 2, 3)                                                        \
     PL_COLS(SUF, 1, 3)                                                        \
     PL_COLS(SUF, 2, 2)                                                        \
     PL_COLS(SUF, 1, 2)                                                        \
     static void hmax_##SUF(const pl_job *j, const float *t, float *y);        \
-    static const pl_fns fns_##SUF = {vmax_##SUF, vcopy_##SUF, hmax_##SUF};   \
+    static const pl_fns fns_##SUF = {vmax_##SUF, vmax2_##SUF, hmax_##SUF};   \
     static void hmax_##SUF(const pl_job *j, const float *t, float *y)         \
     {                                                                         \
         const int64_t lo = j->q_lo, hi = j->q_hi;                             \
@@ -168,14 +169,12 @@ static void pool_rows(const pl_job *j, int64_t p, int64_t i0, int64_t i1,
                     yrow[q] = PL_MAX(yrow[q], col_max(j, x + r * j->w, q));
                 continue;
             }
-            if (rows == 0) {
+            if (rows == 0)
                 row = x + r * j->w; /* one row: read in place */
-            } else {
-                if (rows == 1)
-                    f->vcopy(t, row, j->w);
+            else if (rows == 1)
+                f->vmax2(t, row, x + r * j->w, j->w), row = t;
+            else
                 f->vmax(t, x + r * j->w, j->w);
-                row = t;
-            }
             ++rows;
         }
         if (t == NULL)

@@ -39,7 +39,8 @@ from dataclasses import dataclass
 
 from . import _tvm as T
 from . import views
-from .bindings import Bindings, is_op, rewrite_relax_functions, shape_of, tir_dims
+from .bindings import (Bindings, is_op, rewrite_relax_functions, scalar_constant,
+                       scaled_operand, shape_of, tir_dims)
 from .normalize import INTRINSIC_ATTR, OFFLOADED_ATTR
 
 R = T.relax_ns
@@ -66,13 +67,8 @@ def _same(a, b) -> bool:
 
 def _scalar(expr, values):
     """The float value of a scalar constant (through a variable bound to one), else None."""
-    while isinstance(expr, R.Var) and expr in values:
-        expr = values[expr]
-    if isinstance(expr, T.RelaxConstant):
-        data = T.constant_value(expr)
-        if data.size == 1 and data.ndim == 0:
-            return float(data)
-    return None
+    c = scalar_constant(expr, values)
+    return None if c is None else float(c)
 
 
 @dataclass
@@ -188,12 +184,10 @@ def _match(f: _Func, pv_var, pv_call) -> _Region | None:
         s_val = f.producer(s_var)
     scale = 1.0
     if is_op(s_val, "relax.divide", "relax.multiply"):
-        x, y = s_val.args
-        c = _scalar(y, f.values)
-        if c is None and s_val.op.name == "relax.multiply":
-            x, c = y, _scalar(x, f.values)
-        if c is None or f.uses.get(x, 0) != 1 or _dtype(s_val) != "float32":
+        scaled = scaled_operand(s_val, f.values)
+        if scaled is None or f.uses.get(scaled[0], 0) != 1 or _dtype(s_val) != "float32":
             return None
+        x, c = scaled
         scale = c
         if s_val.op.name == "relax.divide":
             flags |= _DIVIDE

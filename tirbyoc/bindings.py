@@ -40,6 +40,31 @@ def tir_dims(shape, names: dict) -> list:
     return out
 
 
+def scalar_constant(expr, values, kinds=None):
+    """The value (a Python float or int) of a 0-d constant, through variables bound to
+    one (``values``: variable -> bound expression), else None; ``kinds``: the numpy
+    dtype kinds taken (None: any)."""
+    while isinstance(expr, R.Var) and expr in values:
+        expr = values[expr]
+    if isinstance(expr, T.RelaxConstant):
+        data = T.constant_value(expr)
+        if data.ndim == 0 and (kinds is None or data.dtype.kind in kinds):
+            return int(data) if data.dtype.kind in "iu" else float(data)
+    return None
+
+
+def scaled_operand(call, values, kinds=None):
+    """(x, c) of ``R.multiply`` of a tensor ``x`` and a scalar constant ``c`` (either
+    order) or of ``R.divide(x, c)``, else None (see ``scalar_constant``)."""
+    if not is_op(call, "relax.multiply", "relax.divide"):
+        return None
+    x, y = call.args
+    c = scalar_constant(y, values, kinds)
+    if c is None and call.op.name == "relax.multiply":
+        x, c = y, scalar_constant(x, values, kinds)
+    return None if c is None else (x, float(c))
+
+
 class Bindings:
     """A Relax function's variable bindings: ``values`` (variable -> bound expression)
     and ``uses`` (variable -> how many bindings, and the function's result, read it)."""

@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import _tvm as T
-from .bindings import is_op, shape_of
+from .bindings import is_op, scalar_constant, scaled_operand, shape_of
 
 R = T.relax_ns
 
@@ -107,16 +107,6 @@ def _axes(attr, ndim):
     return [int(a) % ndim for a in attr]
 
 
-def _int_scalar(expr, values):
-    while isinstance(expr, R.Var) and expr in values:
-        expr = values[expr]
-    if isinstance(expr, T.RelaxConstant):
-        data = T.constant_value(expr)
-        if data.ndim == 0 and data.dtype.kind in "iu":
-            return int(data)
-    return None
-
-
 def _split_part(call, index, values):
     """(start, extent, axis) of part ``index`` of ``R.split``, or None."""
     shape = shape_of(call.args[0])
@@ -190,7 +180,7 @@ def forward(layout: Layout, value, values) -> Layout | None:
                 return None
         dims = new
     elif is_op(value, "relax.take"):
-        index = _int_scalar(value.args[1], values)
+        index = scalar_constant(value.args[1], values, "iu")
         if index is None or value.attrs.axis is None:
             return None
         axis = int(value.attrs.axis) % len(dims)
@@ -207,16 +197,6 @@ def forward(layout: Layout, value, values) -> Layout | None:
     return Layout(layout.base, offset, tuple(dims))
 
 
-def _float_scalar(expr, values):
-    while isinstance(expr, R.Var) and expr in values:
-        expr = values[expr]
-    if isinstance(expr, T.RelaxConstant):
-        data = T.constant_value(expr)
-        if data.size == 1 and data.ndim == 0 and data.dtype.kind == "f":
-            return float(data)
-    return None
-
-
 def trace_input(f, var, scale_ok=False):
     """``var``'s layout inside the furthest tensor before it that it is a view of, and
     the product of the scalar constants it was multiplied by on the way (only with
@@ -229,12 +209,10 @@ def trace_input(f, var, scale_ok=False):
         if value is None:
             break
         if scale_ok and is_op(value, "relax.multiply"):
-            a, b = value.args
-            c = _float_scalar(b, f.values)
-            if c is None:
-                a, c = b, _float_scalar(a, f.values)
-            if c is None or not _same_shape(a, cur):
+            scaled = scaled_operand(value, f.values, "f")
+            if scaled is None or not _same_shape(scaled[0], cur):
                 break
+            a, c = scaled
             steps.append((None, a, c))
             cur = a
             continue
