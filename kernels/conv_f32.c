@@ -260,6 +260,17 @@ static void direct_rows(const conv_job_t *j, const float *img, int64_t gi,
     }
 }
 
+/* d[t] = s[2 t] for t < n: with the stride a constant, the compiler
+ * vectorizes the loop (a stride-2 conv's phase planes: ResNet's downsampling
+ * convs spent about a tenth of their time in the scalar copy). */
+static void copy_every_other(float *restrict d, const float *restrict s,
+                             int64_t n)
+{
+    int64_t t;
+    for (t = 0; t < n; ++t)
+        d[t] = s[2 * t];
+}
+
 /* One phase plane (a, b) of channel plane src into pl. */
 static void direct_plane(const conv_job_t *j, const float *src, int64_t a,
                          int64_t b, float *pl)
@@ -283,6 +294,9 @@ static void direct_plane(const conv_job_t *j, const float *src, int64_t a,
         if (g->sw == 1)
             memcpy(d + tlo, src + ih * g->w + off + tlo,
                    (size_t)(thi - tlo) * sizeof(float));
+        else if (g->sw == 2)
+            copy_every_other(d + tlo, src + ih * g->w + off + tlo * 2,
+                             thi - tlo);
         else
             for (t = tlo; t < thi; ++t)
                 d[t] = src[ih * g->w + off + t * g->sw];
