@@ -42,8 +42,13 @@
 /* Rows up to which "nt" goes through the ISA's nt_direct (if it has one):
  * faster than packing W up to here, measured on AVX-512 and AVX2. */
 #define TB_DIRECT_M 128
-/* Below this many flops a call stays on the calling thread. */
+/* Below this many flops a call stays on the calling thread... */
 #define TB_PAR_FLOPS (4.0 * 1024 * 1024)
+/* ...unless it takes the few-rows path with at least this many floats of
+ * W: that path streams W once, and two cores stream it faster than one
+ * (a classifier's 1 x 1024 -> 1000 from L3: 0.09 ms on one, 0.05 ms on
+ * two). */
+#define TB_PAR_SMALL_W_FLOATS (128.0 * 1024)
 /* Columns per thread unit of the small-M path (whole panels). */
 #define TB_SMALL_UNIT 64
 
@@ -308,7 +313,9 @@ static int32_t dense_run(tb_wlayout layout, int accumulate, int64_t m,
     want = tb_num_threads();
     if (want > max_threads)
         want = max_threads;
-    if (2.0 * (double)m * (double)n * (double)k < TB_PAR_FLOPS)
+    if (2.0 * (double)m * (double)n * (double)k < TB_PAR_FLOPS &&
+        !(job.alg == TB_ALG_SMALL &&
+          (double)n * (double)k >= TB_PAR_SMALL_W_FLOATS))
         want = 1;
     if (want > units)
         want = (int)units;
