@@ -37,7 +37,7 @@
 #include "dense_f32_internal.h"
 
 /* Below this many flops a call stays on the calling thread. */
-#define CONV_PAR_FLOPS (4.0 * 1024 * 1024)
+#define CONV_PAR_FLOPS (1.0 * 1024 * 1024)
 /* Units per thread wanted before channels are split into blocks. */
 #define CONV_UNITS_PER_THREAD 3
 /* Sizes above this are refused (keeps every index computation in range). */
