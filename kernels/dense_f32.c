@@ -43,7 +43,7 @@
  * faster than packing W up to here, measured on AVX-512 and AVX2. */
 #define TB_DIRECT_M 128
 /* Below this many flops a call stays on the calling thread... */
-#define TB_PAR_FLOPS (4.0 * 1024 * 1024)
+#define TB_PAR_FLOPS (1.0 * 1024 * 1024)
 /* ...unless it takes the few-rows path with at least this many floats of
  * W: that path streams W once, and two cores stream it faster than one
  * (a classifier's 1 x 1024 -> 1000 from L3: 0.09 ms on one, 0.05 ms on
