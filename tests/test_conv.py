@@ -207,3 +207,129 @@ def test_weight_as_input(groups, depthwise):
                                                 torch.from_numpy(bias), padding=1,
                                                 groups=groups)).numpy()
     assert float(np.abs(got - ref).max()) <= RTOL * float(np.abs(ref).max())
+
+
+# kernel layout -> axes taking an OIHW weight there
+_FROM_OIHW = {"OIHW": (0, 1, 2, 3), "OHWI": (0, 2, 3, 1), "HWIO": (2, 3, 1, 0)}
+
+
+def _nhwc_module(x_shape, w_oihw, kernel_layout, groups, chain, stride=1, padding=1):
+    """conv2d in NHWC (the weight a constant in ``kernel_layout``) followed by ``chain``:
+    "bias" (a [OC] constant), "bn" (batch norm over axis 3, constant statistics),
+    "residual" (the second argument, NHWC), "relu" or "relu6"."""
+    from tvm import relax
+
+    rng = np.random.default_rng(3)
+    oc = w_oihw.shape[0]
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType(x_shape, "float32"))
+    n, h, w, _ = x_shape
+    oh = (h + 2 * padding - w_oihw.shape[2]) // stride + 1
+    ow = (w + 2 * padding - w_oihw.shape[3]) // stride + 1
+    r = relax.Var("r", relax.TensorType((n, oh, ow, oc), "float32"))
+    params = {}
+    with bb.function("main", [x, r]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.conv2d(
+                x, relax.const(np.ascontiguousarray(np.transpose(w_oihw,
+                                                                 _FROM_OIHW[kernel_layout]))),
+                strides=stride, padding=padding, groups=groups, data_layout="NHWC",
+                kernel_layout=kernel_layout))
+            for op in chain:
+                if op == "bias":
+                    params["bias"] = rng.standard_normal(oc).astype(np.float32)
+                    y = bb.emit(relax.op.add(y, relax.const(params["bias"])))
+                elif op == "bn":
+                    stats = [rng.uniform(0.5, 1.5, oc), rng.standard_normal(oc),
+                             rng.standard_normal(oc), rng.uniform(0.5, 1.5, oc)]
+                    params["bn"] = [s.astype(np.float32) for s in stats]
+                    t = bb.emit(relax.op.nn.batch_norm(
+                        y, *[relax.const(s) for s in params["bn"]], axis=3, epsilon=1e-5,
+                        training=False))
+                    y = bb.emit(relax.TupleGetItem(t, 0))
+                elif op == "residual":
+                    y = bb.emit(relax.op.add(y, r))
+                elif op == "relu":
+                    y = bb.emit(relax.op.nn.relu(y))
+                else:
+                    y = bb.emit(relax.op.clip(y, 0.0, 6.0))
+            y = bb.emit_output(y)
+        bb.emit_func_output(y)
+    return bb.get(), params
+
+
+@pytest.mark.parametrize("kernel_layout", ["OHWI", "HWIO", "OIHW"])
+@pytest.mark.parametrize("chain,groups,stride", [
+    (("bias", "relu"), 1, 1), (("bn", "residual", "relu"), 1, 1), (("bias", "relu6"), 1, 2),
+    (("bias", "residual"), 2, 1), (("bn", "relu6"), 8, 1), (("relu",), 8, 2)],
+    ids=["bias-relu", "bn-residual-relu", "s2-relu6", "grouped", "depthwise-bn",
+         "depthwise-s2"])
+def test_nhwc_convs_are_kernel_calls_between_transposes(kernel_layout, chain, groups, stride):
+    """An NHWC conv with a constant weight in any of the three kernel layouts is one call of
+    the NCHW kernel (the depthwise kernel's for groups = channels) with its bias, batch norm
+    over axis 3, shortcut and activation fused, between TVM's transposes; numerics against
+    PyTorch on the same tensors in NCHW."""
+    import tvm
+    from tvm import relax
+
+    c, oc = 8, 8 if groups == 8 else 12
+    rng = np.random.default_rng(groups + stride)
+    w = rng.standard_normal((oc, c // groups, 3, 3)).astype(np.float32)
+    mod, params = _nhwc_module((2, 9, 10, c), w, kernel_layout, groups, chain, stride)
+    report = tirbyoc.explain(mod)
+    fused = [{"bn": "bias"}.get(op, op) for op in chain]
+    kind = "depthwise_conv2d" if groups == c else "conv2d"
+    assert [r.intrinsic for r in report.offloaded] == ["_".join([kind] + fused)], str(report)
+    # fewer than 8 output channels per group: not packed (see _no_tvm_convs)
+    _no_tvm_convs(report, unpacked=int(groups != c and oc // groups < 8),
+                  depthwise=int(groups == c))
+
+    xs = rng.standard_normal((2, 9, 10, c)).astype(np.float32)
+    oh, ow = (9 - 1) // stride + 1, (10 - 1) // stride + 1
+    rs = rng.standard_normal((2, oh, ow, oc)).astype(np.float32)
+    vm = relax.VirtualMachine(tirbyoc.compile(mod), tvm.cpu())
+    got = vm["main"](tvm.runtime.tensor(xs), tvm.runtime.tensor(rs)).numpy()
+
+    t = torch.nn.functional.conv2d(torch.from_numpy(xs).permute(0, 3, 1, 2),
+                                   torch.from_numpy(w), stride=stride, padding=1,
+                                   groups=groups).double()
+    for op in chain:
+        if op == "bias":
+            t = t + torch.from_numpy(params["bias"]).double()[:, None, None]
+        elif op == "bn":
+            g, b, m, v = (torch.from_numpy(s).double()[:, None, None] for s in params["bn"])
+            t = (t - m) / torch.sqrt(v + 1e-5) * g + b
+        elif op == "residual":
+            t = t + torch.from_numpy(rs).permute(0, 3, 1, 2).double()
+        else:
+            t = torch.relu(t) if op == "relu" else torch.clamp(t, 0, 6)
+    ref = t.permute(0, 2, 3, 1).numpy()
+    assert got.shape == ref.shape
+    assert float(np.abs(got - ref).max()) <= RTOL * float(np.abs(ref).max())
+
+
+def test_nhwc_conv_with_a_weight_passed_in_stays_tvms():
+    """An NHWC conv whose weight is an argument would need a transpose of it per call: it
+    stays TVM's conv2d (scheduled by the fallback rules), and still answers right."""
+    import tvm
+    from tvm import relax
+
+    rng = np.random.default_rng(5)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 6, 6, 4), "float32"))
+    w = relax.Var("w", relax.TensorType((5, 3, 3, 4), "float32"))
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            y = bb.emit_output(bb.emit(relax.op.nn.conv2d(
+                x, w, padding=1, data_layout="NHWC", kernel_layout="OHWI")))
+        bb.emit_func_output(y)
+    mod = bb.get()
+    assert tirbyoc.explain(mod).offloaded == []
+    xs = rng.standard_normal((1, 6, 6, 4)).astype(np.float32)
+    ws = rng.standard_normal((5, 3, 3, 4)).astype(np.float32)
+    vm = relax.VirtualMachine(tirbyoc.compile(mod), tvm.cpu())
+    got = vm["main"](tvm.runtime.tensor(xs), tvm.runtime.tensor(ws)).numpy()
+    ref = torch.nn.functional.conv2d(torch.from_numpy(xs).permute(0, 3, 1, 2),
+                                     torch.from_numpy(ws).permute(0, 3, 1, 2),
+                                     padding=1).permute(0, 2, 3, 1).numpy()
+    assert float(np.abs(got - ref).max()) <= RTOL * float(np.abs(ref).max())

@@ -31,8 +31,15 @@ norm, shortcut and activation in its chain:
 
 A weight that is not a constant (a parameter passed in) is read in place by the same
 call (depthwise or not); a batch norm after such a conv is not folded (it stays TVM's).
-A batch norm in training mode, another layout, or a symbolic channel or spatial size keep
-TVM's ``conv2d``.
+
+An NHWC conv (kernel layout OHWI, HWIO or OIHW) with a constant weight takes the same
+call between two transposes (and one of its shortcut, if any) that TVM compiles: ``x`` to
+NCHW, the kernel's output back to NHWC; its bias, batch norm (over axis 3), shortcut and
+activation are matched in NHWC and go into the call as above. The kernels keep one
+layout; the transposes cost a pass over each tensor (much less than the conv).
+
+A batch norm in training mode, another layout, an NHWC conv whose weight is not a
+constant, or a symbolic channel or spatial size keep TVM's ``conv2d``.
 """
 
 from __future__ import annotations
@@ -94,13 +101,22 @@ class _Plan:
     padding: tuple          # top, left, bottom, right
     dilation: tuple
     out_shape: list         # [N, OC, OH, OW]
+    nhwc: bool = False      # the graph's tensors are NHWC: the call runs between transposes
+
+
+# Kernel layouts an NHWC conv may have: the axes that make them OIHW.
+_TO_OIHW = {"OIHW": (0, 1, 2, 3), "OHWI": (0, 3, 1, 2), "HWIO": (3, 2, 0, 1)}
+_NHWC_TO_NCHW, _NCHW_TO_NHWC = (0, 3, 1, 2), (0, 2, 3, 1)
 
 
 def _plan(b: Bindings, var, call, residuals=True):
     """The region starting at ``var = conv2d(...)`` (its last variable and plan)."""
     attrs = call.attrs
-    if (str(attrs.data_layout), str(attrs.kernel_layout)) != ("NCHW", "OIHW") or \
-            str(attrs.out_layout) not in ("NCHW", "") or \
+    layout, kernel_layout = str(attrs.data_layout), str(attrs.kernel_layout)
+    nhwc = layout == "NHWC"
+    if not ((layout, kernel_layout) == ("NCHW", "OIHW") or
+            (nhwc and kernel_layout in _TO_OIHW)) or \
+            str(attrs.out_layout) not in (layout, "") or \
             str(attrs.out_dtype) not in ("float32", "", "None"):
         return None
     x, w = call.args
@@ -109,6 +125,16 @@ def _plan(b: Bindings, var, call, residuals=True):
     if xs is None or ys is None or wshape is None or \
             (weight is not None and weight.dtype != np.float32):
         return None
+    yshape = ys  # in the graph's layout (a shortcut has this shape)
+    if nhwc:
+        # the kernel's NCHW / OIHW view; the call reads x and writes y through transposes,
+        # and a weight passed in would need one per call: only constants
+        if weight is None:
+            return None
+        axes = _TO_OIHW[kernel_layout]
+        xs, ys = [xs[a] for a in _NHWC_TO_NCHW], [ys[a] for a in _NHWC_TO_NCHW]
+        wshape = [wshape[a] for a in axes]
+        weight = np.ascontiguousarray(np.transpose(weight, axes))
     if getattr(x.ty, "dtype", None) != "float32" or not all(
             isinstance(d, int) for d in xs[1:] + ys[1:] + wshape):
         return None
@@ -135,17 +161,19 @@ def _plan(b: Bindings, var, call, residuals=True):
         if is_op(uval, "relax.add") and act is None and residual is None:
             other = uval.args[1] if uval.args[0].same_as(last) else uval.args[0]
             value = _const(other, b.values)
+            per_channel = ((1, 1, 1, oc), (1, 1, oc), (oc,)) if nhwc else \
+                ((1, oc, 1, 1), (oc, 1, 1))
             if value is not None and bias is None and value.size == oc and \
-                    value.shape in ((1, oc, 1, 1), (oc, 1, 1)):
+                    value.shape in per_channel:
                 bias = value.reshape(oc).astype(np.float64)
-            elif value is None and residuals and _static_shape(other) == ys and \
+            elif value is None and residuals and _static_shape(other) == yshape and \
                     getattr(other.ty, "dtype", None) == "float32":
                 residual = other  # a tensor of the output's shape (a shortcut)
             else:
                 break
         elif is_op(uval, "relax.nn.batch_norm") and act is None and residual is None and \
                 weight is not None:
-            folded = _batch_norm(b, uvar, uval, last)
+            folded = _batch_norm(b, uvar, uval, last, (3, -1) if nhwc else (1, -3))
             if folded is None:
                 break
             scale, shift, uvar = folded
@@ -162,7 +190,7 @@ def _plan(b: Bindings, var, call, residuals=True):
                        groups,
                        tuple(int(s) for s in attrs.strides),
                        tuple(int(p) for p in attrs.padding),
-                       tuple(int(d) for d in attrs.dilation), ys)
+                       tuple(int(d) for d in attrs.dilation), ys, nhwc)
 
 
 def _clip_bounds(call):
@@ -173,11 +201,12 @@ def _clip_bounds(call):
         return None
 
 
-def _batch_norm(b: Bindings, var, call, data):
+def _batch_norm(b: Bindings, var, call, data, axes):
     """(scale, shift, the variable of its output) for an inference-mode batch norm over
-    the channels with constant statistics whose tuple is only indexed at 0; else None."""
+    the channels (``axes``: the channel axis) with constant statistics whose tuple is only
+    indexed at 0; else None."""
     attrs = call.attrs
-    if not call.args[0].same_as(data) or int(attrs.axis) not in (1, -3) or \
+    if not call.args[0].same_as(data) or int(attrs.axis) not in axes or \
             bool(getattr(attrs, "training", False)):
         return None
     gamma, beta, mean, var_ = (_const(a, b.values) for a in call.args[1:])
@@ -302,10 +331,20 @@ class _Rewriter(R.PyExprMutator):
         if plan is None:
             super().visit_var_binding_(binding)
             return
+        bb = self.builder_
+        x = self.visit_expr(plan.x)
         residual = None if plan.residual is None else self.visit_expr(plan.residual)
         weight = None if plan.weight_arg is None else self.visit_expr(plan.weight_arg)
-        new = _emit(self.builder_, self.visit_expr(plan.x), weight, residual, plan,
-                    binding.var.ty, self.funcs)
+        out_ty = binding.var.ty
+        if plan.nhwc:
+            # the kernel's layout in, the graph's out: TVM's transposes around the call
+            x = bb.emit(R.op.permute_dims(x, _NHWC_TO_NCHW))
+            if residual is not None:
+                residual = bb.emit(R.op.permute_dims(residual, _NHWC_TO_NCHW))
+            out_ty = R.TensorType(plan.out_shape, "float32")
+        new = _emit(bb, x, weight, residual, plan, out_ty, self.funcs)
+        if plan.nhwc:
+            new = bb.emit(R.op.permute_dims(new, _NCHW_TO_NHWC))
         self.set_var_remap(binding.var, new)
 
 
