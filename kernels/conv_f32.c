@@ -252,18 +252,22 @@ static void direct_rows(const conv_job_t *j, const float *img, int64_t gi,
 }
 
 /* koff[0:g.k] (see conv_job_t), once per call: the divisions stay out of
- * the units (about 3% of a small-K conv's time when each unit did them). */
+ * the units (about 3% of a small-K conv's time when each unit did them),
+ * and are taken once per tap (r, s); channel c's steps are its plane's
+ * offset plus the tap's. */
 static void direct_offsets(const conv_job_t *j, int64_t *koff)
 {
     const tb_conv_geom *g = &j->g;
     const int64_t khw = g->kh * g->kw;
-    int64_t k;
-    for (k = 0; k < g->k; ++k) {
-        const int64_t rd = (k % khw) / g->kw * g->dh;
-        const int64_t sd = k % g->kw * g->dw;
-        koff[k] = k / khw * j->cs + (rd % g->sh * g->sw + sd % g->sw) * j->ps +
-                  rd / g->sh * j->wv + sd / g->sw;
+    int64_t c, t;
+    for (t = 0; t < khw; ++t) {
+        const int64_t rd = t / g->kw * g->dh, sd = t % g->kw * g->dw;
+        koff[t] = (rd % g->sh * g->sw + sd % g->sw) * j->ps + rd / g->sh * j->wv +
+                  sd / g->sw;
     }
+    for (c = 1; c < g->k / khw; ++c)
+        for (t = 0; t < khw; ++t)
+            koff[c * khw + t] = c * j->cs + koff[t];
 }
 
 /* d[t] = s[2 t] for t < n: with the stride a constant, the compiler
