@@ -450,7 +450,7 @@ static int conv_direct(conv_job_t *j, int want)
     const tb_isa *isa = j->isa;
     const int64_t batch = j->batch;
     const char *env;
-    int64_t r, s, units, *koff;
+    int64_t r, s, units, planes, *koff;
     if (isa->conv_tile == NULL || g->sh > CONV_DIRECT_STRIDE_MAX ||
         g->sw > CONV_DIRECT_STRIDE_MAX)
         return 0;
@@ -469,18 +469,11 @@ static int conv_direct(conv_job_t *j, int want)
     if (j->inplace) {
         /* a plain conv reads the image's channels as they are; only the
          * bias step needs a plane (of ones) */
-        int64_t t;
         j->wv = g->ow;
         j->hq = j->p / g->ow;
         j->ps = j->cs = j->vp = j->tp = j->p;
         j->runs = 1;
-        /* the ones plane, then the k step offsets */
-        j->xp = tb_workspace((size_t)(cdiv(j->p, 16) * 16 + 2 * g->k));
-        if (j->xp == NULL)
-            return -1;
-        koff = (int64_t *)(void *)(j->xp + cdiv(j->p, 16) * 16);
-        for (t = 0; t < j->p; ++t)
-            j->xp[t] = 1.0f;
+        planes = cdiv(j->p, 16) * 16;
     } else {
         j->wv = g->ow + (g->kw - 1) * g->dw / g->sw;
         j->hq = j->p / g->ow + (g->kh - 1) * g->dh / g->sh;
@@ -496,12 +489,16 @@ static int conv_direct(conv_job_t *j, int want)
         j->tp = j->runs ? j->p : j->vp;
         if ((double)batch * (double)j->is >= (double)CONV_DIRECT_FLOATS_MAX)
             return 0;
-        /* the phase images (whole 16-float lines), then the k step offsets */
-        j->xp = tb_workspace((size_t)(batch * j->is + 2 * g->k));
-        if (j->xp == NULL)
-            return -1;
-        koff = (int64_t *)(void *)(j->xp + batch * j->is);
+        planes = batch * j->is; /* whole 16-float lines */
     }
+    /* the planes (the phase images, or the ones plane), then the k step
+     * offsets, 64-byte aligned after them */
+    j->xp = tb_workspace((size_t)(planes + 2 * g->k));
+    if (j->xp == NULL)
+        return -1;
+    koff = (int64_t *)(void *)(j->xp + planes);
+    for (r = 0; j->inplace && r < j->p; ++r)
+        j->xp[r] = 1.0f;
     direct_offsets(j, koff);
     j->koff = koff;
     j->phases = 0;
