@@ -592,11 +592,12 @@ typedef char check_blocks[ISA_KC <= TB_KC_MAX && ISA_NC <= TB_NC_MAX &&
 /* ---- the convolution's implicit im2col (portable loads) ---- */
 
 #include "conv_gather.h"
+#include "conv_winograd.h"
 
 
 const tb_isa tb_isa_avx2 = {
     "avx2", Y_MR, Y_NR, ISA_KC, ISA_NC, ukernel, pack_a, pack_w, small_cols,
     nt_direct, Y_DJ, Y_DROWS,
     tb_chain_block, tb_unary_row, tb_softmax_row, tb_attn_row, tb_conv_gather,
-    NULL, NULL,
+    NULL, NULL, tb_wino_in, tb_wino_out,
 };

@@ -799,9 +799,22 @@ static inline void cg_copy16_s2(float *d, const float *src)
 
 #include "conv_gather.h"
 
+/* the Winograd transform's edge loads: one masked load */
+#define TB_WG_OWN_LOADS 1
+static inline ch_vf wg_load_part(const float *row, int64_t col, int64_t w)
+{
+    const int64_t lo = col < 0 ? -col : 0, hi = w - col;
+    if (lo >= 16 || hi <= 0)
+        return (ch_vf)_mm512_setzero_ps();
+    return (ch_vf)_mm512_maskz_loadu_ps(mask_n(hi) & (__mmask16)~mask_n(lo),
+                                        row + col);
+}
+
+#include "conv_winograd.h"
+
 const tb_isa tb_isa_avx512 = {
     "avx512", X_MR, X_NR, ISA_KC, ISA_NC, ukernel, pack_a, pack_w, small_cols,
     nt_direct, X_DJ, 16 * X_DV,
     tb_chain_block, tb_unary_row, tb_softmax_row, tb_attn_row, tb_conv_gather,
-    conv_tile, conv_out,
+    conv_tile, conv_out, tb_wino_in, tb_wino_out,
 };

@@ -179,6 +179,32 @@ typedef void (*tb_conv_out_fn)(const float *ct, int64_t ldc, int64_t m,
                                int64_t n, float *y, int64_t ldy,
                                const tb_chain *ch, int64_t ci, int64_t cj);
 
+/*
+ * The Winograd convolution F(4x4, 3x3) (conv_winograd_f32.c,
+ * conv_winograd.h): an image's output in tiles of 4 x 4 pixels, tw per
+ * output row; tile t's input window is the 6 x 6 pixels from row
+ * 4 (t / tw) - pt, column 4 (t % tw) - pl (zeros outside the image).
+ * wino_in: the transformed windows of tiles [t0, t0 + nt) of image img
+ * ([c, h, w]) for every channel, v[(e * c + ci) * ldv + t - t0] for the 36
+ * elements e (ldv >= nt + 15: a row's floats past nt are overwritten); tmp
+ * holds TB_WINO_TMP floats. wino_out: the output tiles
+ * s[((i * nt + t) * 4 + j) * ldm + o] of the products
+ * m[(e * nt + t) * ldm + o], plus bias[o] (if not NULL), for o < ldm (a
+ * multiple of 16).
+ */
+typedef struct tb_wino_geom {
+    int64_t c, h, w, pt, pl, tw;
+} tb_wino_geom;
+#define TB_WINO_CHUNK 64 /* tiles of a row transformed at a time */
+#define TB_WINO_ROW (4 * TB_WINO_CHUNK + 4 * 16)
+#define TB_WINO_PHASE (TB_WINO_CHUNK + 2 * 16)
+#define TB_WINO_TMP (6 * TB_WINO_ROW + 24 * TB_WINO_PHASE)
+typedef void (*tb_wino_in_fn)(const tb_wino_geom *g, const float *img,
+                              int64_t t0, int64_t nt, float *v, int64_t ldv,
+                              float *tmp);
+typedef void (*tb_wino_out_fn)(const float *m, int64_t nt, int64_t ldm,
+                               const float *bias, float *s);
+
 typedef struct tb_isa {
     const char *name;
     int mr;      /* rows of a register tile (<= TB_MR_MAX) */
@@ -199,6 +225,8 @@ typedef struct tb_isa {
     tb_conv_gather_fn conv_gather;
     tb_conv_tile_fn conv_tile; /* or NULL */
     tb_conv_out_fn conv_out;   /* or NULL */
+    tb_wino_in_fn wino_in;
+    tb_wino_out_fn wino_out;
 } tb_isa;
 
 TB_INTERNAL extern const tb_isa tb_isa_generic;

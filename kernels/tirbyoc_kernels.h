@@ -296,6 +296,31 @@ int32_t tirbyoc_pack_conv2d_weight_f32(int64_t oc, int64_t groups, int64_t k, co
 int32_t tirbyoc_conv2d_f32_packed(int64_t batch, int64_t c, int64_t h, int64_t w, const float *x, int64_t oc, int64_t groups, int64_t kh, int64_t kw, const float *packed, int64_t stride_h, int64_t stride_w, int64_t pad_top, int64_t pad_left, int64_t dilation_h, int64_t dilation_w, int64_t oh, int64_t ow, int64_t epilogue, const float *residual, float *y);
 
 /*
+ * The same convolution for a 3x3 kernel, stride 1, dilation 1 and one
+ * group, by the Winograd algorithm F(4x4, 3x3): fewer products (36 per
+ * 4 x 4 output pixels and channel pair instead of 144), with a rounding
+ * error a few times a direct sum's (about 1e-6 of max|y| for 64 input
+ * channels; see kernels/conv_winograd_f32.c). Its weight is transformed
+ * and packed once (tirbyoc_pack_conv2d_winograd_weight_f32: weight
+ * [OC, C, 3, 3], bias [OC] or NULL); the epilogue adds the packed bias if
+ * it starts with TIRBYOC_EPI_BIAS, then as tirbyoc_conv2d_f32. The layout
+ * (the same on every instruction set): for each of the 36 transformed
+ * elements e, ceil(OC / 16) panels of C k steps x 16 channels, then the
+ * bias, zero padded to a multiple of 16.
+ * tirbyoc_conv2d_winograd_suits: 1 where the call is taken for a conv of
+ * that shape (the geometry above, sizes its scratch holds, and where it is
+ * measured faster than tirbyoc_conv2d_f32; batch 0 or less: unknown),
+ * else 0; TIRBYOC_CONV_WINOGRAD=0 makes it 0 always, =1 wherever the call
+ * can run. Errors: those of tirbyoc_conv2d_f32_packed, and TIRBYOC_EINVAL
+ * for sizes tirbyoc_conv2d_winograd_suits would not take.
+ */
+int32_t tirbyoc_conv2d_winograd_suits(int64_t batch, int64_t c, int64_t oc, int64_t groups, int64_t kh, int64_t kw, int64_t stride_h, int64_t stride_w, int64_t dilation_h, int64_t dilation_w, int64_t oh, int64_t ow);
+/* Floats of the packed weight; -1 on a negative or too large size. */
+int64_t tirbyoc_conv2d_winograd_packed_size_f32(int64_t oc, int64_t c);
+int32_t tirbyoc_pack_conv2d_winograd_weight_f32(int64_t oc, int64_t c, const float *weight, const float *bias, float *packed);
+int32_t tirbyoc_conv2d_winograd_f32(int64_t batch, int64_t c, int64_t h, int64_t w, const float *x, int64_t oc, const float *packed, int64_t pad_top, int64_t pad_left, int64_t oh, int64_t ow, int64_t epilogue, const float *residual, float *y);
+
+/*
  * Depthwise 2-D convolution, float32, NCHW (one filter per channel: a
  * tirbyoc_conv2d_f32 with groups = C = OC, without the matrix product):
  *   y[n][c][i][j] = chain( sum over r < KH, s < KW of

@@ -39,17 +39,20 @@ def _check(model, shape, expected, seed=0):
     return report
 
 
-def _no_tvm_convs(report, unpacked=0, depthwise=0):
+def _no_tvm_convs(report, unpacked=0, depthwise=0, winograd=0):
     """Every PrimFunc named for a conv is a kernel call (none is TVM's conv2d):
-    ``depthwise`` of them the depthwise kernel's, the others the conv kernel's, all but
-    ``unpacked`` of those on a weight packed at compile time. A weight is packed unless its
-    16-channel panels would be mostly padding (fewer than 8 output channels per group)."""
+    ``depthwise`` of them the depthwise kernel's, ``winograd`` the Winograd kernel's, the
+    others the conv kernel's, all but ``unpacked`` of those on a weight packed at compile
+    time. A weight is packed unless its 16-channel panels would be mostly padding (fewer
+    than 8 output channels per group)."""
     convs = {name: how for name, how in report.schedules.items() if "conv2d" in name}
     hows = sorted(convs.values())
     assert convs and hows == sorted(
         ["kernel tirbyoc_depthwise_conv2d_f32"] * depthwise
+        + ["kernel tirbyoc_conv2d_winograd_f32"] * winograd
         + ["kernel tirbyoc_conv2d_f32"] * unpacked
-        + ["kernel tirbyoc_conv2d_f32_packed"] * (len(convs) - unpacked - depthwise)), convs
+        + ["kernel tirbyoc_conv2d_f32_packed"] * (len(convs) - unpacked - depthwise
+                                                  - winograd)), convs
 
 
 def test_small_cnn():
@@ -70,6 +73,25 @@ def test_resnet_blocks_fold_batch_norms_and_fuse_shortcuts():
         "conv2d_bias_relu", "conv2d_bias_residual_relu", "conv2d_bias", "dense_bias"])
     _no_tvm_convs(report)
     assert report.schedules["tirbyoc_max_pool2d"] == "kernel tirbyoc_max_pool2d_f32"
+
+
+@pytest.mark.parametrize("winograd", ["1", "0"], ids=["winograd", "direct"])
+def test_resnet_3x3_convs_over_many_tiles_take_winograd(monkeypatch, winograd):
+    """The two-block ResNet at 112 x 112: the first block's 3x3 convs (16 channels at 28 x
+    28: 49 tiles of 4 x 4 pixels) are Winograd calls, with the folded batch norm, the
+    shortcut and the relu in the call; the second block's (stride 2, and 14 x 14: 16
+    tiles), the stem and the projection stay the direct kernel's. With
+    TIRBYOC_CONV_WINOGRAD=0 none is Winograd. Same tolerance against PyTorch either
+    way."""
+    if winograd == "0":
+        monkeypatch.setenv("TIRBYOC_CONV_WINOGRAD", "0")
+    else:
+        monkeypatch.delenv("TIRBYOC_CONV_WINOGRAD", raising=False)
+    model = examples.resnet_torch((1, 1), (16, 32), 10)
+    report = _check(model, (1, 3, 112, 112), [
+        "conv2d_bias_relu", "max_pool2d", "conv2d_bias_relu", "conv2d_bias_residual_relu",
+        "conv2d_bias_relu", "conv2d_bias_residual_relu", "conv2d_bias", "dense_bias"])
+    _no_tvm_convs(report, winograd=2 if winograd == "1" else 0)
 
 
 class _Conv(torch.nn.Module):

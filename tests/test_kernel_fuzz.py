@@ -246,6 +246,8 @@ def draw_case(symbol, isa, seed, index, rng, fixed_layout):
         m, n, k, big, extra = draw_depthwise(rng, index)
     elif "max_pool" in symbol:
         m, n, k, big, extra = draw_pool(rng, index)
+    elif "winograd" in symbol:
+        m, n, k, big, extra = draw_winograd(rng, index)
     elif "conv2d" in symbol:
         m, n, k, big, extra = draw_conv(rng, index)
     elif index < len(PINNED):
@@ -409,6 +411,47 @@ def draw_conv(rng, index):
             break
     extra = _conv_extra(n_img, c, h, w, kh, kw, sh, sw, pt, pl, dh, dw, oh, ow, groups)
     return oc, oh * ow, c // groups * kh * kw, flops >= PAR_FLOPS, extra
+
+
+# tirbyoc_conv2d_winograd_f32 (kernels/conv_winograd_f32.c): a 3x3 conv of stride 1 and
+# dilation 1 in one group as Winograd F(4x4, 3x3): tiles of 4 x 4 output pixels (rows of
+# tiles transformed in chunks of 64), units of whole blocks of 14 / 6 / 4 tiles, output
+# channels in blocks of up to 64, K blocks of 512 / 256, threads from 1 MFLOP. Same Case
+# fields as tirbyoc_conv2d_f32; tirbyoc_pack_conv2d_winograd_weight_f32 packs its weight.
+WG_C_EDGES = (1, 2, 3, 15, 16, 17, 64, 65, 130)
+WG_OC_EDGES = (1, 2, 15, 16, 17, 33, 64, 65, 80)
+WG_HW_EDGES = (1, 2, 3, 4, 5, 7, 8, 9, 14, 15, 16, 17, 30, 56)
+WG_PAR_FLOPS = 1024 * 1024
+# (batch, c, h, w, oc, pad) of the first cases: empty sizes, one tile, tile-row and block
+# edges, several 64-tile chunks of a row, two blocks of output channels, large C
+WG_PINNED = ((0, 3, 8, 8, 5, 1), (2, 4, 5, 5, 0, 1), (1, 1, 1, 1, 1, 1),
+             (1, 16, 8, 8, 16, 1), (2, 17, 9, 13, 33, 1), (1, 64, 14, 14, 64, 1),
+             (1, 3, 5, 300, 4, 1), (1, 20, 12, 12, 80, 0), (1, 130, 6, 9, 17, 2),
+             (3, 8, 16, 16, 24, 1))
+
+
+def draw_winograd(rng, index):
+    """(m, n, k, big, extra) of a tirbyoc_conv2d_winograd_f32 case."""
+    def dim(edges, hi):
+        return int(rng.choice(edges)) if rng.random() < 0.5 else max(1, _log_uniform(rng, hi))
+
+    pinned = index < len(WG_PINNED)
+    big = not pinned and rng.random() < 3 * P_BIG
+    while True:
+        if pinned:
+            n_img, c, h, w, oc, pd = WG_PINNED[index]
+            pt = pl = pd
+        else:
+            n_img = int(rng.choice([1, 1, 1, 2, 3]))
+            c, oc = dim(WG_C_EDGES, 100), dim(WG_OC_EDGES, 90)
+            h, w = dim(WG_HW_EDGES, 40), dim(WG_HW_EDGES, 60)
+            pt, pl = (int(x) for x in rng.choice([0, 1, 1, 1, 2, 3, -1], size=2))
+        oh, ow = _conv_out_size(rng, pinned, h, w, 3, 3, 1, 1, pt, pl, 1, 1)
+        flops = 2 * n_img * oc * oh * ow * c * 9
+        if _conv_case_kept(rng, pinned, oh * ow, flops, WG_PAR_FLOPS, big):
+            break
+    extra = _conv_extra(n_img, c, h, w, 3, 3, 1, 1, pt, pl, 1, 1, oh, ow, 1)
+    return oc, oh * ow, c * 9, flops >= WG_PAR_FLOPS, extra
 
 
 # tirbyoc_depthwise_conv2d_f32 (kernels/depthwise_f32.c): one filter per channel, work
@@ -752,6 +795,34 @@ class Operands:
         return buf
 
     @functools.cached_property
+    def wino_packed_size(self):
+        """Floats of the Winograd packed weight (tirbyoc_kernels.h): 36 elements of
+        ceil(OC / 16) panels of C steps x 16, then the bias, padded to 16."""
+        c = self.case
+        return (36 * c.get("c") + 1) * -(-c.m // 16) * 16
+
+    @functools.cached_property
+    def wino_packed_w(self):
+        """The case's weight and bias transformed and packed by numpy, as an input of
+        tirbyoc_conv2d_winograd_f32."""
+        _, wt, bias, _, _, _ = self.conv
+        size = self.wino_packed_size
+        buf = Buffer(1, size, size, self.case.offsets[4], _nan_bits())
+        buf.view[:] = winograd_pack_reference(wt.view, None if bias is None else bias.view,
+                                              self.case.get("c"))
+        self.buffers["packed_w"] = buf
+        return buf
+
+    @functools.cached_property
+    def wino_packed_out(self):
+        """The output of tirbyoc_pack_conv2d_winograd_weight_f32."""
+        size = self.wino_packed_size
+        buf = Buffer(1, size, size, self.case.offsets[4], SENTINEL_BITS)
+        buf.view[:] = UNWRITTEN
+        self.buffers["packed_out"] = buf
+        return buf
+
+    @functools.cached_property
     def packed_size(self):
         n, k = self.case.n, self.case.k
         return -(-n // 16) * 16 * k
@@ -795,6 +866,94 @@ def conv_pack_reference(wt, bias, groups):
     if bias is not None:
         padded[:, :ocg, k] = bias.reshape(groups, ocg)
     return padded.reshape(groups, q, 16, kt).transpose(0, 1, 3, 2).reshape(1, -1)
+
+
+# Winograd F(4x4, 3x3) with the points 0, 1, -1, 2, -1/2 (kernels/conv_winograd.h)
+WG_G = np.array([[1.0, 0.0, 0.0], [-1.0 / 3, -1.0 / 3, -1.0 / 3], [1.0 / 3, -1.0 / 3, 1.0 / 3],
+                 [1.0 / 15, 2.0 / 15, 4.0 / 15], [-16.0 / 15, 8.0 / 15, -4.0 / 15],
+                 [0.0, 0.0, 1.0]])
+WG_BT = np.array([[1, 1.5, -2, -1.5, 1, 0], [0, -1, -2.5, -0.5, 1, 0], [0, 1, 0.5, -2.5, 1, 0],
+                  [0, -0.5, -1, 0.5, 1, 0], [0, 2, -1, -2, 1, 0], [0, 1, 1.5, -2, -1.5, 1]])
+WG_AT = np.array([[1, 1, 1, 1, 1, 0], [0, 1, -1, 2, -0.5, 0], [0, 1, 1, 4, 0.25, 0],
+                  [0, 1, -1, 8, -0.125, 1]])
+
+
+def winograd_pack_reference(wt, bias, c):
+    """The Winograd packed weight of tirbyoc_kernels.h from weight [OC, C * 9] and bias
+    [1, OC] (or None): U[e] = G g G^T in float64 over the nonzero terms, in the kernel's
+    order (so bit for bit), rounded once; as [1, size] float32."""
+    oc = wt.shape[0]
+    ocp = -(-oc // 16) * 16
+    g = wt.astype(np.float64).reshape(oc, c, 3, 3)
+    u = np.zeros((36, ocp, c), np.float32)
+    for e in range(36):
+        a, b = divmod(e, 6)
+        acc = np.zeros((oc, c))
+        with np.errstate(invalid="ignore", over="ignore"):
+            for r in range(3):
+                for t in range(3):
+                    if WG_G[a, r] != 0 and WG_G[b, t] != 0:
+                        acc = acc + WG_G[a, r] * g[:, :, r, t] * WG_G[b, t]
+        u[e, :oc] = acc
+    tail = np.zeros(ocp, np.float32)
+    if bias is not None:
+        tail[:oc] = bias.reshape(-1)
+    panels = u.reshape(36, ocp // 16, 16, c).transpose(0, 1, 3, 2).reshape(-1)
+    return np.concatenate([panels, tail]).reshape(1, -1)
+
+
+def _sparse_rows(mat, x, axis):
+    """mat applied along ``axis`` of x, each row over its nonzero coefficients only (the
+    kernel's transforms: a zero coefficient never multiplies an infinite value)."""
+    x = np.moveaxis(x, axis, -1)
+    out = []
+    with np.errstate(invalid="ignore", over="ignore"):
+        for row in mat:
+            acc = np.zeros(x.shape[:-1])
+            for k, coef in enumerate(row):
+                if coef != 0:
+                    acc = acc + coef * x[..., k]
+            out.append(acc)
+    return np.moveaxis(np.stack(out, -1), -1, axis)
+
+
+def winograd_simulation(ops):
+    """The Winograd algorithm in float64, before the chain, and the scale of its rounding
+    error per output, both [N * OC, OH * OW]. The value is used where it is not finite (an
+    infinite or NaN input reaches every output of its 4 x 4 tile that the transforms
+    touch, which a direct sum does not); the scale is sqrt(sum over c of |g_oc|^2
+    |d_c|^2) over the output's tile: unlike a direct sum's, the error comes from the
+    whole 6 x 6 window (an output outside the image is not exactly 0)."""
+    c, g = ops.case, dict(ops.case.extra)
+    x, wt, _, _, _, _ = ops.conv
+    n_img, ch, h, w, oh, ow = (g[k] for k in ("batch", "c", "h", "w", "oh", "ow"))
+    th, tw = -(-oh // 4), -(-ow // 4)
+    xs = x.view.astype(np.float64).reshape(n_img, ch, h, w)
+    win = np.zeros((n_img, ch, th, tw, 6, 6))
+    for i in range(6):
+        rows = np.arange(th) * 4 + i - g["pt"]
+        for j in range(6):
+            cols = np.arange(tw) * 4 + j - g["pl"]
+            ok = ((rows >= 0) & (rows < h))[:, None] & ((cols >= 0) & (cols < w))[None, :]
+            if h and w:
+                got = xs[:, :, np.clip(rows, 0, h - 1)][:, :, :, np.clip(cols, 0, w - 1)]
+                win[..., i, j] = np.where(ok, got, 0.0)
+    v = _sparse_rows(WG_BT, _sparse_rows(WG_BT, win, -2), -1)  # [N, C, TH, TW, 6, 6]
+    u = winograd_pack_reference(wt.view, None, ch)[0, :36 * (-(-c.m // 16) * 16) * ch]
+    u = u.reshape(36, -1, ch, 16).transpose(0, 1, 3, 2).reshape(36, -1, ch)[:, :c.m]
+    m = np.zeros((n_img, c.m, th, tw, 6, 6))
+    for e in range(36):
+        a, b = divmod(e, 6)
+        ve = v[..., a, b].transpose(1, 0, 2, 3).reshape(ch, -1)
+        m[..., a, b] = ieee_matmul(u[e].astype(np.float64), ve).reshape(
+            c.m, n_img, th, tw).transpose(1, 0, 2, 3)
+    y = _sparse_rows(WG_AT, _sparse_rows(WG_AT, m, -2), -1)  # [N, OC, TH, TW, 4, 4]
+    y = y.transpose(0, 1, 2, 4, 3, 5).reshape(n_img, c.m, th * 4, tw * 4)[:, :, :oh, :ow]
+    wn = (_finite(wt.view.astype(np.float64)) ** 2).reshape(c.m, ch, 9).sum(axis=2)
+    dn = (_finite(win) ** 2).sum(axis=(4, 5))  # [N, C, TH, TW]
+    scale = np.sqrt(np.einsum("oc,nctu->notu", wn, dn))
+    scale = np.repeat(np.repeat(scale, 4, axis=2), 4, axis=3)[:, :, :oh, :ow]
+    return y.reshape(n_img * c.m, oh * ow), scale.reshape(n_img * c.m, oh * ow)
 
 
 # --- arguments ----------------------------------------------------------------
@@ -1016,6 +1175,37 @@ def conv_pack_args(ops):
             _size("k", c.k), _matrix(ops, "weight", wt, c.m * c.k > 0),
             _optional(ops, "bias", bias),
             _matrix(ops, "packed", ops.conv_packed_out, ops.conv_packed_size > 0)]
+
+
+def winograd_args(ops):
+    """tirbyoc_conv2d_winograd_f32: the conv's x, y and residual, the weight and bias
+    transformed and packed into one buffer (read when there is an output)."""
+    c, g = ops.case, dict(ops.case.extra)
+    _, _, _, res, y, names = ops.conv
+    x = ops.conv[0]
+    out = g["batch"] * c.m * g["oh"] * g["ow"] > 0
+    null = LIBRARY.ffi.NULL
+    return [_size("batch", g["batch"]), _size("c", g["c"]), _size("h", g["h"]),
+            _size("w", g["w"]),
+            _matrix(ops, "x", x, out and g["c"] * g["h"] * g["w"] > 0),
+            _size("oc", c.m), _matrix(ops, "packed", ops.wino_packed_w, out),
+            Arg("pt", g["pt"], invalid=(2**31, -(2**31))), Arg("pl", g["pl"], invalid=(2**40,)),
+            _size("oh", g["oh"]), _size("ow", g["ow"]),
+            # SCALE, BIAS after another operation, an unknown code
+            Arg("epilogue", kernels.encode_epilogue(names),
+                invalid=(9, kernels.encode_epilogue(("relu", "bias")), 12, 15 << 4)),
+            _matrix(ops, "residual", res, out) if res is not None else Arg("residual", null),
+            _matrix(ops, "y", y, out)]
+
+
+def winograd_pack_args(ops):
+    """tirbyoc_pack_conv2d_winograd_weight_f32 on the case's weight [OC, C * 9] and bias
+    (NULL without one)."""
+    c = ops.case
+    _, wt, bias, _, _, _ = ops.conv
+    return [_size("oc", c.m), _size("c", c.get("c")),
+            _matrix(ops, "weight", wt, c.m * c.k > 0), _optional(ops, "bias", bias),
+            _matrix(ops, "packed", ops.wino_packed_out, ops.wino_packed_size > 0)]
 
 
 def attention_scale(case):
@@ -1257,6 +1447,45 @@ def conv_expected(ops, groups):
     return v, _chain_tolerance(v, err, finite_in, seen)
 
 
+# The Winograd sum's rounding, relative to winograd_simulation's scale (measured: below
+# 3e-6 of it over 3600 cases on every ISA).
+WG_TOL = 1e-5
+
+
+def winograd_expected(ops, groups):
+    """The direct conv's reference (conv_expected) within WG_TOL_FACTOR times its
+    tolerance; where the Winograd algorithm in float64 (winograd_simulation, with the
+    same chain) is not finite, its value (NaN and Inf as the kernel must give them)."""
+    v, tol = conv_expected(ops, groups)
+    g = dict(ops.case.extra)
+    _, _, bias, res, _, names = ops.conv
+    sim, scale = winograd_simulation(ops)
+    with np.errstate(invalid="ignore", over="ignore"):
+        for name in names:
+            if name == "bias":
+                sim = sim + np.tile(bias.view.astype(np.float64).reshape(-1, 1), (g["batch"], 1))
+            elif name == "residual":
+                sim = sim + res.view.astype(np.float64)
+            else:
+                sim = CHAIN_REFERENCE[name](sim)
+    bad = ~np.isfinite(sim)
+    tol = np.maximum(tol, WG_TOL * scale)
+    return np.where(bad, sim, v), np.where(bad | ~np.isfinite(v), 0.0, tol)
+
+
+def winograd_pack_expected(ops, groups):
+    """The documented layout, bit for bit (the same float64 sums, rounded once); the size
+    function agrees with its formula."""
+    c = ops.case
+    _, wt, bias, _, _, _ = ops.conv
+    size = LIBRARY.lib.tirbyoc_conv2d_winograd_packed_size_f32(c.m, c.get("c"))
+    if size != ops.wino_packed_size:
+        raise AssertionError(f"tirbyoc_conv2d_winograd_packed_size_f32 = {size}, expected "
+                             f"{ops.wino_packed_size}")
+    return winograd_pack_reference(wt.view, None if bias is None else bias.view,
+                                   c.get("c")), None
+
+
 def pool_expected(ops, groups):
     """The maximum over each window's taps inside the input in float64 (-inf for a window
     without one, NaN if a tap is NaN): exact, so compared bit for bit."""
@@ -1340,6 +1569,9 @@ FAMILIES = (
     Family(r"tirbyoc_conv2d_f32_packed", conv_packed_args, conv_expected, output="y"),
     Family(r"tirbyoc_pack_conv2d_weight_f32", conv_pack_args, conv_pack_expected,
            output="conv_packed_out"),
+    Family(r"tirbyoc_conv2d_winograd_f32", winograd_args, winograd_expected, output="y"),
+    Family(r"tirbyoc_pack_conv2d_winograd_weight_f32", winograd_pack_args,
+           winograd_pack_expected, output="wino_packed_out"),
     # the conv's reference with groups = C
     Family(r"tirbyoc_depthwise_conv2d_f32", depthwise_args, conv_expected, output="y"),
     Family(r"tirbyoc_max_pool2d_f32", pool_args, pool_expected, output="y"),
@@ -1352,6 +1584,8 @@ NOT_KERNELS = {
     "tirbyoc_num_threads": "setting: saved and restored around each run",
     "tirbyoc_packed_weight_size_f32": "checked by every pack_weight case",
     "tirbyoc_conv2d_packed_size_f32": "checked by every pack_conv2d_weight case",
+    "tirbyoc_conv2d_winograd_packed_size_f32": "checked by every pack_conv2d_winograd case",
+    "tirbyoc_conv2d_winograd_suits": "a shape predicate: tests/test_conv_kernel.py",
     "tirbyoc_status_string": "describes a status; no operands",
     "tirbyoc_unary_f32": "1-D elementwise: tests/test_matmul_kernels.py (every ISA, full "
                          "float range, NaN/Inf, in place) and the sanitizer driver",
@@ -1417,6 +1651,13 @@ def algorithm(case):
         path = dw_path_forced(case) or "chosen"
         return path + ("+threads" if 2 * g["batch"] * case.m * case.n * case.k >= DW_PAR_FLOPS
                        else "")
+    if "winograd" in case.symbol:
+        g = dict(case.extra)
+        if case.m * case.n * g["batch"] == 0:
+            return "empty"
+        return ("one_tile" if case.n <= 16 else "tiles") + (
+            "+ocblocks" if case.m > 64 else "") + (
+            "+threads" if 2 * g["batch"] * case.m * case.n * case.k >= WG_PAR_FLOPS else "")
     if "conv2d" in case.symbol:
         g = dict(case.extra)
         if case.m * case.n * g["batch"] == 0:
@@ -1484,7 +1725,7 @@ CONV_DIRECT_ISAS = ("avx512",)
 
 def conv_direct_forced(case):
     return ("conv2d" in case.symbol and "pack_conv2d" not in case.symbol
-            and "depthwise" not in case.symbol
+            and "depthwise" not in case.symbol and "winograd" not in case.symbol
             and case.isa in CONV_DIRECT_ISAS and case.index % 2 == 1)
 
 

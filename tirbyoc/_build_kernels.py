@@ -32,6 +32,7 @@ KERNEL_SOURCES = [
     "kernels/dense_f32.c",
     "kernels/attention_f32.c",
     "kernels/conv_f32.c",
+    "kernels/conv_winograd_f32.c",
     "kernels/pool_f32.c",
     "kernels/depthwise_f32.c",
     "kernels/dense_f32_generic.c",

@@ -21,6 +21,14 @@ ResNet shortcut), added before the activation; where two convs meet at an add (a
 projection shortcut), the add goes to the first. The activation is a relu or a ReLU6
 (``clip(0, 6)``). Every intermediate of the replaced ops must be used only by the next one.
 
+A 3x3 conv of stride 1 and dilation 1 in one group with a constant weight, over enough
+4 x 4 tiles of output pixels (``tirbyoc_conv2d_winograd_suits``: ResNet's 56 x 56 and 28 x
+28 convs, not its 14 x 14 ones at batch 1), calls ``tirbyoc_conv2d_winograd_f32`` instead
+(same chain): Winograd F(4x4, 3x3), 36 products per tile and channel pair instead of 144,
+its weight transformed here in float64 and packed. Its rounding error is a few times a
+direct sum's (about 1e-6 of max|y| for 64 channels; ``kernels/conv_winograd_f32.c``).
+``TIRBYOC_CONV_WINOGRAD=0`` when compiling keeps every conv on the direct kernel.
+
 A depthwise conv (``groups`` = input channels = output channels, weight ``[C, 1, KH,
 KW]``) is instead one call of ``tirbyoc_depthwise_conv2d_f32`` (no matrix product: each
 channel's taps summed in vector registers, over phase planes of the channel or with 16
@@ -55,6 +63,7 @@ from .normalize import INTRINSIC_ATTR, OFFLOADED_ATTR
 R = T.relax_ns
 SYMBOL = "tirbyoc_conv2d_f32"
 PACKED_SYMBOL = "tirbyoc_conv2d_f32_packed"
+WINOGRAD_SYMBOL = "tirbyoc_conv2d_winograd_f32"
 INTRINSIC = "conv2d"
 DESCRIPTION = "R.nn.conv2d (+ bias, batch norm, shortcut, relu) as one kernel call"
 DEPTHWISE_SYMBOL = "tirbyoc_depthwise_conv2d_f32"
@@ -224,11 +233,12 @@ def _batch_norm(b: Bindings, var, call, data, axes):
     return scale, beta - mean.astype(np.float64) * scale, out
 
 
-def _kernel_func(plan: _Plan, x, residual, out_ty, packed_size=None):
+def _kernel_func(plan: _Plan, x, residual, out_ty, packed_size=None, winograd=False):
     """The PrimFunc whose only block calls ``tirbyoc_conv2d_f32`` for ``plan``: buffers x,
     the weight, the bias (if any), the residual (if any) and the output; given
     ``packed_size``, ``tirbyoc_conv2d_f32_packed`` with the packed weight (holding the
-    bias) in place of the weight and the bias; for a depthwise ``plan``,
+    bias) in place of the weight and the bias (``winograd``:
+    ``tirbyoc_conv2d_winograd_f32``, its weight transformed); for a depthwise ``plan``,
     ``tirbyoc_depthwise_conv2d_f32`` (the weight [C, 1, KH, KW], no groups)."""
     from .rewrite import status_checks
 
@@ -273,6 +283,11 @@ def _kernel_func(plan: _Plan, x, residual, out_ty, packed_size=None):
         args = [n, c, h, w, xptr, oc, i64(plan.groups), kh, kw, T.buffer_pointer(wb, "r"),
                 *geometry, bptr, rptr, yptr]
         inputs = [b for b in (xb, wb, bb, rb) if b is not None]
+    elif winograd:
+        symbol = WINOGRAD_SYMBOL
+        args = [n, c, h, w, xptr, oc, T.buffer_pointer(pb, "r"), i64(pt), i64(pl), oh, ow,
+                i64(code), rptr, yptr]
+        inputs = [b for b in (xb, pb, rb) if b is not None]
     else:
         symbol = PACKED_SYMBOL
         args = [n, c, h, w, xptr, oc, i64(plan.groups), kh, kw, T.buffer_pointer(pb, "r"),
@@ -298,11 +313,16 @@ def _emit(bb, x, weight, residual, plan: _Plan, out_ty, funcs):
         # its 16-channel panels would be mostly padding)
         from . import kernels
 
+        batch, oc, oh, ow = plan.out_shape
+        kh, kw = plan.weight_shape[2:]
+        winograd = kernels.winograd_suits(
+            batch if isinstance(batch, int) else None, plan.weight_shape[1] * plan.groups,
+            oc, plan.groups, (kh, kw), plan.strides, plan.dilation, (oh, ow))
         packed = kernels.pack_conv2d_weight(
             np.ascontiguousarray(plan.weight, np.float32),
             None if plan.bias is None else np.ascontiguousarray(plan.bias, np.float32),
-            plan.groups).data
-        kernel = _kernel_func(plan, x, residual, out_ty, packed.size)
+            plan.groups, winograd=winograd).data
+        kernel = _kernel_func(plan, x, residual, out_ty, packed.size, winograd)
         args = [x, R.const(packed, "float32")]
     else:
         kernel = _kernel_func(plan, x, residual, out_ty)

@@ -506,15 +506,18 @@ class PackedConv2dWeight:
     """A conv weight (and bias) packed once by :func:`pack_conv2d_weight`; pass it to
     :func:`conv2d` in place of the weight (without ``bias``)."""
 
-    data: np.ndarray  # 1-D, the layout of tirbyoc_pack_conv2d_weight_f32
+    data: np.ndarray  # 1-D, the layout of tirbyoc_pack_conv2d_weight_f32 (or _winograd_)
     shape: tuple  # the weight's [OC, C / groups, KH, KW]
     groups: int
     with_bias: bool
+    winograd: bool = False  # transformed for tirbyoc_conv2d_winograd_f32
 
 
-def pack_conv2d_weight(weight, bias=None, groups=1):
+def pack_conv2d_weight(weight, bias=None, groups=1, winograd=False):
     """Pack a conv weight [OC, C / groups, KH, KW] and its bias [OC] (or None) once, in
-    the layout ``tirbyoc_conv2d_f32_packed`` reads (the same on every instruction set)."""
+    the layout ``tirbyoc_conv2d_f32_packed`` reads (the same on every instruction set);
+    ``winograd``: transformed for ``tirbyoc_conv2d_winograd_f32`` instead (a 3x3 weight,
+    one group; the conv must then have stride 1 and dilation 1)."""
     if weight.ndim != 4 or weight.dtype != np.float32 or not weight.flags.c_contiguous:
         raise ValueError("weight must be a C-contiguous float32 [OC, C / groups, KH, KW]")
     oc, k = weight.shape[0], int(np.prod(weight.shape[1:]))
@@ -522,13 +525,38 @@ def pack_conv2d_weight(weight, bias=None, groups=1):
                              or not bias.flags.c_contiguous):
         raise ValueError(f"bias must be a C-contiguous float32 of shape ({oc},)")
     _, lib = load()
-    size = lib.tirbyoc_conv2d_packed_size_f32(oc, int(groups), k, int(bias is not None))
+    if winograd:
+        if weight.shape[2:] != (3, 3) or groups != 1:
+            raise ValueError(f"a Winograd weight is [OC, C, 3, 3] in one group, got "
+                             f"{weight.shape} and groups={groups}")
+        size = lib.tirbyoc_conv2d_winograd_packed_size_f32(oc, weight.shape[1])
+    else:
+        size = lib.tirbyoc_conv2d_packed_size_f32(oc, int(groups), k, int(bias is not None))
     if size < 0:
         raise ValueError(f"invalid conv weight: shape {weight.shape}, groups={groups}")
     data = _aligned_empty(size)
-    _check("tirbyoc_pack_conv2d_weight_f32", lib.tirbyoc_pack_conv2d_weight_f32(
-        oc, int(groups), k, _float_ptr(weight), _float_ptr(bias), _float_ptr(data)))
-    return PackedConv2dWeight(data, tuple(weight.shape), int(groups), bias is not None)
+    if winograd:
+        _check("tirbyoc_pack_conv2d_winograd_weight_f32",
+               lib.tirbyoc_pack_conv2d_winograd_weight_f32(
+                   oc, weight.shape[1], _float_ptr(weight), _float_ptr(bias),
+                   _float_ptr(data)))
+    else:
+        _check("tirbyoc_pack_conv2d_weight_f32", lib.tirbyoc_pack_conv2d_weight_f32(
+            oc, int(groups), k, _float_ptr(weight), _float_ptr(bias), _float_ptr(data)))
+    return PackedConv2dWeight(data, tuple(weight.shape), int(groups), bias is not None,
+                              bool(winograd))
+
+
+def winograd_suits(batch, c, oc, groups, kernel_size, stride, dilation, out_size):
+    """Whether ``tirbyoc_conv2d_winograd_f32`` is the faster call for a conv of this shape
+    (``tirbyoc_conv2d_winograd_suits``; ``batch`` None or 0: not known)."""
+    _, lib = load()
+    (kh, kw), (sh, sw), (dh, dw), (oh, ow) = (
+        _conv_pair(v, name) for v, name in ((kernel_size, "kernel_size"), (stride, "stride"),
+                                            (dilation, "dilation"), (out_size, "out_size")))
+    return bool(lib.tirbyoc_conv2d_winograd_suits(int(batch or 0), int(c), int(oc),
+                                                  int(groups), kh, kw, sh, sw, dh, dw, oh,
+                                                  ow))
 
 
 def _conv_pair(v, name):
@@ -613,6 +641,14 @@ def conv2d(x, weight, *, stride=1, padding=0, dilation=1, groups=1, epilogue=(),
     dims, out = _conv_operands(x, kh, kw, oc, geometry, out_size, weight, bias, residual,
                                out)
     _, lib = load()
+    if packed is not None and packed.winograd:
+        (sh, sw, pt, pl, dh, dw, oh, ow) = dims
+        if (kh, kw, sh, sw, dh, dw) != (3, 3, 1, 1, 1, 1):
+            raise ValueError("a Winograd weight takes a 3x3 conv of stride 1 and dilation 1")
+        _check("tirbyoc_conv2d_winograd_f32", lib.tirbyoc_conv2d_winograd_f32(
+            batch, c, h, w, _float_ptr(x), oc, _float_ptr(weight), pt, pl, oh, ow,
+            encode_epilogue(epilogue), _float_ptr(residual), _float_ptr(out)))
+        return out
     if packed is not None:
         _check("tirbyoc_conv2d_f32_packed", lib.tirbyoc_conv2d_f32_packed(
             batch, c, h, w, _float_ptr(x), oc, groups, kh, kw, _float_ptr(weight), *dims,

@@ -1179,6 +1179,80 @@ static void conv_packed_case(const conv_call_t *a, const float *y, size_t ny,
     buf_free(&by);
 }
 
+/* For a 3x3 conv of stride 1 and dilation 1 in one group: the weight and
+ * bias packed by tirbyoc_pack_conv2d_winograd_weight_f32 into a block of
+ * exactly tirbyoc_conv2d_winograd_packed_size_f32 floats, then
+ * tirbyoc_conv2d_winograd_f32 into a block of its own: the same bits on 1,
+ * 2 and 3 threads, and (finite operands) within 1e-4 of max|y| of
+ * tirbyoc_conv2d_f32's y[0:ny] (the Winograd rounding; the fuzz and
+ * tests/test_winograd_kernel.py bound it per output). */
+static void winograd_case(const conv_call_t *a, const float *y, size_t ny, int specials)
+{
+    static const char *const name = "tirbyoc_conv2d_winograd_f32";
+    static const char *const pname = "tirbyoc_pack_conv2d_winograd_weight_f32";
+    const int has_bias = (a->ops & 15) == TIRBYOC_EPI_BIAS;
+    const int64_t ocp = (a->oc + 15) / 16 * 16;
+    int64_t size;
+    buf_t bp, by, bf;
+    float *pk, *y2, *first;
+    size_t q;
+    int t;
+    double scale = 1.0, worst = 0.0;
+    if (a->gr != 1 || a->kh != 3 || a->kw != 3 || a->sh != 1 || a->sw != 1 || a->dh != 1 ||
+        a->dw != 1 || a->c == 0)
+        return;
+    t = (int)tirbyoc_conv2d_winograd_suits(a->n, a->c, a->oc, 1, 3, 3, 1, 1, 1, 1, a->oh,
+                                          a->ow);
+    check(t == 0 || t == 1, "a 0 or 1", "tirbyoc_conv2d_winograd_suits", a->oc, a->c, 9, NULL);
+    check(tirbyoc_conv2d_winograd_suits(a->n, a->c, a->oc, 1, 3, 3, 2, 1, 1, 1, a->oh,
+                                        a->ow) == 0,
+          "stride 2 not taken", "tirbyoc_conv2d_winograd_suits", a->oc, a->c, 9, NULL);
+    size = tirbyoc_conv2d_winograd_packed_size_f32(a->oc, a->c);
+    check(size == (36 * a->c + 1) * ocp, "packed size",
+          "tirbyoc_conv2d_winograd_packed_size_f32", a->oc, a->c, 9, NULL);
+    if (size < 0)
+        return;
+    pk = buf_alloc(&bp, (size_t)size, 3);
+    check(tirbyoc_pack_conv2d_winograd_weight_f32(a->oc, a->c, a->wt,
+                                                  has_bias ? a->bias : NULL, pk) == TIRBYOC_OK,
+          "status", pname, a->oc, a->c, 9, NULL);
+    y2 = buf_alloc(&by, ny, 2);
+    first = buf_alloc(&bf, ny, 1);
+    for (t = 1; t <= 3; ++t) {
+        const int saved = tirbyoc_num_threads();
+        tirbyoc_set_num_threads(t);
+        for (q = 0; q < ny; ++q)
+            y2[q] = UNWRITTEN;
+        check(tirbyoc_conv2d_winograd_f32(a->n, a->c, a->h, a->w, a->x, a->oc, pk, a->pt,
+                                          a->pl, a->oh, a->ow, a->ops, a->res,
+                                          y2) == TIRBYOC_OK,
+              "status", name, a->oc, a->oh * a->ow, a->c * 9, NULL);
+        tirbyoc_set_num_threads(saved);
+        if (t == 1)
+            memcpy(first, y2, ny * sizeof(float));
+        else
+            check(memcmp(first, y2, ny * sizeof(float)) == 0,
+                  "differs across thread counts", name, a->oc, a->oh * a->ow, a->c * 9, NULL);
+    }
+    if (!specials) {
+        char detail[96];
+        for (q = 0; q < ny; ++q)
+            if (fabs((double)y[q]) > scale)
+                scale = fabs((double)y[q]);
+        for (q = 0; q < ny; ++q) {
+            const double d = fabs((double)first[q] - (double)y[q]);
+            if (!(d <= worst))
+                worst = d; /* NaN included */
+        }
+        snprintf(detail, sizeof(detail), "(worst %.3g of max|y| %.3g)", worst, scale);
+        check(worst <= 1e-4 * scale, "outside the Winograd rounding", name, a->oc,
+              a->oh * a->ow, a->c * 9, detail);
+    }
+    buf_free(&bp);
+    buf_free(&by);
+    buf_free(&bf);
+}
+
 /* The operands of one conv test, each in a block that ends exactly at its
  * last float (ASan sees a read past any of them), and the call's arguments
  * (y aside). */
@@ -1349,6 +1423,7 @@ static void conv_case(uint64_t *rng, int64_t n, int64_t c, int64_t h, int64_t w,
         if (threads_check)
             conv_test_repeat(name, call_conv2d, &t, NULL, NULL, 0, 1);
         conv_packed_case(&t.a, t.y, t.by.n, threads_check);
+        winograd_case(&t.a, t.y, t.by.n, specials);
     }
     conv_test_free(&t);
 }
@@ -1491,8 +1566,13 @@ static void conv_cases(uint64_t *rng, int threaded)
          * a group's channels over two 16-channel panels of the packed weight */
         {2, 12, 9, 10, 20, 3, 3, 1, 1, 1, 1, 1, 1}, {1, 3, 6, 6, 6, 1, 1, 1, 1, 0, 0, 1, 1},
         {1, 16, 11, 9, 16, 3, 3, 2, 1, 1, 0, 1, 1}, {1, 8, 9, 9, 40, 3, 3, 1, 1, 1, 1, 2, 1},
+        /* 3x3 stride 1 for the Winograd call too: a row of 75 tiles (two transform
+         * chunks), asymmetric and negative padding, two blocks of 64 output channels */
+        {1, 3, 5, 300, 4, 3, 3, 1, 1, 1, 1, 1, 1}, {2, 17, 9, 13, 33, 3, 3, 1, 1, 0, 2, 1, 1},
+        {1, 6, 10, 10, 80, 3, 3, 1, 1, 3, -1, 1, 1},
     };
-    static const int64_t groups[] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 4, 3, 2, 2};
+    static const int64_t groups[] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 4, 3, 2, 2,
+                                     1, 1, 1};
     static const int64_t chains[] = {
         0, TIRBYOC_EPI_BIAS | TIRBYOC_EPI_RELU << 4,
         TIRBYOC_EPI_BIAS | TIRBYOC_EPI_RESIDUAL << 4 | TIRBYOC_EPI_RELU6 << 8,
@@ -1804,8 +1884,9 @@ int main(int argc, char **argv)
         fprintf(stderr, "  %s done: %ld checks so far\n", ISA_NAMES[i], n_checks);
     }
     /* KERNELS, and the 2 dense pack functions, matmul, unary, softmax, attention, conv2d,
-     * conv2d_f32_packed, pack_conv2d_weight, depthwise_conv2d and max_pool2d */
+     * conv2d_f32_packed, pack_conv2d_weight, conv2d_winograd, pack_conv2d_winograd_weight,
+     * depthwise_conv2d and max_pool2d */
     printf("kernel_driver: mode=%s isas=%s kernels=%d checks=%ld failures=%ld\n", mode, isas,
-           N_KERNELS + 11, n_checks, n_failures);
+           N_KERNELS + 13, n_checks, n_failures);
     return n_failures == 0 ? 0 : 1;
 }

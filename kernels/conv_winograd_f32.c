@@ -1,0 +1,347 @@
+/*
+ * conv_winograd_f32.c - a 3x3 convolution of stride 1 (dilation 1, one
+ * group), float32, NCHW, as Winograd F(4x4, 3x3): each 4 x 4 block of
+ * output pixels (a tile) from its 6 x 6 input window in 36 products per
+ * channel pair instead of 144. Per tile t and 6 x 6 element e:
+ *
+ *     V[e][c][t]  = (B^T d_c,t B)[e]               input transform
+ *     M[e][t][o]  = sum_c V[e][c][t] * U[e][o][c]  36 matrix products
+ *     Y[o][t]     = A^T M[.][t][o] A  (+ bias[o]), then the chain
+ *
+ * with U[e] = (G g_o,c G^T)[e] the weight's transform, computed once in
+ * float64 when it is packed (tirbyoc_pack_conv2d_winograd_weight_f32). The
+ * products run on the dense micro-kernels: tiles are their rows, output
+ * channels their columns, U[e] their pre-packed 16-channel W panels; where
+ * the instruction set has conv_tile the rows are read straight from V,
+ * elsewhere each block of rows is first packed. The transforms are the
+ * instruction set's own (conv_winograd.h), the output goes into NCHW
+ * through conv_out with the chain, as on the direct path.
+ *
+ * Work units are (image, run of tiles): a unit transforms its tiles' input
+ * for every channel, then per block of output channels runs the 36 products
+ * and the output transform, all in its thread's scratch. Each output is
+ * computed the same way whichever thread takes it, so results do not
+ * depend on the thread count.
+ *
+ * Accuracy: the algorithm's own rounding is larger than a direct sum's: in
+ * random tests about 1e-6 of max|y| for 64 channels (a direct sum: about
+ * 1e-7), growing slowly with the channels. tirbyoc_conv2d_winograd_suits
+ * says where it is taken; TIRBYOC_CONV_WINOGRAD=0 never takes it.
+ */
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dense_f32_internal.h"
+
+#define WG_E 36
+/* Below this many flops (of the direct sum) a call stays on one thread. */
+#define WG_PAR_FLOPS (1.0 * 1024 * 1024)
+/* Output channels per block at most. */
+#define WG_OCB_MAX 64
+/* Tiles (over the batch) below which the direct path is faster: the 36
+ * transformed weights are 4x the weight, streamed once per unit. */
+#define WG_TILES_MIN 32
+/* Input channels below this: too few k steps per product. */
+#define WG_C_MIN 16
+
+/* The weight's transform: U = G g G^T. */
+static const double wg_g[6][3] = {
+    {1.0, 0.0, 0.0},
+    {-1.0 / 3, -1.0 / 3, -1.0 / 3},
+    {1.0 / 3, -1.0 / 3, 1.0 / 3},
+    {1.0 / 15, 2.0 / 15, 4.0 / 15},
+    {-16.0 / 15, 8.0 / 15, -4.0 / 15},
+    {0.0, 0.0, 1.0},
+};
+
+typedef struct {
+    const tb_isa *isa;
+    tb_wino_geom g;
+    int64_t oc, ocp;  /* output channels, and rounded up to 16 */
+    int64_t oh, ow, p;
+    int64_t tiles;    /* per image */
+    int64_t nb, upi;  /* blocks of mr tiles per image, units per image */
+    int64_t ocb;      /* output channels per block, a multiple of 16 */
+    const float *x, *u, *bias; /* bias NULL: not added */
+    float *y;
+    tb_chain chain;   /* without the bias; residual of image 0, ldr = p */
+} wg_job;
+
+static int64_t min_i64(int64_t x, int64_t y) { return x < y ? x : y; }
+static int64_t cdiv(int64_t x, int64_t y) { return (x + y - 1) / y; }
+
+/* Floats of a unit's scratch besides its tiles' buffers. */
+static int64_t fixed_floats(int64_t c)
+{
+    /* the transform's rows, a block of packed rows, c row pointers (two
+     * floats each), the V rows' slack (up to 31 floats), 64-byte alignment */
+    return TB_WINO_TMP + (int64_t)TB_KC_MAX * TB_MR_MAX + 2 * c +
+           WG_E * c * 32 + 64;
+}
+
+/* Tiles a unit's scratch holds with ocb output channels per block. */
+static int64_t tiles_fitting(int64_t c, int64_t ocb)
+{
+    const int64_t avail = (int64_t)TB_SCRATCH_FLOATS - fixed_floats(c);
+    /* V: 36 c per tile; M: 36 ocb; the output tiles: 16 ocb */
+    return avail <= 0 ? 0 : avail / (WG_E * c + (WG_E + 16) * ocb);
+}
+
+/* Output channels per block for c input and ocp output channels (a multiple
+ * of 16): the largest up to WG_OCB_MAX with room for TB_MR_MAX tiles, 0 if
+ * none has. */
+static int64_t block_channels(int64_t c, int64_t ocp)
+{
+    int64_t ocb;
+    for (ocb = min_i64(ocp, WG_OCB_MAX); ocb >= 16; ocb -= 16)
+        if (tiles_fitting(c, ocb) >= TB_MR_MAX)
+            return ocb;
+    return 0;
+}
+
+/* y's pixels of the output tiles s (see tb_wino_out_fn) of the unit's tiles
+ * [t0, t0 + nt) of image n, output channels [o0, o0 + ocn). */
+static void store_tiles(const wg_job *j, int64_t n, int64_t t0, int64_t nt,
+                        int64_t o0, int64_t ocn, int64_t ldm, const float *s)
+{
+    const tb_isa *isa = j->isa;
+    const int64_t tw = j->g.tw, t1 = t0 + nt;
+    float *y = j->y + (n * j->oc + o0) * j->p;
+    tb_chain ch = j->chain;
+    const tb_chain *chp = ch.ops != 0 ? &ch : NULL;
+    int64_t ty;
+    if (ch.residual != NULL)
+        ch.residual += n * j->oc * j->p;
+    for (ty = t0 / tw; ty * tw < t1; ++ty) {
+        const int64_t xa = ty * tw < t0 ? t0 - ty * tw : 0;
+        const int64_t xb = min_i64(tw, t1 - ty * tw);
+        const int64_t px0 = 4 * xa, cnt = min_i64(4 * xb, j->ow) - px0;
+        int i;
+        for (i = 0; i < 4 && 4 * ty + i < j->oh; ++i) {
+            const float *row = s + ((i * nt + ty * tw + xa - t0) * 4) * ldm;
+            const int64_t pix = (4 * ty + i) * j->ow + px0;
+            int64_t q, o, t;
+            for (q = 0; q < cnt; q += 16) {
+                const int64_t len = min_i64(16, cnt - q);
+                if (isa->conv_out != NULL) {
+                    isa->conv_out(row + q * ldm, ldm, ocn, len, y + pix + q,
+                                  j->p, chp, o0, pix + q);
+                    continue;
+                }
+                for (o = 0; o < ocn; ++o)
+                    for (t = 0; t < len; ++t)
+                        y[o * j->p + pix + q + t] = row[(q + t) * ldm + o];
+                if (chp != NULL)
+                    isa->chain(chp, y + pix + q, j->p, ocn, len, o0, pix + q);
+            }
+        }
+    }
+}
+
+/* Unit u: image u / upi, its blocks of mr tiles [nb k / upi,
+ * nb (k + 1) / upi) for k = u % upi. */
+static void wg_unit(void *arg, int64_t u, float *scratch)
+{
+    const wg_job *j = (const wg_job *)arg;
+    const tb_isa *isa = j->isa;
+    const int64_t mr = isa->mr, c = j->g.c;
+    const int64_t n = u / j->upi, k = u % j->upi;
+    const int64_t t0 = j->nb * k / j->upi * mr;
+    const int64_t nt = min_i64(j->tiles, j->nb * (k + 1) / j->upi * mr) - t0;
+    const int64_t ldv = cdiv(nt + 15, 16) * 16;
+    const int64_t kblocks = tb_kblocks(c, isa->kc);
+    float *v = scratch;
+    float *m = v + WG_E * c * ldv;
+    float *s = m + WG_E * nt * j->ocb;
+    float *tmp = s + 16 * nt * j->ocb;
+    float *ap = tmp + TB_WINO_TMP;
+    const float **kp = (const float **)(void *)(ap + TB_KC_MAX * TB_MR_MAX);
+    int64_t o0, e, b, kb, q, p, i;
+
+    isa->wino_in(&j->g, j->x + n * c * j->g.h * j->g.w, t0, nt, v, ldv, tmp);
+    for (o0 = 0; o0 < j->ocp; o0 += j->ocb) {
+        const int64_t ob = min_i64(j->ocb, j->ocp - o0);
+        for (e = 0; e < WG_E; ++e) {
+            const float *ve = v + e * c * ldv;
+            const float *ue = j->u + (e * j->ocp + o0) * c;
+            float *me = m + e * nt * ob;
+            if (isa->conv_tile != NULL)
+                for (p = 0; p < c; ++p)
+                    kp[p] = ve + p * ldv;
+            for (b = 0; b * mr < nt; ++b) {
+                const int rows = (int)min_i64(mr, nt - b * mr);
+                for (kb = 0; kb < kblocks; ++kb) {
+                    const int64_t pc = tb_kblock_start(c, kblocks, kb);
+                    const int64_t kc = tb_kblock_start(c, kblocks, kb + 1) - pc;
+                    const int flags = kb > 0 ? TB_ACCUMULATE : 0;
+                    if (isa->conv_tile == NULL)
+                        for (p = 0; p < kc; ++p)
+                            for (i = 0; i < rows; ++i)
+                                ap[p * rows + i] = ve[(pc + p) * ldv + b * mr + i];
+                    for (q = 0; q < ob; q += isa->nr) {
+                        const int nr = (int)min_i64(isa->nr, ob - q);
+                        const float *wp = ue + q * c + pc * 16;
+                        float *cp = me + b * mr * ob + q;
+                        if (isa->conv_tile != NULL)
+                            isa->conv_tile(kc, kp + pc, b * mr, wp, 16 * c, cp, ob,
+                                           rows, nr, flags, 0, 0);
+                        else
+                            isa->ukernel(kc, ap, wp, 16 * c, cp, ob, rows, nr,
+                                         flags, NULL, 0, 0);
+                    }
+                }
+            }
+        }
+        isa->wino_out(m, nt, ob, j->bias != NULL ? j->bias + o0 : NULL, s);
+        store_tiles(j, n, t0, nt, o0, min_i64(j->oc - o0, ob), ob, s);
+    }
+}
+
+int32_t tirbyoc_conv2d_winograd_suits(int64_t batch, int64_t c, int64_t oc,
+                                      int64_t groups, int64_t kh, int64_t kw,
+                                      int64_t stride_h, int64_t stride_w,
+                                      int64_t dilation_h, int64_t dilation_w,
+                                      int64_t oh, int64_t ow)
+{
+    const char *env = getenv("TIRBYOC_CONV_WINOGRAD");
+    int64_t tiles;
+    if (env != NULL && env[0] == '0')
+        return 0;
+    if (groups != 1 || kh != 3 || kw != 3 || stride_h != 1 || stride_w != 1 ||
+        dilation_h != 1 || dilation_w != 1 || c < 1 || oc < 1 || oh < 1 ||
+        ow < 1 || c >= ((int64_t)1 << 24) || oc >= ((int64_t)1 << 24) ||
+        oh >= ((int64_t)1 << 24) || ow >= ((int64_t)1 << 24) ||
+        block_channels(c, cdiv(oc, 16) * 16) == 0)
+        return 0;
+    if (env != NULL && env[0] == '1')
+        return 1;
+    tiles = cdiv(oh, 4) * cdiv(ow, 4) * (batch > 1 ? batch : 1);
+    return c >= WG_C_MIN && oc >= 16 && tiles >= WG_TILES_MIN;
+}
+
+int64_t tirbyoc_conv2d_winograd_packed_size_f32(int64_t oc, int64_t c)
+{
+    if (oc < 0 || c < 0 || oc >= ((int64_t)1 << 24) || c >= ((int64_t)1 << 24))
+        return -1;
+    return (WG_E * c + 1) * cdiv(oc, 16) * 16;
+}
+
+int32_t tirbyoc_pack_conv2d_winograd_weight_f32(int64_t oc, int64_t c,
+                                                const float *weight,
+                                                const float *bias,
+                                                float *packed)
+{
+    const int64_t size = tirbyoc_conv2d_winograd_packed_size_f32(oc, c);
+    const int64_t ocp = cdiv(oc, 16) * 16;
+    float *ue;
+    int64_t o, ci, e;
+    if (size < 0)
+        return TIRBYOC_ESIZE;
+    if (size == 0)
+        return TIRBYOC_OK;
+    if (packed == NULL || (weight == NULL && oc * c > 0))
+        return TIRBYOC_ENULL;
+    ue = (float *)malloc((size_t)(oc * c > 0 ? oc * c : 1) * sizeof(float));
+    if (ue == NULL)
+        return TIRBYOC_ENOMEM;
+    for (e = 0; e < WG_E; ++e) {
+        const double *ga = wg_g[e / 6], *gb = wg_g[e % 6];
+        for (o = 0; o < oc; ++o)
+            for (ci = 0; ci < c; ++ci) {
+                const float *g = weight + (o * c + ci) * 9;
+                double sum = 0.0;
+                int r, t;
+                /* the nonzero terms only: an infinite tap reaches
+                 * only the elements its rows and columns of G touch */
+                for (r = 0; r < 3; ++r)
+                    for (t = 0; t < 3; ++t)
+                        if (ga[r] != 0.0 && gb[t] != 0.0)
+                            sum += ga[r] * (double)g[r * 3 + t] * gb[t];
+                ue[o * c + ci] = (float)sum;
+            }
+        /* [OC, C] into 16-channel panels of C k steps (only moves floats:
+         * every instruction set produces the same bytes) */
+        if (c > 0)
+            tb_active_isa()->pack_w(TB_W_NT, c, oc, ue, c,
+                                    packed + e * ocp * c, 16 * c);
+    }
+    free(ue);
+    for (o = 0; o < ocp; ++o)
+        packed[WG_E * ocp * c + o] = bias != NULL && o < oc ? bias[o] : 0.0f;
+    return TIRBYOC_OK;
+}
+
+int32_t tirbyoc_conv2d_winograd_f32(int64_t batch, int64_t c, int64_t h,
+                                    int64_t w, const float *x, int64_t oc,
+                                    const float *packed, int64_t pad_top,
+                                    int64_t pad_left, int64_t oh, int64_t ow,
+                                    int64_t epilogue, const float *residual,
+                                    float *y)
+{
+    wg_job j;
+    int64_t ops, units;
+    int uses_residual, want;
+    int32_t st;
+    const int64_t dims[] = {batch, c, h, w, oc, oh, ow};
+    int i;
+
+    for (i = 0; i < 7; ++i)
+        if (dims[i] < 0 || dims[i] >= ((int64_t)1 << 24))
+            return TIRBYOC_ESIZE;
+    if ((double)batch * (double)(c > oc ? c : oc) *
+            (double)(h * w > oh * ow ? h * w : oh * ow) >= 9.0e18)
+        return TIRBYOC_ESIZE;
+    st = tb_conv_check_args(1, 1, pad_top, pad_left, 1, 1, epilogue, &ops,
+                            &uses_residual);
+    if (st != TIRBYOC_OK)
+        return st;
+    if (batch == 0 || oc == 0 || oh == 0 || ow == 0)
+        return TIRBYOC_OK;
+    if (y == NULL || packed == NULL || (x == NULL && c * h * w > 0) ||
+        (residual == NULL && uses_residual))
+        return TIRBYOC_ENULL;
+    j.ocp = cdiv(oc, 16) * 16;
+    j.ocb = block_channels(c, j.ocp);
+    if (c == 0 || j.ocb == 0)
+        return TIRBYOC_EINVAL; /* not a size tirbyoc_conv2d_winograd_suits takes */
+    if (tb_scratch() == NULL)
+        return TIRBYOC_ENOMEM;
+
+    j.isa = tb_active_isa();
+    j.g.c = c;
+    j.g.h = h;
+    j.g.w = w;
+    j.g.pt = pad_top;
+    j.g.pl = pad_left;
+    j.g.tw = cdiv(ow, 4);
+    j.oc = oc;
+    j.oh = oh;
+    j.ow = ow;
+    j.p = oh * ow;
+    j.tiles = cdiv(oh, 4) * j.g.tw;
+    j.x = x;
+    j.u = packed;
+    j.bias = (epilogue & 15) == TIRBYOC_EPI_BIAS ? packed + WG_E * j.ocp * c : NULL;
+    j.y = y;
+    j.chain.ops = ops;
+    j.chain.scale = 1.0f;
+    j.chain.bias = NULL;
+    j.chain.residual = uses_residual ? residual : NULL;
+    j.chain.ldr = j.p;
+
+    /* Units of whole blocks of mr tiles, as many as the scratch holds, then
+     * more until they spread evenly over the threads. */
+    want = tb_num_threads();
+    if (2.0 * 9.0 * (double)batch * (double)c * (double)oc * (double)j.p <
+        WG_PAR_FLOPS)
+        want = 1;
+    j.nb = cdiv(j.tiles, j.isa->mr);
+    j.upi = cdiv(j.nb, tiles_fitting(c, j.ocb) / j.isa->mr);
+    while (want > 1 && (batch * j.upi) % want != 0 && j.upi < j.nb)
+        ++j.upi;
+    units = batch * j.upi;
+    tb_units(wg_unit, &j, units, want);
+    return TIRBYOC_OK;
+}
