@@ -61,6 +61,15 @@ CH_INLINE ch_vf wg_load_part(const float *row, int64_t col, int64_t w)
             v[l] = row[col + l];
     return v;
 }
+
+/* d[0:n] = lanes [0, n) of v, n < CH_LANES */
+CH_INLINE void wg_store_part(float *d, ch_vf v, int64_t n)
+{
+    int l;
+    for (l = 0; l < CH_LANES; ++l)
+        if (l < n)
+            d[l] = v[l];
+}
 #endif
 
 /*
@@ -126,12 +135,17 @@ static void tb_wino_in(const tb_wino_geom *g, const float *img, int64_t t0,
                             d[b] = ch_loadu(pi + (b % 4) * TB_WINO_PHASE + b / 4);
                         wg_bt(d, o);
                         /* whole vectors: lanes past the row's last tile
-                         * land where later rows' tiles go (or in ldv's
-                         * slack), before those are written */
-                        for (e = 0; e < 6; ++e)
-                            ch_storeu(v + ((int64_t)(i * 6 + e) * g->c + ci) * ldv +
-                                          out0 + u,
-                                      o[e]);
+                         * land where later rows' tiles go, before those are
+                         * written; only the unit's last tiles are stored
+                         * lane by lane */
+                        for (e = 0; e < 6; ++e) {
+                            float *d = v + ((int64_t)(i * 6 + e) * g->c + ci) * ldv +
+                                       out0 + u;
+                            if (out0 + u + CH_LANES <= nt)
+                                ch_storeu(d, o[e]);
+                            else
+                                wg_store_part(d, o[e], nt - out0 - u);
+                        }
                     }
                 }
             }

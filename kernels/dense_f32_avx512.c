@@ -799,7 +799,7 @@ static inline void cg_copy16_s2(float *d, const float *src)
 
 #include "conv_gather.h"
 
-/* the Winograd transform's edge loads: one masked load */
+/* the Winograd transform's edge loads and stores: one masked instruction */
 #define TB_WG_OWN_LOADS 1
 static inline ch_vf wg_load_part(const float *row, int64_t col, int64_t w)
 {
@@ -808,6 +808,11 @@ static inline ch_vf wg_load_part(const float *row, int64_t col, int64_t w)
         return (ch_vf)_mm512_setzero_ps();
     return (ch_vf)_mm512_maskz_loadu_ps(mask_n(hi) & (__mmask16)~mask_n(lo),
                                         row + col);
+}
+
+static inline void wg_store_part(float *d, ch_vf v, int64_t n)
+{
+    _mm512_mask_storeu_ps(d, mask_n(n), (__m512)v);
 }
 
 #include "conv_winograd.h"

@@ -186,8 +186,7 @@ typedef void (*tb_conv_out_fn)(const float *ct, int64_t ldc, int64_t m,
  * 4 (t / tw) - pt, column 4 (t % tw) - pl (zeros outside the image).
  * wino_in: the transformed windows of tiles [t0, t0 + nt) of image img
  * ([c, h, w]) for every channel, v[(e * c + ci) * ldv + t - t0] for the 36
- * elements e (ldv >= nt + 15: a row's floats past nt are overwritten); tmp
- * holds TB_WINO_TMP floats. wino_out: the output tiles
+ * elements e (ldv >= nt); tmp holds TB_WINO_TMP floats. wino_out: the output tiles
  * s[((i * nt + t) * 4 + j) * ldm + o] of the products
  * m[(e * nt + t) * ldm + o], plus bias[o] (if not NULL), for o < ldm (a
  * multiple of 16).
