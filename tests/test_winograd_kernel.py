@@ -164,9 +164,8 @@ def suits(batch, c, oc, k=3, stride=1, dilation=1, groups=1, size=(28, 28)):
 
 def test_suits(monkeypatch):
     """Taken for 3x3 convs of stride 1 over enough tiles with 16 or more channels (the
-    ResNets' 56 x 56 and 28 x 28 convs, 14 x 14 with 128 channels, a small CNN at batch
-    8); not for other geometries, few tiles, few channels, or more channels than a
-    unit's scratch holds.
+    ResNets' 56 x 56 and 28 x 28 convs, a small CNN at batch 8); not for other
+    geometries, few tiles, few channels, or more channels than a unit's scratch holds.
     TIRBYOC_CONV_WINOGRAD=0 never takes it, =1 wherever it can run."""
     monkeypatch.delenv("TIRBYOC_CONV_WINOGRAD", raising=False)
     assert suits(1, 64, 64, size=(56, 56)) and suits(1, 128, 128) and suits(8, 32, 64,
@@ -175,9 +174,9 @@ def test_suits(monkeypatch):
     assert not suits(1, 64, 64, stride=2) and not suits(1, 64, 64, k=1)
     assert not suits(1, 64, 64, k=5) and not suits(1, 64, 64, dilation=2)
     assert not suits(1, 64, 64, groups=2)
-    assert suits(1, 128, 128, size=(14, 14))  # 16 tiles: enough with 128 channels
-    assert not suits(1, 64, 64, size=(14, 14))  # not with 64
-    assert not suits(1, 256, 256, size=(14, 14))  # scratch
+    assert not suits(1, 128, 128, size=(14, 14))  # 16 tiles
+    assert suits(2, 128, 128, size=(14, 14))  # 32
+    assert not suits(1, 256, 256, size=(28, 28))  # scratch
     assert not suits(1, 3, 32) and not suits(1, 64, 8)
     assert not suits(1, 1024, 64)  # scratch
     monkeypatch.setenv("TIRBYOC_CONV_WINOGRAD", "0")

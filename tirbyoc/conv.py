@@ -23,7 +23,7 @@ projection shortcut), the add goes to the first. The activation is a relu or a R
 
 A 3x3 conv of stride 1 and dilation 1 in one group with a constant weight, over enough
 4 x 4 tiles of output pixels (``tirbyoc_conv2d_winograd_suits``: ResNet-18's 56 x 56 and
-28 x 28 convs, 14 x 14 ones with 128 channels), calls ``tirbyoc_conv2d_winograd_f32`` instead
+28 x 28 convs, not its 14 x 14 ones at batch 1), calls ``tirbyoc_conv2d_winograd_f32`` instead
 (same chain): Winograd F(4x4, 3x3), 36 products per tile and channel pair instead of 144,
 its weight transformed here in float64 and packed. Its rounding error is a few times a
 direct sum's (about 1e-6 of max|y| for 64 channels; ``kernels/conv_winograd_f32.c``).
