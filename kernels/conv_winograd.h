@@ -103,7 +103,10 @@ static void tb_wino_in(const tb_wino_geom *g, const float *img, int64_t t0,
                     const int64_t iy = 4 * ty + i - g->pt;
                     rp[i] = iy >= 0 && iy < g->h ? img + (ci * g->h + iy) * g->w : NULL;
                 }
-                for (q = 0; q < 4 * un; q += CH_LANES) {
+                /* the columns the tiles read (4 n + 2), in whole vectors; the
+                 * phases read z up to 4 un, past them only for lanes of no
+                 * tile */
+                for (q = 0; q < 4 * n + 2; q += CH_LANES) {
                     const int64_t col = col0 + q;
                     const int inside = col >= 0 && col + CH_LANES <= g->w;
                     ch_vf d[6], o[6];
