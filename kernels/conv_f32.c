@@ -51,6 +51,8 @@ typedef struct {
     tb_conv_geom g; /* a group's column matrix; g.k = C / G * KH * KW */
     const float *x, *wt, *bias;
     const float *wpk; /* or the pre-packed weight (wt and bias then NULL) */
+    float *apk; /* the gather path's weight rows, packed once per call (or
+                   NULL): row group i0.. at apk + i0 * kt, ap[p * mr + i] */
     float *y;
     int64_t kt;     /* k, plus the bias step */
     int64_t p;      /* OH * OW */
@@ -129,13 +131,20 @@ static void pack_weight_rows(const conv_job_t *j, int64_t o0, int mr,
     const int64_t kr = min_i64(kc, j->g.k - k0);
     int i;
     if (j->wpk != NULL) {
-        /* rows o0.. of the pre-packed panels (the bias step included) */
+        /* rows o0.. of the pre-packed panels (the bias step included): per
+         * k step, a run of consecutive lanes of each panel the rows span
+         * (one or two runs, not mr strided loads: about 8% of a 1x1 conv's
+         * time went to the strided copy) */
         int64_t p;
-        for (i = 0; i < mr; ++i) {
-            const float *src =
-                packed_panel(j, o0 + i) + k0 * 16 + (o0 + i) % j->ocg % 16;
+        int t;
+        for (i = 0; i < mr;) {
+            const int64_t o = o0 + i, lane = o % j->ocg % 16;
+            const int cnt = (int)min_i64(mr - i, min_i64(16 - lane, j->ocg - o % j->ocg));
+            const float *src = packed_panel(j, o) + k0 * 16 + lane;
             for (p = 0; p < kc; ++p)
-                ap[p * mr + i] = src[p * 16];
+                for (t = 0; t < cnt; ++t)
+                    ap[p * mr + i + t] = src[p * 16 + t];
+            i += cnt;
         }
         return;
     }
@@ -161,6 +170,30 @@ static void pack_weight_panels(const conv_job_t *j, int64_t o0, int nr,
         for (e = 0; e < 32; ++e)
             wp[e / 16 * kc * 16 + kr * 16 + e % 16] =
                 e < nr ? j->bias[o0 + e] : 0.0f;
+}
+
+/* Row groups per channel block at most (the prepack's units per block). */
+static int64_t row_groups_max(const conv_job_t *j)
+{
+    return cdiv(cdiv(j->ocg, j->nob), j->isa->mr);
+}
+
+/* Unit u: row group mp of group gi's channel block ob (see conv_task), as
+ * conv_unit takes them, packed for every K step into j->apk: once per call
+ * instead of once per unit (a 1x1 conv of 128 channels at 56 x 56 packed
+ * the same rows in each of its 8 units). */
+static void prepack_rows(void *arg, int64_t u, float *scratch)
+{
+    conv_job_t *j = (conv_job_t *)arg;
+    const int64_t per = row_groups_max(j), mp = u % per;
+    const int64_t gi = u / per / j->nob, ob = u / per % j->nob, o = gi * j->ocg;
+    const int64_t o0 = o + j->ocg * ob / j->nob;
+    const int64_t m = o + j->ocg * (ob + 1) / j->nob - o0, mpanels = cdiv(m, j->isa->mr);
+    const int64_t i0 = o0 + m * mp / mpanels;
+    (void)scratch;
+    if (mp < mpanels)
+        pack_weight_rows(j, i0, (int)(o0 + m * (mp + 1) / mpanels - i0), 0, j->kt,
+                         j->apk + i0 * j->kt);
 }
 
 /* Unit: image n, output channels [o0, o1) (of one group, whose input
@@ -192,9 +225,13 @@ static void conv_unit(const conv_job_t *j, int64_t n, int64_t c0, int64_t o0,
             const int64_t i0 = o0 + m * mp / mpanels;
             const int mr = (int)(o0 + m * (mp + 1) / mpanels - i0);
             int64_t jr;
-            pack_weight_rows(j, i0, mr, pc, kc, abuf);
+            const float *ap = abuf;
+            if (j->apk != NULL)
+                ap = j->apk + i0 * j->kt + pc * mr;
+            else
+                pack_weight_rows(j, i0, mr, pc, kc, abuf);
             for (jr = 0; jr < nc; jr += isa->nr)
-                isa->ukernel(kc, abuf, bbuf + (jr / TB_NR) * dps, dps,
+                isa->ukernel(kc, ap, bbuf + (jr / TB_NR) * dps, dps,
                              y + i0 * j->p + j0 + jr, j->p, mr,
                              (int)min_i64(isa->nr, nc - jr), flags,
                              ch.ops ? &ch : NULL, i0, j0 + jr);
@@ -657,6 +694,7 @@ static int32_t conv2d(int64_t batch, int64_t c, int64_t h, int64_t w,
     j.chain.residual = uses_residual ? residual : NULL;
     j.chain.ldr = j.p;
     j.direct = 0;
+    j.apk = NULL;
 
     if (j.kt == 0) {
         /* an empty sum: the chain on zeros */
@@ -709,6 +747,14 @@ static int32_t conv2d(int64_t batch, int64_t c, int64_t h, int64_t w,
     j.pbw = cdiv(cdiv(j.p, j.npb), TB_NR) * TB_NR;
     j.npb = cdiv(j.p, j.pbw);
     j.units = batch * groups * j.nob * j.npb;
+    /* a pre-packed weight whose rows more units than threads would each
+     * pack again: packed once, over the threads */
+    if (j.wpk != NULL && j.units > groups * j.nob * want) {
+        j.apk = tb_workspace((size_t)(oc * j.kt));
+        if (j.apk == NULL)
+            return TIRBYOC_ENOMEM;
+        tb_units(prepack_rows, &j, groups * j.nob * row_groups_max(&j), want);
+    }
     tb_units(conv_task, &j, j.units, want);
     return TIRBYOC_OK;
 }
