@@ -62,18 +62,35 @@ def _scheduled(mod):
     return how, mod
 
 
-def test_every_prim_func_is_offloaded_or_scheduled():
-    mod, inputs, ref = _block()
-    how, scheduled = _scheduled(mod)
-    # dense + bias + relu + tanh + residual: one chain kernel call
-    assert sorted(how.values()).count("tirbyoc_matmul_f32") == 1
-    assert "naive" not in how.values(), how
-    # the elementwise functions run in parallel with vectorized inner loops
+def _loop_kinds(how, scheduled):
+    """The loop kinds of the scheduled (not offloaded) PrimFuncs."""
     kinds = set()
     for name, func in scheduled.functions_items():
         if isinstance(func, tirx.PrimFunc) and how[name.name_hint] == "scheduled":
             tvm_ffi.structural_walk(func, [(tirx.For, lambda f: kinds.add(int(f.kind)))])
+    return kinds
+
+
+def test_every_prim_func_is_offloaded_or_scheduled():
+    mod, inputs, ref = _block(rows=2048)
+    how, scheduled = _scheduled(mod)
+    # dense + bias + relu + tanh + residual: one chain kernel call
+    assert sorted(how.values()).count("tirbyoc_matmul_f32") == 1
+    assert "naive" not in how.values(), how
+    # the softmax and the layer norm (2048 x 40 elements) run in parallel with
+    # vectorized inner loops
+    kinds = _loop_kinds(how, scheduled)
     assert {int(tirx.ForKind.PARALLEL), int(tirx.ForKind.VECTORIZED)} <= kinds, kinds
+    assert_close(tirbyoc.run(tirbyoc.compile(mod), *inputs), ref)
+
+
+def test_small_row_reductions_stay_on_the_calling_thread():
+    """Below fallback.PARALLEL_MIN_ELEMENTS (64 x 40 here) the rows are not split over
+    TVM's threads (waking them costs more), and are still vectorized."""
+    mod, inputs, ref = _block()
+    how, scheduled = _scheduled(mod)
+    kinds = _loop_kinds(how, scheduled)
+    assert int(tirx.ForKind.PARALLEL) not in kinds and int(tirx.ForKind.VECTORIZED) in kinds
     assert_close(tirbyoc.run(tirbyoc.compile(mod), *inputs), ref)
 
 
@@ -258,11 +275,11 @@ def test_row_rules_match_tvms_unscheduled_build(op, rows):
 
 
 def test_row_reduction_vectorizes_the_row_sums():
-    """A softmax row of 128: parallel rows, and the max / sum accumulated in vector lanes
-    (rfactor) with no exp call left."""
+    """A softmax row of 128 (1024 rows): parallel rows, and the max / sum accumulated in
+    vector lanes (rfactor) with no exp call left."""
     from tirbyoc import fastmath
 
-    mod = _one_op_module((2, 64, 128), lambda x: relax.op.nn.softmax(x, axis=-1))
+    mod = _one_op_module((2, 512, 128), lambda x: relax.op.nn.softmax(x, axis=-1))
     with TARGET:
         mod = tvm.transform.Sequential(
             tvm.relax.backend.cpu_generic.pipeline.legalize_passes(None))(mod)

@@ -10,8 +10,8 @@ every PrimFunc that is not scheduled yet (offloaded ones are):
                          outputs along the row in vector lanes, the window outside them
     RowReduction()       row reductions with elementwise steps: softmax, masked softmax,
                          layer norm, a mask's "any" over rows, global pooling: rows in
-                         parallel, row sums and maxima in vector lanes (rfactor),
-                         elementwise steps vectorized
+                         parallel (from 64K elements), row sums and maxima in vector
+                         lanes (rfactor), elementwise steps vectorized
     dl.cpu.Reduction()   other row reductions (TVM's: rows in parallel, scalar sums)
     Injective()          elementwise / layout ops: parallel outer loops, vectorized inner
                          (a padding that several blocks read stays its own loop nest:
@@ -35,6 +35,10 @@ from . import fastmath
 # Below this many iterations of the outer loops the parallel launch costs more than it
 # saves: the loop stays on the calling thread.
 PARALLEL_MIN_ITERS = 64
+# A row reduction over fewer elements than this stays on the calling thread too: waking
+# TVM's worker (asleep: tirbyoc sets TVM_THREAD_POOL_SPIN_COUNT=0) costs more than the
+# rows (MobileNet's global average pool over [1024, 7 x 7]: 0.047 ms in parallel).
+PARALLEL_MIN_ELEMENTS = 64 * 1024
 # Vector lanes of the inner loop (16 floats: one AVX-512 register, two AVX2 registers).
 VECTOR_LANES = 16
 
@@ -189,6 +193,20 @@ class WindowReduction(_GuardedRule):
         return sch
 
 
+def _static_elements(info):
+    """The iterations of a dlight block's loop nest (spatial and reduced), or None if an
+    extent is symbolic."""
+    total = 1
+    for it in info.iters:
+        dom = it.dom
+        if not isinstance(dom, int):
+            dom = getattr(dom, "value", None)
+        if not isinstance(dom, int):
+            return None
+        total *= dom
+    return total
+
+
 class RowReduction(_GuardedRule):
     """Row reductions with elementwise steps (softmax, masked softmax, layer norm, RMS
     norm): the leading spatial ("row") loops fused and run in parallel, every block
@@ -252,7 +270,9 @@ class RowReduction(_GuardedRule):
         # NOTE: parallel before decompose_reduction: it checks every block under the loop
         # is a complete or reduction block, which a decomposed update block is not.
         iters = T.dlight_extent(sch, rows)
-        if not isinstance(iters, int) or iters > 1:
+        elements = _static_elements(reductions[0])
+        if not isinstance(iters, int) or (iters > 1 and (
+                elements is None or elements >= PARALLEL_MIN_ELEMENTS)):
             sch.parallel(rows)
         for block_rv, kind in blocks:
             if kind == "S":
