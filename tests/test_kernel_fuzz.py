@@ -773,26 +773,32 @@ class Operands:
         c, groups = self.case, self.case.get("groups")
         return groups * -(-(c.m // groups) // 16) * 16 * (c.k + c.bias)
 
+    def _packed_buffer(self, size, reference=None):
+        """A [1, size] packed weight: an input holding ``reference`` (a function of the
+        conv case's weight [OC, K] and bias [1, OC] or None), NaN guards; or, without one,
+        the output of a packing function (sentinel guards, UNWRITTEN cells)."""
+        buf = Buffer(1, size, size, self.case.offsets[4],
+                     SENTINEL_BITS if reference is None else _nan_bits())
+        if reference is None:
+            buf.view[:] = UNWRITTEN
+            self.buffers["packed_out"] = buf
+        else:
+            _, wt, bias, _, _, _ = self.conv
+            buf.view[:] = reference(wt.view, None if bias is None else bias.view)
+            self.buffers["packed_w"] = buf
+        return buf
+
     @functools.cached_property
     def conv_packed_w(self):
         """The conv case's weight and bias packed by numpy into the documented layout,
         as an input of tirbyoc_conv2d_f32_packed."""
-        _, wt, bias, _, _, _ = self.conv
-        size = self.conv_packed_size
-        buf = Buffer(1, size, size, self.case.offsets[4], _nan_bits())
-        buf.view[:] = conv_pack_reference(wt.view, None if bias is None else bias.view,
-                                          self.case.get("groups"))
-        self.buffers["packed_w"] = buf
-        return buf
+        return self._packed_buffer(self.conv_packed_size, lambda wt, bias: conv_pack_reference(
+            wt, bias, self.case.get("groups")))
 
     @functools.cached_property
     def conv_packed_out(self):
         """The output of tirbyoc_pack_conv2d_weight_f32 for the conv case's weight."""
-        size = self.conv_packed_size
-        buf = Buffer(1, size, size, self.case.offsets[4], SENTINEL_BITS)
-        buf.view[:] = UNWRITTEN
-        self.buffers["packed_out"] = buf
-        return buf
+        return self._packed_buffer(self.conv_packed_size)
 
     @functools.cached_property
     def wino_packed_size(self):
@@ -805,22 +811,14 @@ class Operands:
     def wino_packed_w(self):
         """The case's weight and bias transformed and packed by numpy, as an input of
         tirbyoc_conv2d_winograd_f32."""
-        _, wt, bias, _, _, _ = self.conv
-        size = self.wino_packed_size
-        buf = Buffer(1, size, size, self.case.offsets[4], _nan_bits())
-        buf.view[:] = winograd_pack_reference(wt.view, None if bias is None else bias.view,
-                                              self.case.get("c"))
-        self.buffers["packed_w"] = buf
-        return buf
+        return self._packed_buffer(self.wino_packed_size,
+                                   lambda wt, bias: winograd_pack_reference(
+                                       wt, bias, self.case.get("c")))
 
     @functools.cached_property
     def wino_packed_out(self):
         """The output of tirbyoc_pack_conv2d_winograd_weight_f32."""
-        size = self.wino_packed_size
-        buf = Buffer(1, size, size, self.case.offsets[4], SENTINEL_BITS)
-        buf.view[:] = UNWRITTEN
-        self.buffers["packed_out"] = buf
-        return buf
+        return self._packed_buffer(self.wino_packed_size)
 
     @functools.cached_property
     def packed_size(self):
