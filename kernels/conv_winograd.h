@@ -70,66 +70,128 @@ CH_INLINE void wg_store_part(float *d, ch_vf v, int64_t n)
         if (l < n)
             d[l] = v[l];
 }
+
+/* d[r * n + x] = v[r * (n + 1) + x] for r < rows, x < n (rows of n tiles,
+ * one lane apart in v) */
+CH_INLINE void wg_store_rows(float *d, ch_vf v, int rows, int64_t n)
+{
+    int r;
+    int64_t x;
+    for (r = 0; r < rows; ++r)
+        for (x = 0; x < n; ++x)
+            d[r * n + x] = v[r * (n + 1) + x];
+}
 #endif
+
+/* Rows of tiles stacked in one vector: at most this many (their z fit in
+ * the z buffer, WG_STACK_Z floats per input row). */
+#define WG_STACK_MAX 4
+#define WG_STACK_Z 80
+
+/* z (6 rows of B^T down the columns of input rows 4 ty - pt ..) of channel
+ * ci, columns col0 + q for q < qn rounded up to whole vectors. */
+CH_INLINE void wg_columns(const tb_wino_geom *g, const float *img, int64_t ci,
+                          int64_t ty, int64_t col0, int64_t qn, float *z, int64_t ldz)
+{
+    const float *rp[6];
+    int64_t q;
+    int i;
+    for (i = 0; i < 6; ++i) {
+        const int64_t iy = 4 * ty + i - g->pt;
+        rp[i] = iy >= 0 && iy < g->h ? img + (ci * g->h + iy) * g->w : NULL;
+    }
+    for (q = 0; q < qn; q += CH_LANES) {
+        const int64_t col = col0 + q;
+        const int inside = col >= 0 && col + CH_LANES <= g->w;
+        ch_vf d[6], o[6];
+        for (i = 0; i < 6; ++i)
+            d[i] = rp[i] == NULL ? ch_splat(0.0f)
+                   : inside     ? ch_loadu(rp[i] + col)
+                                : wg_load_part(rp[i], col, g->w);
+        wg_bt(d, o);
+        for (i = 0; i < 6; ++i)
+            ch_storeu(z + i * ldz + q, o[i]);
+    }
+}
+
+/* The phases of z's 6 rows, un of each (a multiple of CH_LANES), from lane
+ * u0 of ph (whole vectors: lanes past them are overwritten or unused). */
+CH_INLINE void wg_phases(const float *z, int64_t ldz, int64_t un, float *ph, int64_t u0)
+{
+    int64_t u;
+    int i, b, l;
+    for (i = 0; i < 6; ++i) {
+        const float *zi = z + i * ldz;
+        float *pi = ph + i * 4 * TB_WINO_PHASE + u0;
+        for (u = 0; u < un; u += CH_LANES)
+            for (l = 0; l < CH_LANES; ++l)
+                for (b = 0; b < 4; ++b)
+                    pi[b * TB_WINO_PHASE + u + l] = zi[4 * (u + l) + b];
+    }
+}
 
 /*
  * Input transform of one image's tiles [t0, t0 + nt) (see tb_wino_in_fn):
  * per channel and row of tiles, B^T down the columns of the six input rows
  * (z), z split into its four phases (z[4 u + b] at ph[b][u]) so that B along
- * the rows reads whole vectors, CH_LANES tiles at a time.
+ * the rows reads whole vectors, CH_LANES tiles at a time; rows of fewer than
+ * CH_LANES / 2 tiles several to a vector.
  */
 static void tb_wino_in(const tb_wino_geom *g, const float *img, int64_t t0,
                        int64_t nt, float *v, int64_t ldv, float *tmp)
 {
     float *z = tmp, *ph = z + 6 * TB_WINO_ROW;
     const int64_t t1 = t0 + nt;
-    int64_t ty;
-    for (ty = t0 / g->tw; ty * g->tw < t1; ++ty) {
+    int64_t ty = t0 / g->tw;
+    while (ty * g->tw < t1) {
         const int64_t xa0 = ty * g->tw < t0 ? t0 - ty * g->tw : 0;
         const int64_t xb = (ty + 1) * g->tw > t1 ? t1 - ty * g->tw : g->tw;
-        int64_t xa;
+        int64_t xa, rows = 1;
+        /* Narrow images: whole rows of n tiles stacked n + 1 lanes apart, so
+         * that B along the rows fills the vector (ResNet's 28 x 28 convs
+         * have 7 tiles per row: 2 rows in 16 lanes) */
+        if (xa0 == 0 && 2 * (g->tw + 1) <= CH_LANES) {
+            rows = CH_LANES / (g->tw + 1);
+            rows = rows < WG_STACK_MAX ? rows : WG_STACK_MAX;
+            while (rows > 1 && (ty + rows) * g->tw > t1)
+                --rows;
+        }
+        if (rows > 1) {
+            const int64_t n = g->tw, m = n + 1, out0 = ty * g->tw - t0;
+            int64_t ci;
+            int r, i, e, b;
+            for (ci = 0; ci < g->c; ++ci) {
+                for (r = 0; r < rows; ++r) {
+                    float *zr = z + r * 6 * WG_STACK_Z;
+                    wg_columns(g, img, ci, ty + r, -g->pl, 4 * n + 2, zr, WG_STACK_Z);
+                    wg_phases(zr, WG_STACK_Z, CH_LANES, ph, r * m);
+                }
+                for (i = 0; i < 6; ++i) {
+                    const float *pi = ph + i * 4 * TB_WINO_PHASE;
+                    ch_vf d[6], o[6];
+                    for (b = 0; b < 6; ++b)
+                        d[b] = ch_loadu(pi + (b % 4) * TB_WINO_PHASE + b / 4);
+                    wg_bt(d, o);
+                    for (e = 0; e < 6; ++e)
+                        wg_store_rows(v + ((int64_t)(i * 6 + e) * g->c + ci) * ldv + out0,
+                                      o[e], rows, n);
+                }
+            }
+            ty += rows;
+            continue;
+        }
         for (xa = xa0; xa < xb; xa += TB_WINO_CHUNK) {
             const int64_t n = xb - xa < TB_WINO_CHUNK ? xb - xa : TB_WINO_CHUNK;
-            /* columns q of z: input column col0 + q */
-            const int64_t col0 = 4 * xa - g->pl;
             const int64_t ln = (n + CH_LANES - 1) / CH_LANES * CH_LANES;
             const int64_t un = (n + CH_LANES) / CH_LANES * CH_LANES;
             const int64_t out0 = ty * g->tw + xa - t0;
-            int64_t ci, q, u;
+            int64_t ci, u;
             int i, e, b;
             for (ci = 0; ci < g->c; ++ci) {
-                const float *rp[6];
-                for (i = 0; i < 6; ++i) {
-                    const int64_t iy = 4 * ty + i - g->pt;
-                    rp[i] = iy >= 0 && iy < g->h ? img + (ci * g->h + iy) * g->w : NULL;
-                }
-                /* the columns the tiles read (4 n + 2), in whole vectors; the
-                 * phases read z up to 4 un, past them only for lanes of no
-                 * tile */
-                for (q = 0; q < 4 * n + 2; q += CH_LANES) {
-                    const int64_t col = col0 + q;
-                    const int inside = col >= 0 && col + CH_LANES <= g->w;
-                    ch_vf d[6], o[6];
-                    for (i = 0; i < 6; ++i)
-                        d[i] = rp[i] == NULL ? ch_splat(0.0f)
-                               : inside     ? ch_loadu(rp[i] + col)
-                                            : wg_load_part(rp[i], col, g->w);
-                    wg_bt(d, o);
-                    for (i = 0; i < 6; ++i)
-                        ch_storeu(z + i * TB_WINO_ROW + q, o[i]);
-                }
-                /* whole vectors of phases (un >= n + 1; the lanes past
-                 * z's columns are never used) */
-                for (i = 0; i < 6; ++i) {
-                    const float *zi = z + i * TB_WINO_ROW;
-                    float *pi = ph + i * 4 * TB_WINO_PHASE;
-                    for (u = 0; u < un; u += CH_LANES) {
-                        int l;
-                        for (l = 0; l < CH_LANES; ++l)
-                            for (b = 0; b < 4; ++b)
-                                pi[b * TB_WINO_PHASE + u + l] = zi[4 * (u + l) + b];
-                    }
-                }
+                /* the columns the tiles read (4 n + 2); the phases read z up
+                 * to 4 un, past them only for lanes of no tile */
+                wg_columns(g, img, ci, ty, 4 * xa - g->pl, 4 * n + 2, z, TB_WINO_ROW);
+                wg_phases(z, TB_WINO_ROW, un, ph, 0);
                 for (u = 0; u < ln; u += CH_LANES) {
                     for (i = 0; i < 6; ++i) {
                         const float *pi = ph + i * 4 * TB_WINO_PHASE + u;
@@ -153,6 +215,7 @@ static void tb_wino_in(const tb_wino_geom *g, const float *img, int64_t t0,
                 }
             }
         }
+        ++ty;
     }
 }
 

@@ -815,6 +815,17 @@ static inline void wg_store_part(float *d, ch_vf v, int64_t n)
     _mm512_mask_storeu_ps(d, mask_n(n), (__m512)v);
 }
 
+/* rows of n lanes, one lane apart: one compress, one masked store */
+static inline void wg_store_rows(float *d, ch_vf v, int rows, int64_t n)
+{
+    unsigned keep = 0;
+    int r;
+    for (r = 0; r < rows; ++r)
+        keep |= ((1u << n) - 1u) << (r * (n + 1));
+    _mm512_mask_storeu_ps(d, mask_n(rows * n),
+                          _mm512_maskz_compress_ps((__mmask16)keep, (__m512)v));
+}
+
 #include "conv_winograd.h"
 
 const tb_isa tb_isa_avx512 = {
