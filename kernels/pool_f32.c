@@ -10,6 +10,10 @@
  * and 2, no dilation), which the compiler vectorizes with the instruction
  * set's own strided loads; the rest takes a general loop with bounds.
  *
+ * On AVX-512, 3x3 windows of stride 2 (ResNet's stem pool) take one pass
+ * per output row instead (rows_avx512_3x3s2): the same maxima in the same
+ * order, in whole vectors with masked loads (-inf outside the image).
+ *
  * The maximum propagates NaN (PyTorch's max_pool2d): a NaN anywhere in a
  * window gives NaN. A window with no tap inside the input gives -inf.
  * Every output is computed the same way whatever the instruction set (the
@@ -45,6 +49,9 @@ typedef struct pl_fns_s {
     void (*vmax2)(float *restrict t, const float *restrict a, const float *restrict b,
                   int64_t n);
     void (*hmax)(const pl_job *j, const float *t, float *y);
+    /* 3x3 windows of stride 2 (no dilation): output rows [i0, i1) of plane x
+     * into plane y in one pass, or NULL */
+    void (*rows_3x3s2)(const pl_job *j, const float *x, float *y, int64_t i0, int64_t i1);
 } pl_fns;
 
 
@@ -95,7 +102,8 @@ static void cols_general(const pl_job *j, const float *t, float *y, int64_t lo,
     PL_COLS(SUF, 2, 2)                                                        \
     PL_COLS(SUF, 1, 2)                                                        \
     static void hmax_##SUF(const pl_job *j, const float *t, float *y);        \
-    static const pl_fns fns_##SUF = {vmax_##SUF, vmax2_##SUF, hmax_##SUF};   \
+    static const pl_fns fns_##SUF = {vmax_##SUF, vmax2_##SUF, hmax_##SUF,     \
+                                     PL_ROWS_3X3S2_##SUF};                    \
     static void hmax_##SUF(const pl_job *j, const float *t, float *y)         \
     {                                                                         \
         const int64_t lo = j->q_lo, hi = j->q_hi;                             \
@@ -130,16 +138,86 @@ static void cols_general(const pl_job *j, const float *t, float *y, int64_t lo,
         }                                                                     \
     }
 
+#define PL_ROWS_3X3S2_generic NULL
 PL_PASSES(generic)
 
 #if defined(__x86_64__) || defined(__i386__)
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
+#define PL_ROWS_3X3S2_avx2 NULL
 PL_PASSES(avx2)
 #pragma GCC pop_options
 
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx2,fma")
+#include <immintrin.h>
+
+/* Lanes [lo, hi) of 16 set. */
+static inline __mmask16 pl_lanes(int64_t lo, int64_t hi)
+{
+    const int64_t a = lo < 0 ? 0 : lo > 16 ? 16 : lo, b = hi < a ? a : hi > 16 ? 16 : hi;
+    return (__mmask16)(((1u << b) - 1u) & ~((1u << a) - 1u));
+}
+
+/* PL_MAX on 16 lanes, the same operations lane by lane */
+static inline __m512 pl_max16(__m512 m, __m512 v)
+{
+    const __mmask16 k = _mm512_cmp_ps_mask(v, m, _CMP_GT_OQ) |
+                        _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    return _mm512_mask_mov_ps(m, k, v);
+}
+
+/* The vertical maximum of the rows r[0..2] (NULL: outside the image) at
+ * columns col + l for the lanes of k (-inf in the others, not read). */
+static inline __m512 pl_vmax3(const float *const r[3], int64_t col, __mmask16 k)
+{
+    const __m512 ninf = _mm512_set1_ps(-__builtin_inff());
+    __m512 acc = ninf;
+    int a;
+    for (a = 0; a < 3; ++a)
+        if (r[a] != NULL)
+            acc = pl_max16(acc, _mm512_mask_loadu_ps(ninf, k, r[a] + col));
+    return acc;
+}
+
+/* 3x3 windows, stride 2: per output row and 16 outputs, the vertical maximum
+ * of the three input rows over the 33 columns the windows read (masked
+ * loads, -inf outside the image), then the even, odd and next-even columns:
+ * the operations of vmax2 / vmax / PL_COLS (and col_max at the edges, where
+ * a -inf tap changes nothing) in the same order, in whole vectors. ResNet's
+ * stem pool spent most of its time in the per-row calls and scalar edges. */
+static void rows_avx512_3x3s2(const pl_job *j, const float *x, float *y, int64_t i0,
+                              int64_t i1)
+{
+    const __m512i ie = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8,
+                                        6, 4, 2, 0);
+    const __m512i io = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9,
+                                        7, 5, 3, 1);
+    int64_t i, q;
+    int a;
+    for (i = i0; i < i1; ++i) {
+        const float *r[3];
+        for (a = 0; a < 3; ++a) {
+            const int64_t rr = i * 2 - j->ph + a;
+            r[a] = rr >= 0 && rr < j->h ? x + rr * j->w : NULL;
+        }
+        for (q = 0; q < j->ow; q += 16) {
+            const int64_t n = min_i64(16, j->ow - q), c = q * 2 - j->pw;
+            /* columns [c, c + 2n] that lie in [0, w) */
+            const int64_t lo = -c, hi = min_i64(j->w - c, 2 * n + 1);
+            const __m512 v0 = pl_vmax3(r, c, pl_lanes(lo, hi));
+            const __m512 v1 = pl_vmax3(r, c + 16, pl_lanes(lo - 16, hi - 16));
+            const __m512 v2 = pl_vmax3(r, c + 32, pl_lanes(lo - 32, hi - 32));
+            const __m512 e = _mm512_permutex2var_ps(v0, ie, v1);
+            const __m512 o = _mm512_permutex2var_ps(v0, io, v1);
+            const __m512 e2 = _mm512_castsi512_ps(
+                _mm512_alignr_epi32(_mm512_castps_si512(v2), _mm512_castps_si512(e), 1));
+            _mm512_mask_storeu_ps(y + i * j->ow + q, pl_lanes(0, n),
+                                  pl_max16(pl_max16(e, o), e2));
+        }
+    }
+}
+#define PL_ROWS_3X3S2_avx512 rows_avx512_3x3s2
 PL_PASSES(avx512)
 #pragma GCC pop_options
 #define PL_HAVE_X86 1
@@ -154,6 +232,11 @@ static void pool_rows(const pl_job *j, int64_t p, int64_t i0, int64_t i1,
     const float *x = j->x + p * j->h * j->w;
     float *y = j->y + p * j->oh * j->ow;
     int64_t i, a, q;
+    if (f->rows_3x3s2 != NULL && j->kh == 3 && j->kw == 3 && j->sh == 2 && j->sw == 2 &&
+        j->dh == 1 && j->dw == 1) {
+        f->rows_3x3s2(j, x, y, i0, i1);
+        return;
+    }
     for (i = i0; i < i1; ++i) {
         float *yrow = y + i * j->ow;
         const float *row = NULL;
