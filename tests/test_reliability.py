@@ -272,3 +272,17 @@ def test_tvm_runs_on_as_many_threads_as_the_kernels(preset):
         assert out == ["2", str(cpus), "2"]
     else:  # the user's setting stands
         assert out[1:] == ["1", "2"]
+
+
+@pytest.mark.parametrize("preset", [None, "500"])
+def test_tvm_workers_do_not_spin_after_their_loops(preset):
+    """Importing tirbyoc sets TVM_THREAD_POOL_SPIN_COUNT to 0 (TVM's workers would spin
+    for 300,000 yields after each parallel loop, on the cores the kernels' threads use),
+    unless the user set it."""
+    env = {k: v for k, v in os.environ.items() if k != "TVM_THREAD_POOL_SPIN_COUNT"}
+    if preset:
+        env["TVM_THREAD_POOL_SPIN_COUNT"] = preset
+    code = "import os, tirbyoc\nprint(os.environ.get('TVM_THREAD_POOL_SPIN_COUNT'))"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                         text=True, timeout=120, check=True).stdout.split()
+    assert out == [preset or "0"]
