@@ -173,28 +173,45 @@ static void pack_weight_panels(const conv_job_t *j, int64_t o0, int nr,
                 e < nr ? j->bias[o0 + e] : 0.0f;
 }
 
+/* The gather path's partition of the output channels. Channel block ob of
+ * group gi: channels [*o0, returned). */
+static int64_t channel_block(const conv_job_t *j, int64_t gi, int64_t ob, int64_t *o0)
+{
+    const int64_t o = gi * j->ocg;
+    *o0 = o + j->ocg * ob / j->nob;
+    return o + j->ocg * (ob + 1) / j->nob;
+}
+
+/* Row group mp of the mpanels = cdiv(m, mr) groups of channels [o0, o0 + m)
+ * (about equal rows): its first channel *i0; returns its rows. */
+static int row_group(int64_t o0, int64_t m, int64_t mp, int64_t mpanels, int64_t *i0)
+{
+    *i0 = o0 + m * mp / mpanels;
+    return (int)(o0 + m * (mp + 1) / mpanels - *i0);
+}
+
 /* Row groups per channel block at most (the prepack's units per block). */
 static int64_t row_groups_max(const conv_job_t *j)
 {
     return cdiv(cdiv(j->ocg, j->nob), j->isa->mr);
 }
 
-/* Unit u: row group mp of group gi's channel block ob (see conv_task), as
- * conv_unit takes them, packed for every K step into j->apk: once per call
- * instead of once per unit (a 1x1 conv of 128 channels at 56 x 56 packed
- * the same rows in each of its 8 units). */
+/* Unit u: row group mp of group gi's channel block ob, as conv_unit takes
+ * them, packed for every K step into j->apk: once per call instead of once
+ * per unit (a 1x1 conv of 128 channels at 56 x 56 packed the same rows in
+ * each of its 8 units). */
 static void prepack_rows(void *arg, int64_t u, float *scratch)
 {
     conv_job_t *j = (conv_job_t *)arg;
     const int64_t per = row_groups_max(j), mp = u % per;
-    const int64_t gi = u / per / j->nob, ob = u / per % j->nob, o = gi * j->ocg;
-    const int64_t o0 = o + j->ocg * ob / j->nob;
-    const int64_t m = o + j->ocg * (ob + 1) / j->nob - o0, mpanels = cdiv(m, j->isa->mr);
-    const int64_t i0 = o0 + m * mp / mpanels;
+    int64_t o0, i0;
+    const int64_t m = channel_block(j, u / per / j->nob, u / per % j->nob, &o0) - o0;
+    const int64_t mpanels = cdiv(m, j->isa->mr);
     (void)scratch;
-    if (mp < mpanels)
-        pack_weight_rows(j, i0, (int)(o0 + m * (mp + 1) / mpanels - i0), 0, j->kt,
-                         j->apk + i0 * j->kt);
+    if (mp < mpanels) {
+        const int mr = row_group(o0, m, mp, mpanels, &i0);
+        pack_weight_rows(j, i0, mr, 0, j->kt, j->apk + i0 * j->kt);
+    }
 }
 
 /* Unit: image n, output channels [o0, o1) (of one group, whose input
@@ -223,9 +240,8 @@ static void conv_unit(const conv_job_t *j, int64_t n, int64_t c0, int64_t o0,
                           (kb == kblocks - 1 ? TB_LAST : 0);
         gather(j, img, pc, kc, j0, nc, pn, np, bbuf, dps);
         for (mp = 0; mp < mpanels; ++mp) {
-            const int64_t i0 = o0 + m * mp / mpanels;
-            const int mr = (int)(o0 + m * (mp + 1) / mpanels - i0);
-            int64_t jr;
+            int64_t i0, jr;
+            const int mr = row_group(o0, m, mp, mpanels, &i0);
             const float *ap = abuf;
             if (j->apk != NULL)
                 ap = j->apk + i0 * j->kt + pc * mr;
@@ -473,9 +489,9 @@ static void conv_task(void *arg, int64_t u, float *scratch)
         direct_unit(j, n, gi, o0, min_i64(j->obw, j->ocg - o0), pb * j->pbw,
                     min_i64(j->tp, (pb + 1) * j->pbw), scratch);
     } else {
-        const int64_t o = gi * j->ocg;
-        conv_unit(j, n, gi * j->cg, o + j->ocg * ob / j->nob,
-                  o + j->ocg * (ob + 1) / j->nob, pb * j->pbw,
+        int64_t o0;
+        const int64_t o1 = channel_block(j, gi, ob, &o0);
+        conv_unit(j, n, gi * j->cg, o0, o1, pb * j->pbw,
                   min_i64(j->p, (pb + 1) * j->pbw), scratch);
     }
 }

@@ -130,6 +130,17 @@ CH_INLINE void wg_phases(const float *z, int64_t ldz, int64_t un, float *ph, int
     }
 }
 
+/* B along the rows of z's row i, tiles from lane u of the phases: o[nu]. */
+CH_INLINE void wg_rows(const float *ph, int i, int64_t u, ch_vf o[6])
+{
+    const float *pi = ph + i * 4 * TB_WINO_PHASE + u;
+    ch_vf d[6];
+    int b;
+    for (b = 0; b < 6; ++b)
+        d[b] = ch_loadu(pi + (b % 4) * TB_WINO_PHASE + b / 4);
+    wg_bt(d, o);
+}
+
 /*
  * Input transform of one image's tiles [t0, t0 + nt) (see tb_wino_in_fn):
  * per channel and row of tiles, B^T down the columns of the six input rows
@@ -159,7 +170,7 @@ static void tb_wino_in(const tb_wino_geom *g, const float *img, int64_t t0,
         if (rows > 1) {
             const int64_t n = g->tw, m = n + 1, out0 = ty * g->tw - t0;
             int64_t ci;
-            int r, i, e, b;
+            int r, i, e;
             for (ci = 0; ci < g->c; ++ci) {
                 for (r = 0; r < rows; ++r) {
                     float *zr = z + r * 6 * WG_STACK_Z;
@@ -167,11 +178,8 @@ static void tb_wino_in(const tb_wino_geom *g, const float *img, int64_t t0,
                     wg_phases(zr, WG_STACK_Z, CH_LANES, ph, r * m);
                 }
                 for (i = 0; i < 6; ++i) {
-                    const float *pi = ph + i * 4 * TB_WINO_PHASE;
-                    ch_vf d[6], o[6];
-                    for (b = 0; b < 6; ++b)
-                        d[b] = ch_loadu(pi + (b % 4) * TB_WINO_PHASE + b / 4);
-                    wg_bt(d, o);
+                    ch_vf o[6];
+                    wg_rows(ph, i, 0, o);
                     for (e = 0; e < 6; ++e)
                         wg_store_rows(v + ((int64_t)(i * 6 + e) * g->c + ci) * ldv + out0,
                                       o[e], rows, n);
@@ -186,7 +194,7 @@ static void tb_wino_in(const tb_wino_geom *g, const float *img, int64_t t0,
             const int64_t un = (n + CH_LANES) / CH_LANES * CH_LANES;
             const int64_t out0 = ty * g->tw + xa - t0;
             int64_t ci, u;
-            int i, e, b;
+            int i, e;
             for (ci = 0; ci < g->c; ++ci) {
                 /* the columns the tiles read (4 n + 2); the phases read z up
                  * to 4 un, past them only for lanes of no tile */
@@ -194,11 +202,8 @@ static void tb_wino_in(const tb_wino_geom *g, const float *img, int64_t t0,
                 wg_phases(z, TB_WINO_ROW, un, ph, 0);
                 for (u = 0; u < ln; u += CH_LANES) {
                     for (i = 0; i < 6; ++i) {
-                        const float *pi = ph + i * 4 * TB_WINO_PHASE + u;
-                        ch_vf d[6], o[6];
-                        for (b = 0; b < 6; ++b)
-                            d[b] = ch_loadu(pi + (b % 4) * TB_WINO_PHASE + b / 4);
-                        wg_bt(d, o);
+                        ch_vf o[6];
+                        wg_rows(ph, i, u, o);
                         /* whole vectors: lanes past the row's last tile
                          * land where later rows' tiles go, before those are
                          * written; only the unit's last tiles are stored

@@ -918,27 +918,46 @@ def _sparse_rows(mat, x, axis):
     return np.moveaxis(np.stack(out, -1), -1, axis)
 
 
-def winograd_simulation(ops):
-    """The Winograd algorithm in float64, before the chain, and the scale of its rounding
-    error per output, both [N * OC, OH * OW]. The value is used where it is not finite (an
-    infinite or NaN input reaches every output of its 4 x 4 tile that the transforms
-    touch, which a direct sum does not); the scale is sqrt(sum over c of |g_oc|^2
-    |d_c|^2) over the output's tile: unlike a direct sum's, the error comes from the
-    whole 6 x 6 window (an output outside the image is not exactly 0)."""
-    c, g = ops.case, dict(ops.case.extra)
-    x, wt, _, _, _, _ = ops.conv
-    n_img, ch, h, w, oh, ow = (g[k] for k in ("batch", "c", "h", "w", "oh", "ow"))
+def winograd_windows(xs, pt, pl, oh, ow):
+    """Every tile's 6 x 6 input window of images xs [N, C, H, W] (float64, 0 outside the
+    image): [N, C, ceil(OH / 4), ceil(OW / 4), 6, 6]."""
+    n_img, ch, h, w = xs.shape
     th, tw = -(-oh // 4), -(-ow // 4)
-    xs = x.view.astype(np.float64).reshape(n_img, ch, h, w)
     win = np.zeros((n_img, ch, th, tw, 6, 6))
     for i in range(6):
-        rows = np.arange(th) * 4 + i - g["pt"]
+        rows = np.arange(th) * 4 + i - pt
         for j in range(6):
-            cols = np.arange(tw) * 4 + j - g["pl"]
+            cols = np.arange(tw) * 4 + j - pl
             ok = ((rows >= 0) & (rows < h))[:, None] & ((cols >= 0) & (cols < w))[None, :]
             if h and w:
                 got = xs[:, :, np.clip(rows, 0, h - 1)][:, :, :, np.clip(cols, 0, w - 1)]
                 win[..., i, j] = np.where(ok, got, 0.0)
+    return win
+
+
+def winograd_tile_scale(win, wt, oh, ow):
+    """The scale of the Winograd rounding error per output, [N, OC, OH, OW]:
+    sqrt(sum over c of |g_oc|^2 |d_c|^2) over the output's tile (windows ``win`` from
+    winograd_windows, weight ``wt`` [OC, C * 9]). Unlike a direct sum's, the error comes
+    from the whole 6 x 6 window (an output outside the image is not exactly 0)."""
+    oc, ch = wt.shape[0], win.shape[1]
+    wn = (_finite(wt.astype(np.float64)) ** 2).reshape(oc, ch, 9).sum(axis=2)
+    dn = (_finite(win) ** 2).sum(axis=(4, 5))  # [N, C, TH, TW]
+    scale = np.sqrt(np.einsum("oc,nctu->notu", wn, dn))
+    return np.repeat(np.repeat(scale, 4, axis=2), 4, axis=3)[:, :, :oh, :ow]
+
+
+def winograd_simulation(ops):
+    """The Winograd algorithm in float64, before the chain, and the scale of its rounding
+    error per output (winograd_tile_scale), both [N * OC, OH * OW]. The value is used
+    where it is not finite (an infinite or NaN input reaches every output of its 4 x 4
+    tile that the transforms touch, which a direct sum does not)."""
+    c, g = ops.case, dict(ops.case.extra)
+    x, wt, _, _, _, _ = ops.conv
+    n_img, ch, h, w, oh, ow = (g[k] for k in ("batch", "c", "h", "w", "oh", "ow"))
+    th, tw = -(-oh // 4), -(-ow // 4)
+    win = winograd_windows(x.view.astype(np.float64).reshape(n_img, ch, h, w), g["pt"],
+                           g["pl"], oh, ow)
     v = _sparse_rows(WG_BT, _sparse_rows(WG_BT, win, -2), -1)  # [N, C, TH, TW, 6, 6]
     u = winograd_pack_reference(wt.view, None, ch)[0, :36 * (-(-c.m // 16) * 16) * ch]
     u = u.reshape(36, -1, ch, 16).transpose(0, 1, 3, 2).reshape(36, -1, ch)[:, :c.m]
@@ -950,10 +969,7 @@ def winograd_simulation(ops):
             c.m, n_img, th, tw).transpose(1, 0, 2, 3)
     y = _sparse_rows(WG_AT, _sparse_rows(WG_AT, m, -2), -1)  # [N, OC, TH, TW, 4, 4]
     y = y.transpose(0, 1, 2, 4, 3, 5).reshape(n_img, c.m, th * 4, tw * 4)[:, :, :oh, :ow]
-    wn = (_finite(wt.view.astype(np.float64)) ** 2).reshape(c.m, ch, 9).sum(axis=2)
-    dn = (_finite(win) ** 2).sum(axis=(4, 5))  # [N, C, TH, TW]
-    scale = np.sqrt(np.einsum("oc,nctu->notu", wn, dn))
-    scale = np.repeat(np.repeat(scale, 4, axis=2), 4, axis=3)[:, :, :oh, :ow]
+    scale = winograd_tile_scale(win, wt.view, oh, ow)
     return y.reshape(n_img * c.m, oh * ow), scale.reshape(n_img * c.m, oh * ow)
 
 

@@ -20,7 +20,8 @@ import pytest
 from tirbyoc import kernels
 
 from .test_conv_kernel import reference
-from .test_kernel_fuzz import winograd_pack_reference
+from .test_kernel_fuzz import (winograd_pack_reference, winograd_tile_scale,
+                               winograd_windows)
 from .test_matmul_kernels import on_each_thread_count
 
 
@@ -34,25 +35,8 @@ def each_isa(request):
 
 def tile_scale(x, wt, pad, size):
     """[N, OC, OH, OW]: sqrt(sum_c |g_oc|^2 |d_c|^2) over each output's tile."""
-    n, c, h, w = x.shape
-    oh, ow = size
-    th, tw = -(-oh // 4), -(-ow // 4)
-    xp = np.zeros((n, c, 4 * th + 2 + 8, 4 * tw + 2 + 8))
-    top, left = pad
-    # the image placed so that window (ty, tx) starts at row 4 ty, column 4 tx (cropping
-    # rows and columns before the window of tile 0 when the padding is negative)
-    src = x.astype(np.float64)[:, :, max(0, -top):, max(0, -left):]
-    rows = min(src.shape[2], xp.shape[2] - max(0, top))
-    cols = min(src.shape[3], xp.shape[3] - max(0, left))
-    xp[:, :, max(0, top):max(0, top) + rows, max(0, left):max(0, left) + cols] = \
-        src[:, :, :rows, :cols]
-    dn = np.zeros((n, c, th, tw))
-    for ty in range(th):
-        for tx in range(tw):
-            dn[:, :, ty, tx] = (xp[:, :, 4 * ty:4 * ty + 6, 4 * tx:4 * tx + 6] ** 2).sum((2, 3))
-    wn = (wt.astype(np.float64) ** 2).sum((2, 3))
-    s = np.sqrt(np.einsum("oc,nctu->notu", wn, dn))
-    return np.repeat(np.repeat(s, 4, 2), 4, 3)[:, :, :oh, :ow]
+    win = winograd_windows(x.astype(np.float64), pad[0], pad[1], *size)
+    return winograd_tile_scale(win, wt.reshape(wt.shape[0], -1), *size)
 
 
 def run(rng, n, c, h, w, oc, pad=(1, 1), size=None, ops=()):
