@@ -242,17 +242,21 @@ TB_INTERNAL int tb_num_threads(void);
 /*
  * Runs fn(arg, t, nt) for t = 0 .. nt-1 (the parts of the job), with
  * 1 <= nt <= want: nt is 1 when the pool is busy (another caller is using
- * it) or cannot start threads. Each part runs once, on whichever thread
- * takes it first (the calling thread takes parts too, so a part may run on
- * any thread and one thread may run several). Returns when all calls have
- * returned.
+ * it) or cannot start threads. Part 0 runs on the calling thread; each other
+ * part runs once, on whichever thread takes it first (the calling thread
+ * takes the parts no worker has taken, so one thread may run several).
+ * Returns when all calls have returned.
  */
 TB_INTERNAL void tb_parallel(tb_task_fn fn, void *arg, int want);
 /*
- * Runs fn(arg, u, scratch) for u = 0 .. units-1 on up to `want` threads, the
- * units handed out in order through an atomic counter; scratch is the
- * running thread's tb_scratch(). A worker without scratch takes no unit (the
- * caller must have checked its own). Returns when all units are done.
+ * Runs fn(arg, u, scratch) for u = 0 .. units-1 on up to `want` threads:
+ * part t of the job first takes, in order, the units of its home range (the
+ * t-th of `want` contiguous ranges; part 0 is the calling thread), then the
+ * units left in the other ranges. Number units in the order of the output
+ * they write, so that consecutive calls leave each thread the same share of
+ * the tensors. scratch is the running thread's tb_scratch(). A worker
+ * without scratch takes no unit (the caller must have checked its own).
+ * Returns when all units are done.
  */
 typedef void (*tb_unit_fn)(void *arg, int64_t unit, float *scratch);
 TB_INTERNAL void tb_units(tb_unit_fn fn, void *arg, int64_t units, int want);

@@ -363,7 +363,12 @@ void tb_parallel(tb_task_fn fn, void *arg, int want)
     pool->arg = arg;
     __atomic_store_n(&pool->finished, 0, __ATOMIC_RELAXED);
     pool->seq++;
-    __atomic_store_n(&pool->claim, pool->seq << 16 | (unsigned long)nt << 8,
+    /* Part 0 is the caller's own (next starts at 1): the calling thread
+     * runs the same part of every job, so a kernel that gives part t the
+     * t-th share of its output (tb_units' home ranges) has that share
+     * written by the same thread call after call. */
+    __atomic_store_n(&pool->claim,
+                     pool->seq << 16 | (unsigned long)nt << 8 | 1ul,
                      __ATOMIC_RELEASE);
     for (t = 1; t < nt; ++t)
         __atomic_add_fetch(&pool->slot[t].gen, 1, __ATOMIC_SEQ_CST);
@@ -374,6 +379,8 @@ void tb_parallel(tb_task_fn fn, void *arg, int want)
         pthread_mutex_unlock(&pool->mu);
     }
 
+    fn(arg, 0, nt);
+    __atomic_add_fetch(&pool->finished, 1, __ATOMIC_RELEASE);
     run_parts(pool);
 
     /* Only parts that a worker has taken are left to wait for. */
@@ -387,38 +394,68 @@ void tb_parallel(tb_task_fn fn, void *arg, int want)
     pool_unlock();
 }
 
-/* tb_units: each thread (with scratch) takes units from the counter. */
+/* tb_units: home ranges, then stealing.
+ *
+ * The units are split into nt contiguous home ranges, range t for part t
+ * (part 0 is always the calling thread's). A thread takes the units of its
+ * own range in order, then those left in the other ranges (t + 1, t + 2,
+ * ...), each range through its own atomic counter, so every unit runs once
+ * and a thread that wakes late only finds less of its range left.
+ *
+ * Why home ranges: kernels number their units in the order of the memory
+ * they write (an image's channels, or its rows), so consecutive calls give
+ * each thread about the same share of every tensor, and what one call writes
+ * the next one mostly reads on the same core. With units handed out from
+ * one counter, about half of every activation crossed between the cores at
+ * each call: measured on a 2-vCPU VM whose vCPUs sat on distant cores (a
+ * cache line's round trip 440 ns instead of 120 ns), memory-bound phases ran
+ * 2 to 3 times slower. */
+typedef struct {
+    int64_t next; /* the range's next unit (atomic) */
+    int64_t end;
+} __attribute__((aligned(64))) home_t; /* one cache line each */
+
 typedef struct {
     tb_unit_fn fn;
     void *arg;
-    int64_t units;
-    int64_t next; /* the next unit to take (atomic) */
+    int nhome; /* the ranges: the threads asked for (fewer may come) */
+    home_t home[TB_MAX_THREADS];
 } units_job_t;
 
 static void units_task(void *arg, int tid, int nt)
 {
     units_job_t *job = (units_job_t *)arg;
     float *scratch = tb_scratch();
-    (void)tid;
+    int i;
     (void)nt;
     if (scratch == NULL)
         return; /* the calling thread (which has scratch) takes the units */
-    for (;;) {
-        const int64_t u = __atomic_fetch_add(&job->next, 1, __ATOMIC_RELAXED);
-        if (u >= job->units)
-            return;
-        job->fn(job->arg, u, scratch);
+    for (i = 0; i < job->nhome; ++i) {
+        home_t *h = &job->home[(tid + i) % job->nhome];
+        for (;;) {
+            const int64_t u = __atomic_fetch_add(&h->next, 1, __ATOMIC_RELAXED);
+            if (u >= h->end)
+                break;
+            job->fn(job->arg, u, scratch);
+        }
     }
 }
 
 void tb_units(tb_unit_fn fn, void *arg, int64_t units, int want)
 {
     units_job_t job;
+    int t, nt;
     job.fn = fn;
     job.arg = arg;
-    job.units = units;
-    job.next = 0;
     if (want > units)
         want = (int)units;
-    tb_parallel(units_task, &job, want < 1 ? 1 : want);
+    if (want > TB_MAX_THREADS)
+        want = TB_MAX_THREADS;
+    nt = want < 1 ? 1 : want;
+    job.nhome = nt;
+    for (t = 0; t < nt; ++t) {
+        job.home[t].next = units * t / nt;
+        job.home[t].end = units * (t + 1) / nt;
+    }
+    tb_parallel(units_task, &job, nt);
 }
