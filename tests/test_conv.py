@@ -94,6 +94,73 @@ def test_resnet_3x3_convs_over_many_tiles_take_winograd(monkeypatch, winograd):
     _no_tvm_convs(report, winograd=2 if winograd == "1" else 0)
 
 
+def _check_passes(model, shape, passes, expected, seed=0):
+    """``_check`` with ``region_passes=passes`` (explain and compile alike)."""
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+    mod = _import(model, x)
+    report = tirbyoc.explain(mod, region_passes=passes)
+    assert sorted(r.intrinsic for r in report.offloaded) == sorted(expected), str(report)
+    with torch.no_grad():
+        ref = model(x).numpy()
+    got = tirbyoc.run(tirbyoc.compile(mod, region_passes=passes), x.numpy())
+    assert float(np.abs(got - ref).max()) <= RTOL * float(np.abs(ref).max())
+    return report
+
+
+def test_batch_norm_folding_is_a_region_pass():
+    """``weights.fold_batch_norm`` is a default region pass; it folds each offloaded conv's
+    batch norm (random statistics) into the conv's weight and bias, and explain says so
+    for every conv region. Without it the conv regions end before their batch norms,
+    which TVM computes (and the relu and shortcut after them): plain ``conv2d`` calls,
+    same tolerance against PyTorch. Without ``pack_constants`` the folded weight is read
+    unpacked."""
+    from tirbyoc import weights
+
+    assert weights.DEFAULT_PASSES == (weights.untranspose, weights.fold_batch_norm,
+                                      weights.pack_constants)
+    model = examples.resnet_torch((1, 1), (16, 32), 10)
+    folded = ["conv2d_bias_relu", "max_pool2d", "conv2d_bias_relu",
+              "conv2d_bias_residual_relu", "conv2d_bias_relu", "conv2d_bias_residual_relu",
+              "conv2d_bias", "dense_bias"]
+    report = _check_passes(model, (1, 3, 40, 40), None, folded)
+    convs = [r for r in report.offloaded if r.intrinsic.startswith("conv2d")]
+    assert len(convs) == 6 and all(
+        "batch norm folded into the weight and bias; weight packed at compile time"
+        in r.detail for r in convs), str(report)
+
+    # 1x1 / 3x3 convs of each shape: the stem, 16 -> 16, 16 -> 32 / 2, 32 -> 32, 16 -> 32
+    # 1x1 / 2 (identical convs share one PrimFunc: five rows)
+    report = _check_passes(model, (1, 3, 40, 40),
+                           (weights.untranspose, weights.pack_constants),
+                           ["conv2d"] * 5 + ["max_pool2d", "dense_bias"])
+    assert not any("batch norm folded" in r.detail for r in report.offloaded), str(report)
+    assert report.schedules["tirbyoc_conv2d"] == "kernel tirbyoc_conv2d_f32_packed"
+
+    report = _check_passes(model, (1, 3, 40, 40), (weights.fold_batch_norm,), folded)
+    _no_tvm_convs(report, unpacked=6)
+
+
+class _ConvNormAdd(torch.nn.Module):
+    """conv (no bias), batch norm, a per-channel constant added, relu."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(2)
+        self.conv = torch.nn.Conv2d(8, 16, 3, padding=1, bias=False)
+        self.bn = torch.nn.BatchNorm2d(16)
+        self.shift = torch.nn.Parameter(torch.randn(1, 16, 1, 1), requires_grad=False)
+
+    def forward(self, x):
+        return torch.relu(self.bn(self.conv(x)) + self.shift)
+
+
+def test_constant_added_after_batch_norm_joins_the_folded_bias():
+    """``bn(conv(x)) + c``: the folding pass adds ``c`` after the batch norm's shift (the
+    order the model computes), one bias in the kernel call."""
+    model = examples._randomize_batch_norms(_ConvNormAdd(), 5).eval()
+    _check(model, (2, 8, 12, 10), ["conv2d_bias_relu"])
+
+
 class _Conv(torch.nn.Module):
     def __init__(self, cin, cout, k, **kw):
         super().__init__()

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from . import _tvm as T
 from . import attention, conv, fallback, pool, relax_prep, softmax, weights
 from .matcher import Region
-from .normalize import INTRINSIC_ATTR, normalize
+from .normalize import INTRINSIC_ATTR, NOTES_ATTR, normalize
 from .schedule_rule import ScheduleRule, registry
 
 
@@ -47,7 +47,7 @@ def _transform(mod, fuse, intrinsics, passes=None):
     """Shared by ``apply_tir_byoc`` and ``explain``: (new module, report rows)."""
     # NOTE: the softmax kernel comes with the default intrinsics only; a caller that
     # names its intrinsics gets those and nothing else.
-    mod, scope = relax_prep.prepare(mod, fuse, softmax=intrinsics is None)
+    mod, scope = relax_prep.prepare(mod, fuse, softmax=intrinsics is None, passes=passes)
     srcs = weights.sources(mod)
     out = mod.clone()
     rows, rerouted = [], {}
@@ -85,7 +85,8 @@ def apply_tir_byoc(mod, *, fuse="auto", intrinsics=None, region_passes=None):
     ``tvm.compile`` links it. The input is not modified; applying it twice offloads
     nothing more. ``fuse``: see ``tirbyoc.relax_prep.prepare``. ``region_passes``: changes
     made to offloaded regions only (default ``tirbyoc.weights.DEFAULT_PASSES``: read a
-    separately transposed weight in place, pack constant weights at compile time).
+    separately transposed weight in place, fold a convolution's batch norm into its
+    weight, pack constant weights at compile time).
     """
     out, rows = _transform(mod, fuse, intrinsics, region_passes)
     if not any(r.offloaded for r in rows):
@@ -160,8 +161,14 @@ def _already_offloaded_rows(func_name, func):
     normal = normalize(func)
     return [ExplainRow(func_name, n.name, True, str(n.block.annotations[INTRINSIC_ATTR]),
                        n.offloaded_kernel, n.name,
-                       _graph_level(str(n.block.annotations[INTRINSIC_ATTR])))
+                       _with_notes(_graph_level(str(n.block.annotations[INTRINSIC_ATTR])),
+                                   n.block.annotations.get(NOTES_ATTR)))
             for n in normal.nests if n.offloaded_kernel is not None]
+
+
+def _with_notes(detail: str, notes) -> str:
+    """``detail``, then what the region passes did (a conv's), if anything."""
+    return f"{detail}: {notes}" if notes is not None and str(notes) else detail
 
 
 class Report:

@@ -14,9 +14,13 @@ becomes
     y = call_tir(tirbyoc_conv2d, [x, W', b' (if any), r (if any)])
 
 with the kernel's epilogue chain bias, residual, activation in that order. ``b`` is a
-per-channel constant; a batch norm after the conv is folded into ``W'`` and ``b'`` at
-compile time in float64 and rounded once: ``W * gamma / sqrt(var + eps)``,
-``(b - mean) * gamma / sqrt(var + eps) + beta``. ``r`` is any tensor of ``y``'s shape (a
+per-channel constant (one more may follow the batch norm). The matched region is a plan
+(``_Plan``) that the region passes (``tirbyoc.weights``, their ``conv_region`` forms)
+then change: ``fold_batch_norm`` folds the batch norm into ``W'`` and ``b'`` at compile
+time in float64 and rounded once: ``W * gamma / sqrt(var + eps)``,
+``(b - mean) * gamma / sqrt(var + eps) + beta``; without that pass the region ends before
+the batch norm. ``pack_constants`` packs ``W'`` (and ``b'``) for the kernel (below).
+``r`` is any tensor of ``y``'s shape (a
 ResNet shortcut), added before the activation; where two convs meet at an add (a
 projection shortcut), the add goes to the first. The activation is a relu or a ReLU6
 (``clip(0, 6)``). Every intermediate of the replaced ops must be used only by the next one.
@@ -52,13 +56,13 @@ constant, or a symbolic channel or spatial size keep TVM's ``conv2d``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from . import _tvm as T
 from .bindings import Bindings, is_op, shape_of, tir_dims
-from .normalize import INTRINSIC_ATTR, OFFLOADED_ATTR
+from .normalize import INTRINSIC_ATTR, NOTES_ATTR, OFFLOADED_ATTR
 
 R = T.relax_ns
 SYMBOL = "tirbyoc_conv2d_f32"
@@ -111,6 +115,16 @@ class _Plan:
     dilation: tuple
     out_shape: list         # [N, OC, OH, OW]
     nhwc: bool = False      # the graph's tensors are NHWC: the call runs between transposes
+    # Set by the matcher, for the region passes: a batch norm between the conv (+ bias)
+    # and the rest of the chain, not yet folded ((scale, shift), float64, per channel),
+    # and a constant added after it ([OC], float64).
+    batch_norm: tuple | None = None
+    bias_after: np.ndarray | None = None
+    # Set by the region passes: the weight (and bias) packed for the kernel, whether that
+    # packing is Winograd's, and what each pass did (for explain).
+    packed: np.ndarray | None = None
+    winograd: bool = False
+    notes: tuple = ()
 
 
 # Kernel layouts an NHWC conv may have: the axes that make them OIHW.
@@ -118,8 +132,10 @@ _TO_OIHW = {"OIHW": (0, 1, 2, 3), "OHWI": (0, 3, 1, 2), "HWIO": (3, 2, 0, 1)}
 _NHWC_TO_NCHW, _NCHW_TO_NHWC = (0, 3, 1, 2), (0, 2, 3, 1)
 
 
-def _plan(b: Bindings, var, call, residuals=True):
-    """The region starting at ``var = conv2d(...)`` (its last variable and plan)."""
+def _plan(b: Bindings, var, call, residuals=True, batch_norms=True):
+    """The region starting at ``var = conv2d(...)`` (its last variable and plan).
+    ``batch_norms``: whether a batch norm may join the region (a region pass folds it);
+    if not, the region ends before it."""
     attrs = call.attrs
     layout, kernel_layout = str(attrs.data_layout), str(attrs.kernel_layout)
     nhwc = layout == "NHWC"
@@ -162,6 +178,7 @@ def _plan(b: Bindings, var, call, residuals=True):
     if groups < 1 or xs[1] % groups or oc % groups or wshape[1] * groups != xs[1]:
         return None
     bias, residual, act, last = None, None, None, var
+    norm, bias_after = None, None
     while True:
         user = b.only_user(last)
         if user is None:
@@ -172,22 +189,24 @@ def _plan(b: Bindings, var, call, residuals=True):
             value = _const(other, b.values)
             per_channel = ((1, 1, 1, oc), (1, 1, oc), (oc,)) if nhwc else \
                 ((1, oc, 1, 1), (oc, 1, 1))
-            if value is not None and bias is None and value.size == oc and \
-                    value.shape in per_channel:
-                bias = value.reshape(oc).astype(np.float64)
+            if value is not None and value.size == oc and value.shape in per_channel and \
+                    (bias is None if norm is None else bias_after is None):
+                if norm is None:
+                    bias = value.reshape(oc).astype(np.float64)
+                else:
+                    bias_after = value.reshape(oc).astype(np.float64)
             elif value is None and residuals and _static_shape(other) == yshape and \
                     getattr(other.ty, "dtype", None) == "float32":
                 residual = other  # a tensor of the output's shape (a shortcut)
             else:
                 break
         elif is_op(uval, "relax.nn.batch_norm") and act is None and residual is None and \
-                weight is not None:
-            folded = _batch_norm(b, uvar, uval, last, (3, -1) if nhwc else (1, -3))
-            if folded is None:
+                weight is not None and norm is None and batch_norms:
+            found = _batch_norm(b, uvar, uval, last, (3, -1) if nhwc else (1, -3))
+            if found is None:
                 break
-            scale, shift, uvar = folded
-            weight = weight * scale[:, None, None, None]
-            bias = (bias if bias is not None else 0.0) * scale + shift
+            scale, shift, uvar = found
+            norm = (scale, shift)
         elif is_op(uval, "relax.nn.relu") and act is None:
             act = "relu"
         elif is_op(uval, "relax.clip") and act is None and _clip_bounds(uval) == (0.0, 6.0):
@@ -199,7 +218,65 @@ def _plan(b: Bindings, var, call, residuals=True):
                        groups,
                        tuple(int(s) for s in attrs.strides),
                        tuple(int(p) for p in attrs.padding),
-                       tuple(int(d) for d in attrs.dilation), ys, nhwc)
+                       tuple(int(d) for d in attrs.dilation), ys, nhwc, norm, bias_after)
+
+
+# ---- region passes on a conv region (see tirbyoc.weights: the same passes, their
+# ``conv_region`` form) ----
+
+def fold_batch_norm(plan: _Plan):
+    """The region's batch norm folded into its constant weight and bias, in float64 and
+    rounded once: ``W * scale``, ``b * scale + shift (+ c)`` with ``scale = gamma /
+    sqrt(var + eps)``, ``shift = beta - mean * scale`` (``c``: a constant added after the
+    batch norm). None when the region has no batch norm."""
+    if plan.batch_norm is None:
+        return None
+    scale, shift = plan.batch_norm
+    bias = (plan.bias if plan.bias is not None else 0.0) * scale + shift
+    if plan.bias_after is not None:
+        bias = bias + plan.bias_after
+    return replace(plan, weight=plan.weight * scale[:, None, None, None], bias=bias,
+                   batch_norm=None, bias_after=None,
+                   notes=plan.notes + ("batch norm folded into the weight and bias",))
+
+
+def pack_weight(plan: _Plan):
+    """The region's constant weight (and bias) packed once, at compile time, into the
+    layout its kernel reads: 16-channel panels for ``tirbyoc_conv2d_f32_packed``, or
+    Winograd's transformed weight where ``tirbyoc_conv2d_winograd_suits``. None for a
+    depthwise conv, a weight passed in, or one whose panels would be mostly padding."""
+    ocg = plan.out_shape[1] // plan.groups
+    if plan.depthwise or plan.weight is None or plan.packed is not None or \
+            plan.batch_norm is not None or -(-ocg // 16) * 16 > 2 * ocg:
+        return None
+    from . import kernels
+
+    batch, oc, oh, ow = plan.out_shape
+    kh, kw = plan.weight_shape[2:]
+    winograd = kernels.winograd_suits(
+        batch if isinstance(batch, int) else None, plan.weight_shape[1] * plan.groups,
+        oc, plan.groups, (kh, kw), plan.strides, plan.dilation, (oh, ow))
+    packed = kernels.pack_conv2d_weight(
+        np.ascontiguousarray(plan.weight, np.float32),
+        None if plan.bias is None else np.ascontiguousarray(plan.bias, np.float32),
+        plan.groups, winograd=winograd).data
+    note = "weight packed at compile time" + (" (Winograd F(4x4, 3x3))" if winograd else "")
+    return replace(plan, packed=packed, winograd=winograd, notes=plan.notes + (note,))
+
+
+def _conv_steps(passes):
+    """The ``conv_region`` forms of ``passes``, in order."""
+    return [step for step in (getattr(p, "conv_region", None) for p in passes) if step]
+
+
+def _run_passes(plan: _Plan, steps) -> _Plan:
+    for step in steps:
+        new = step(plan)
+        if new is not None:
+            plan = new
+    if plan.batch_norm is not None:  # matched only when fold_batch_norm is a pass
+        raise RuntimeError("a conv region's batch norm was matched and not folded")
+    return plan
 
 
 def _clip_bounds(call):
@@ -297,7 +374,8 @@ def _kernel_func(plan: _Plan, x, residual, out_ty, packed_size=None, winograd=Fa
     block = T.make_block(block_name, status_checks(symbol, call),
                          reads=[T.full_region(b) for b in inputs], writes=[T.full_region(yb)],
                          annotations={OFFLOADED_ATTR: symbol,
-                                      INTRINSIC_ATTR: "_".join([intrinsic] + names_)})
+                                      INTRINSIC_ATTR: "_".join([intrinsic] + names_),
+                                      NOTES_ATTR: "; ".join(plan.notes)})
     root = T.make_block("root", T.make_realize(block), reads=[], writes=[], annotations={})
     func = T.prim_func_of(inputs + [yb], T.make_realize(root))
     return func.with_attr("tirx.noalias", True)
@@ -306,24 +384,11 @@ def _kernel_func(plan: _Plan, x, residual, out_ty, packed_size=None, winograd=Fa
 def _emit(bb, x, weight, residual, plan: _Plan, out_ty, funcs):
     """The region's replacement: one kernel call (the depthwise kernel's for a depthwise
     conv). ``weight``: the weight the caller passes (``plan.weight_arg`` after the
-    rewrite's remapping), or None for the folded constant."""
-    ocg = plan.out_shape[1] // plan.groups
-    if not plan.depthwise and weight is None and -(-ocg // 16) * 16 <= 2 * ocg:
-        # a constant weight (and its bias): packed once, here, for the kernel (unless
-        # its 16-channel panels would be mostly padding)
-        from . import kernels
-
-        batch, oc, oh, ow = plan.out_shape
-        kh, kw = plan.weight_shape[2:]
-        winograd = kernels.winograd_suits(
-            batch if isinstance(batch, int) else None, plan.weight_shape[1] * plan.groups,
-            oc, plan.groups, (kh, kw), plan.strides, plan.dilation, (oh, ow))
-        packed = kernels.pack_conv2d_weight(
-            np.ascontiguousarray(plan.weight, np.float32),
-            None if plan.bias is None else np.ascontiguousarray(plan.bias, np.float32),
-            plan.groups, winograd=winograd).data
-        kernel = _kernel_func(plan, x, residual, out_ty, packed.size, winograd)
-        args = [x, R.const(packed, "float32")]
+    rewrite's remapping), or None for the constant one (``plan.packed`` when a region
+    pass packed it)."""
+    if plan.packed is not None:
+        kernel = _kernel_func(plan, x, residual, out_ty, plan.packed.size, plan.winograd)
+        args = [x, R.const(plan.packed, "float32")]
     else:
         kernel = _kernel_func(plan, x, residual, out_ty)
         args = [x, weight if weight is not None else
@@ -368,10 +433,18 @@ class _Rewriter(R.PyExprMutator):
         self.set_var_remap(binding.var, new)
 
 
-def offload_convs(mod):
+def offload_convs(mod, passes=None):
     """``mod`` with every convolution of the form above one kernel call (a depthwise one
     the depthwise kernel's); a new module, functions with a ``Codegen`` attribute
-    untouched."""
+    untouched. ``passes``: the region passes (default ``tirbyoc.weights.DEFAULT_PASSES``);
+    their ``conv_region`` forms run, in order, on each matched conv region: folding a
+    batch norm (``fold_batch_norm``: without it, a region ends before its batch norm,
+    which stays TVM's) and packing the weight (``pack_constants``)."""
+    from . import weights
+
+    passes = weights.DEFAULT_PASSES if passes is None else tuple(passes)
+    steps = _conv_steps(passes)
+    batch_norms = weights.fold_batch_norm in passes
     out, funcs = mod, {}
     for gv, func in list(mod.functions_items()):
         if not isinstance(func, R.Function) or (func.attrs and "Codegen" in func.attrs):
@@ -380,13 +453,13 @@ def offload_convs(mod):
         plans = {}
         for var, value in b.values.items():
             if is_op(value, "relax.nn.conv2d"):
-                found = _plan(b, var, value)
+                found = _plan(b, var, value, batch_norms=batch_norms)
                 if found is not None and found[0] in plans:
                     # the add of two convolutions (a projection shortcut) belongs to
                     # the first; this one ends before it
-                    found = _plan(b, var, value, residuals=False)
+                    found = _plan(b, var, value, residuals=False, batch_norms=batch_norms)
                 if found is not None and found[0] not in plans:
-                    plans[found[0]] = found[1]
+                    plans[found[0]] = _run_passes(found[1], steps)
         if not plans:
             continue
         rewriter = _Rewriter(out, plans, funcs)

@@ -15,6 +15,9 @@ from . import _tvm as T
 
 OFFLOADED_ATTR = "tirbyoc.kernel"
 INTRINSIC_ATTR = "tirbyoc.intrinsic"
+# What the region passes did to an offloaded region placed before legalization
+# (a conv's: "batch norm folded into the weight and bias; weight packed ..."), for explain.
+NOTES_ATTR = "tirbyoc.region_notes"
 
 
 @dataclass(frozen=True)

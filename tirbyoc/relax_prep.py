@@ -72,7 +72,7 @@ def is_legalized(mod) -> bool:
     return T.structural_equal(R.transform.LegalizeOps()(mod), mod)
 
 
-def prepare(mod, fuse="auto", softmax=True):
+def prepare(mod, fuse="auto", softmax=True, passes=None):
     """Legalize and fuse a Relax module like the default CPU pipeline: ``(module, Scope)``.
 
     Functions with a ``Codegen`` attribute (another codegen's) come back as they were.
@@ -87,7 +87,9 @@ def prepare(mod, fuse="auto", softmax=True):
     kernel call each (``tirbyoc.conv``), attention regions (matmul, scale, mask, softmax,
     matmul) one fused kernel call (``tirbyoc.attention``), then any other float32
     ``R.nn.softmax`` over the last axis a kernel call (``tirbyoc.softmax``); not in a
-    module the graph level partitioned.
+    module the graph level partitioned. ``passes``: the region passes whose
+    ``conv_region`` forms run on each convolution's region (``tirbyoc.conv``; default
+    ``tirbyoc.weights.DEFAULT_PASSES``).
     """
     if not has_relax_functions(mod):
         return mod, Scope()
@@ -105,7 +107,7 @@ def prepare(mod, fuse="auto", softmax=True):
             from .conv import offload_convs
             from .pool import offload_pools
 
-            mod = offload_pools(offload_convs(mod))
+            mod = offload_pools(offload_convs(mod, passes))
         mod = sink_reshapes(mod)
         if softmax:
             from .attention import offload_attention

@@ -14,8 +14,13 @@ pass (``WeightSource``, from ``sources(mod)``) and may return a ``Reroute``: a n
 param and layout for the kernel, and how the caller computes the new argument from the
 old one (a Relax expression). ``apply_reroutes`` rewires the callers; an argument
 computed from constants only is folded at compile time (``FoldConstant`` on that
-expression alone). ``untranspose`` and ``pack_constants`` are the default passes;
-``to_layout`` is an example of a user's own.
+expression alone). ``untranspose``, ``fold_batch_norm`` and ``pack_constants`` are the
+default passes; ``to_layout`` is an example of a user's own.
+
+A convolution is matched before legalization (``tirbyoc.conv``), as a plan for one
+kernel call. A pass with a ``conv_region`` attribute also runs on each such region, on
+the plan, in the same order: ``fold_batch_norm`` folds the conv's batch norm into its
+constant weight and bias, ``pack_constants`` packs that weight for the kernel.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from . import _tvm as T
+from . import conv as conv_passes
 from .normalize import NormalFunc, normalize
 from .relax_prep import call_args, call_tir_sites
 
@@ -165,7 +171,20 @@ def to_layout(layout: str):
     return region_pass
 
 
-DEFAULT_PASSES = (untranspose, pack_constants)
+def fold_batch_norm(normal: NormalFunc, region, source: WeightSource):
+    """Fold an inference-mode batch norm that follows an offloaded convolution into the
+    conv's constant weight and bias at compile time (its ``conv_region`` form; see
+    ``tirbyoc.conv.fold_batch_norm``). Without this pass a conv region ends before its
+    batch norm, which TVM then computes. Dense regions: nothing to do."""
+    return None
+
+
+# The passes' forms on an offloaded convolution's region (tirbyoc.conv): a plan in, a
+# new plan out (or None: unchanged). They run in the order of the pass list, as above.
+fold_batch_norm.conv_region = conv_passes.fold_batch_norm
+pack_constants.conv_region = conv_passes.pack_weight
+
+DEFAULT_PASSES = (untranspose, fold_batch_norm, pack_constants)
 
 
 def reroute(normal: NormalFunc, region, srcs: dict, passes) -> None:
