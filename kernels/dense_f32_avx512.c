@@ -607,7 +607,7 @@ static void small_cols(tb_wlayout layout, int64_t m, int64_t n, int64_t k,
 
 /* KC = 512: the 14 x 512 A panel (28 KiB) stays in the 48 KiB L1d;
  * NC = 512: the 512 x 512 W block (1 MiB) stays in the 2 MiB L2. */
-#define ISA_KC 512
+#define ISA_KC 528
 #define ISA_NC 512
 
 /* ---- nt with the rows of C along the vectors: W read in place ---- */

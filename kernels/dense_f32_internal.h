@@ -57,7 +57,7 @@ TB_INTERNAL int tb_chain_length(int64_t ops, int *uses_bias,
 
 /* Upper bounds over all instruction sets (they size the scratch buffers). */
 #define TB_MR_MAX 16
-#define TB_KC_MAX 512
+#define TB_KC_MAX 528
 #define TB_NC_MAX 512
 
 /*

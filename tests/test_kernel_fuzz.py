@@ -135,15 +135,15 @@ LIBRARY = _load_library()
 
 # Edges from kernels/README.md and dense_f32*.c: register tiles 14x32 (AVX-512),
 # 6x16 (AVX2), 4x16 (generic); few-rows path up to 4 rows (8 for "nt"); nt_direct
-# for 9..128 rows in 64-row chunks, 6-column tiles, up to K = 4224; K blocks of
-# 256/512; N blocks of 256/512; threads split N from 8 tiles (128/256 columns);
+# for 9..128 rows in 64-row chunks, 6-column tiles, up to K = 4356; K blocks of
+# 256/528; N blocks of 256/512; threads split N from 8 tiles (128/256 columns);
 # few-rows column chunks of 64 and 1024; dot products over 8/16 lanes.
 M_EDGES = (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 13, 14, 15, 16, 17, 27, 28, 29, 42, 43,
            63, 64, 65, 127, 128, 129)
 N_EDGES = (1, 5, 6, 7, 8, 9, 12, 13, 15, 16, 17, 31, 32, 33, 47, 48, 49, 63, 64, 65,
            127, 128, 129, 255, 256, 257, 511, 512, 513, 1023, 1024, 1025)
 K_EDGES = (1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 31, 32, 33, 255, 256, 257, 511, 512,
-           513, 767, 768, 769, 1024, 1025, 4224, 4225)
+           513, 767, 768, 769, 1024, 1025, 4356, 4357)
 LOG_MAX = {"m": 300, "n": 1100, "k": 1100}
 EDGES = {"m": M_EDGES, "n": N_EDGES, "k": K_EDGES}
 # Calls at or above this many flops may be split over threads (dense_f32.c).
@@ -156,14 +156,14 @@ P_BIG = 0.06
 PINNED = (
     (0, 17, 5), (6, 0, 9), (7, 13, 0), (0, 0, 0), (1, 1, 1), (1, 1, 2), (2, 3, 2),
     (3, 33, 17), (8, 300, 300), (5, 1025, 20),           # few rows
-    (9, 7, 513), (64, 13, 100), (65, 6, 1025), (128, 5, 4224), (100, 3, 4225),  # nt_direct
+    (9, 7, 513), (64, 13, 100), (65, 6, 1025), (128, 5, 4356), (100, 3, 4357),  # nt_direct
     (129, 257, 300), (15, 33, 257), (29, 513, 64), (14, 32, 512),              # blocked
     # Threaded, just above 4 MFLOP: split N, few rows, split M, nt_direct.
     (130, 130, 130), (4, 700, 800), (260, 40, 210), (64, 260, 130),
 )
 
 # Scratch floats per thread (dense_f32_internal.h): nt_direct needs 64 * K of them.
-SCRATCH_FLOATS = 512 * 512 + 16 * 512
+SCRATCH_FLOATS = 528 * 512 + 16 * 528
 DIRECT_ISAS = ("avx2", "avx512")
 
 
@@ -333,7 +333,7 @@ def draw_attention(rng, index):
 # tirbyoc_conv2d_f32 (kernels/conv_f32.c): an implicit product [OC, K] x [K, OH * OW]
 # per image and group, K = C / groups * KH * KW (+ 1 for the bias step), row groups of
 # 14 / 6 / 4 channels,
-# pixel panels of 16, K blocks of up to 512 / 256, threads from 4 MFLOP, the 1x1 stride-1
+# pixel panels of 16, K blocks of up to 528 / 256, threads from 4 MFLOP, the 1x1 stride-1
 # unpadded path ("plain"). Case.m is OC, Case.n the pixels OH * OW, Case.k K; the rest of
 # the geometry and the chain are in Case.extra. tirbyoc_conv2d_f32_packed draws the same
 # cases, with the weight and bias packed (tirbyoc_pack_conv2d_weight_f32: 16-channel
@@ -416,7 +416,7 @@ def draw_conv(rng, index):
 # tirbyoc_conv2d_winograd_f32 (kernels/conv_winograd_f32.c): a 3x3 conv of stride 1 and
 # dilation 1 in one group as Winograd F(4x4, 3x3): tiles of 4 x 4 output pixels (rows of
 # tiles transformed in chunks of 64), units of whole blocks of 14 / 6 / 4 tiles, output
-# channels in blocks of up to 64, K blocks of 512 / 256, threads from 1 MFLOP. Same Case
+# channels in blocks of up to 64, K blocks of 528 / 256, threads from 1 MFLOP. Same Case
 # fields as tirbyoc_conv2d_f32; tirbyoc_pack_conv2d_winograd_weight_f32 packs its weight.
 WG_C_EDGES = (1, 2, 3, 15, 16, 17, 64, 65, 130)
 WG_OC_EDGES = (1, 2, 15, 16, 17, 33, 64, 65, 80)

@@ -218,10 +218,10 @@ def test_packed_equals_unpacked(ffi_lib, isa, base, m, n, k):
 # "nt" with 9 .. 128 rows takes nt_direct where the ISA has one (AVX-512, AVX2):
 # A packed transposed in chunks of 64 rows, 6-column tiles of 16 (AVX2) or 64
 # rows, W rows read in place, K in the blocked path's blocks (256 / 512), and
-# the blocked path beyond 64 * K floats of scratch (K > 4224). Shapes at each
+# the blocked path beyond 64 * K floats of scratch (K > 4356). Shapes at each
 # of those edges.
 DIRECT_SHAPES = [(9, 1, 1), (16, 6, 16), (17, 7, 513), (48, 12, 1024), (63, 13, 100),
-                 (64, 500, 800), (65, 11, 1030), (100, 5, 33), (128, 19, 4224), (128, 3, 4225)]
+                 (64, 500, 800), (65, 11, 1030), (100, 5, 33), (128, 19, 4356), (128, 3, 4357)]
 
 
 @pytest.mark.parametrize("relu", [False, True, "relu6"])

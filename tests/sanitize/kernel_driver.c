@@ -494,7 +494,7 @@ static void block_edges(uint64_t *rng)
     static const int64_t shapes[][3] = {
         {5, 1025, 20},  {8, 300, 300},  {3, 1030, 9},    /* few rows, column chunks */
         {9, 7, 513},    {64, 13, 100},  {65, 6, 1025},   /* nt_direct, 64-row chunks */
-        {128, 5, 4224}, {100, 3, 4225},                  /* nt_direct scratch limit */
+        {128, 5, 4356}, {100, 3, 4357},                  /* nt_direct scratch limit */
         {129, 257, 300}, {15, 33, 257}, {29, 513, 64},   /* blocked: N and K blocks */
         {14, 32, 512},  {33, 260, 770},
     };
