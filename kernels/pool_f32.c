@@ -170,15 +170,19 @@ static inline __m512 pl_max16(__m512 m, __m512 v)
 }
 
 /* The vertical maximum of the rows r[0..2] (NULL: outside the image) at
- * columns col + l for the lanes of k (-inf in the others, not read). */
+ * columns col + l for the lanes of k (-inf in the others, not read). The
+ * first row present is taken as it is: PL_MAX(-inf, v) is v, bit for bit. */
 static inline __m512 pl_vmax3(const float *const r[3], int64_t col, __mmask16 k)
 {
     const __m512 ninf = _mm512_set1_ps(-__builtin_inff());
     __m512 acc = ninf;
-    int a;
+    int a, first = 1;
     for (a = 0; a < 3; ++a)
-        if (r[a] != NULL)
-            acc = pl_max16(acc, _mm512_mask_loadu_ps(ninf, k, r[a] + col));
+        if (r[a] != NULL) {
+            const __m512 v = _mm512_mask_loadu_ps(ninf, k, r[a] + col);
+            acc = first ? v : pl_max16(acc, v);
+            first = 0;
+        }
     return acc;
 }
 
@@ -187,7 +191,9 @@ static inline __m512 pl_vmax3(const float *const r[3], int64_t col, __mmask16 k)
  * loads, -inf outside the image), then the even, odd and next-even columns:
  * the operations of vmax2 / vmax / PL_COLS (and col_max at the edges, where
  * a -inf tap changes nothing) in the same order, in whole vectors. ResNet's
- * stem pool spent most of its time in the per-row calls and scalar edges. */
+ * stem pool spent most of its time in the per-row calls and scalar edges.
+ * The column blocks are the outer loop: their masks are computed once for
+ * all the rows of the unit. */
 static void rows_avx512_3x3s2(const pl_job *j, const float *x, float *y, int64_t i0,
                               int64_t i1)
 {
@@ -197,25 +203,26 @@ static void rows_avx512_3x3s2(const pl_job *j, const float *x, float *y, int64_t
                                         7, 5, 3, 1);
     int64_t i, q;
     int a;
-    for (i = i0; i < i1; ++i) {
-        const float *r[3];
-        for (a = 0; a < 3; ++a) {
-            const int64_t rr = i * 2 - j->ph + a;
-            r[a] = rr >= 0 && rr < j->h ? x + rr * j->w : NULL;
-        }
-        for (q = 0; q < j->ow; q += 16) {
-            const int64_t n = min_i64(16, j->ow - q), c = q * 2 - j->pw;
-            /* columns [c, c + 2n] that lie in [0, w) */
-            const int64_t lo = -c, hi = min_i64(j->w - c, 2 * n + 1);
-            const __m512 v0 = pl_vmax3(r, c, pl_lanes(lo, hi));
-            const __m512 v1 = pl_vmax3(r, c + 16, pl_lanes(lo - 16, hi - 16));
-            const __m512 v2 = pl_vmax3(r, c + 32, pl_lanes(lo - 32, hi - 32));
+    for (q = 0; q < j->ow; q += 16) {
+        const int64_t n = min_i64(16, j->ow - q), c = q * 2 - j->pw;
+        /* columns [c, c + 2n] that lie in [0, w) */
+        const int64_t lo = -c, hi = min_i64(j->w - c, 2 * n + 1);
+        const __mmask16 k0 = pl_lanes(lo, hi), k1 = pl_lanes(lo - 16, hi - 16),
+                        k2 = pl_lanes(lo - 32, hi - 32), ks = pl_lanes(0, n);
+        for (i = i0; i < i1; ++i) {
+            const float *r[3];
+            for (a = 0; a < 3; ++a) {
+                const int64_t rr = i * 2 - j->ph + a;
+                r[a] = rr >= 0 && rr < j->h ? x + rr * j->w : NULL;
+            }
+            const __m512 v0 = pl_vmax3(r, c, k0);
+            const __m512 v1 = pl_vmax3(r, c + 16, k1);
+            const __m512 v2 = pl_vmax3(r, c + 32, k2);
             const __m512 e = _mm512_permutex2var_ps(v0, ie, v1);
             const __m512 o = _mm512_permutex2var_ps(v0, io, v1);
             const __m512 e2 = _mm512_castsi512_ps(
                 _mm512_alignr_epi32(_mm512_castps_si512(v2), _mm512_castps_si512(e), 1));
-            _mm512_mask_storeu_ps(y + i * j->ow + q, pl_lanes(0, n),
-                                  pl_max16(pl_max16(e, o), e2));
+            _mm512_mask_storeu_ps(y + i * j->ow + q, ks, pl_max16(pl_max16(e, o), e2));
         }
     }
 }
