@@ -20,9 +20,9 @@
  * weight would be 0, and 0 * V[j] is 0 unless V[j] holds an inf or NaN, so
  * keys up to V's last non-finite row are never skipped.
  *
- * Units are handed out through an atomic counter (the largest first), and
- * every unit is computed the same way whichever thread takes it: results do
- * not depend on the thread count.
+ * Units are numbered the largest first and handed out by tb_units (home
+ * ranges, then stealing), and every unit is computed the same way whichever
+ * thread takes it: results do not depend on the thread count.
  */
 #include <stddef.h>
 #include <stdint.h>

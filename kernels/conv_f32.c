@@ -24,10 +24,10 @@
  * pixels); a unit
  * gathers each K block of its pixels once and sweeps every row group of
  * its channels over it. Channels are split into blocks only when there are
- * too few pixel blocks to keep the threads busy. Units are handed out by an
- * atomic counter (tb_units); each output is computed the same way whichever thread
- * takes it (same K blocks, same order), so results do not depend on the
- * thread count.
+ * too few pixel blocks to keep the threads busy. Units are handed out by
+ * tb_units (home ranges, then stealing); each output is computed the same
+ * way whichever thread takes it (same K blocks, same order), so results do
+ * not depend on the thread count.
  */
 #include <stddef.h>
 #include <stdint.h>

@@ -159,12 +159,12 @@ typedef struct {
 } slot_t;
 
 /*
- * A job is split into parts 0 .. nparts - 1 that any thread may run: the
- * caller and the workers take parts from the claim word until none is left,
- * and the caller waits only until every part is finished. A worker that
- * wakes late (a busy machine) finds nothing left and goes back to waiting:
- * no one waits for a thread that has not started, and a part is run by
- * whichever thread gets there first.
+ * A job is split into parts 0 .. nparts - 1: the caller runs part 0, then
+ * the caller and the workers take the other parts from the claim word until
+ * none is left, and the caller waits only until every part is finished. A
+ * worker that wakes late (a busy machine) finds nothing left and goes back to
+ * waiting: no one waits for a thread that has not started, and parts 1 ..
+ * nparts - 1 are run by whichever thread gets there first.
  *
  * The claim word is seq << 16 | nparts << 8 | next (nparts <= 64): a thread
  * takes part `next` by compare-and-swap, then reads fn and arg, which the
