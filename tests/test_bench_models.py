@@ -3,6 +3,7 @@ the benchmark's output, not a test); its numerics check is real (1e-4 of max|ref
 
 import json
 import math
+import statistics
 
 import numpy as np
 import pytest
@@ -33,6 +34,11 @@ def test_models_benchmark_rows_are_complete(tmp_path):
     for r in rows:
         assert set(r["ms"]) == {"tirbyoc", "torch", "ort", "tvm"}
         assert all(math.isfinite(t) and t > 0 for t in r["ms"].values())
+        # every round's time, the median of which is the row's (TVM's build: one round)
+        assert {k: len(v) for k, v in r["rounds_ms"].items()} == {
+            "tirbyoc": 2, "torch": 2, "ort": 2, "tvm": 1}
+        assert all(math.isclose(r["ms"][k], statistics.median(v), rel_tol=1e-12)
+                   for k, v in r["rounds_ms"].items())
         assert max(r["rel_err"].values()) < bench_models.RTOL, r["rel_err"]
         assert r["breakdown"] and all(t >= 0 for _, t in r["breakdown"])
     assert rows[0]["offloaded"].count("attention") == 1  # the whole attention, one call

@@ -67,11 +67,12 @@ def _time(fn, number: int = 1, settle: float = 0.0) -> float:
 
 
 def interleaved(fns: dict, reps: int, settle: float = SETTLE_SECONDS, few: tuple = (),
-                few_reps: int = 1) -> dict:
+                few_reps: int = 1, samples: dict | None = None) -> dict:
     """Median seconds per call of each function: ``reps`` rounds, each timing every
     function once, starting one further along each round so that no function always
     follows the same one (``few``: slow ones, timed in the first ``few_reps`` rounds
-    only, one call at a time)."""
+    only, one call at a time). ``samples``: if given, filled with each function's
+    seconds per call round by round (a slow stretch of one contender shows there)."""
     number = {}
     for name, fn in fns.items():
         if name in few:
@@ -86,6 +87,8 @@ def interleaved(fns: dict, reps: int, settle: float = SETTLE_SECONDS, few: tuple
             if name in few and rep >= few_reps:
                 continue
             times[name].append(_time(fns[name], number[name], settle))
+    if samples is not None:
+        samples.update(times)
     return {name: statistics.median(t) for name, t in times.items()}
 
 

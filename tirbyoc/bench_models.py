@@ -136,8 +136,11 @@ def _vm(ex):
 
 def _measure(label, contenders, ref, reps, tvm_reps, settle, vm_ours, args_ours, extra):
     errors = {name: _rel_err(out, ref) for name, out in contenders.outputs.items()}
-    times = interleaved(contenders.fns, reps, settle, few=("tvm",), few_reps=tvm_reps)
+    samples = {}
+    times = interleaved(contenders.fns, reps, settle, few=("tvm",), few_reps=tvm_reps,
+                        samples=samples)
     row = {"model": label, "ms": {k: v * 1e3 for k, v in times.items()},
+           "rounds_ms": {k: [t * 1e3 for t in v] for k, v in samples.items()},
            "rel_err": errors, **extra}
     row["breakdown"] = breakdown(vm_ours, args_ours)
     return row
