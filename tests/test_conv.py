@@ -26,14 +26,16 @@ def _import(model, x):
                                      keep_params_as_input=False)
 
 
-def _check(model, shape, expected, seed=0):
+def _check(model, shape, expected, seed=0, passes=None):
+    """Offloaded intrinsics and numerics against PyTorch; ``passes``: the region passes
+    (explain and compile alike; None: the defaults)."""
     x = torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
     mod = _import(model, x)
-    report = tirbyoc.explain(mod)
+    report = tirbyoc.explain(mod, region_passes=passes)
     assert sorted(r.intrinsic for r in report.offloaded) == sorted(expected), str(report)
     with torch.no_grad():
         ref = model(x).numpy()
-    got = tirbyoc.run(tirbyoc.compile(mod), x.numpy())
+    got = tirbyoc.run(tirbyoc.compile(mod, region_passes=passes), x.numpy())
     got = got[0] if isinstance(got, (list, tuple)) else got
     assert float(np.abs(got - ref).max()) <= RTOL * float(np.abs(ref).max())
     return report
@@ -94,19 +96,6 @@ def test_resnet_3x3_convs_over_many_tiles_take_winograd(monkeypatch, winograd):
     _no_tvm_convs(report, winograd=2 if winograd == "1" else 0)
 
 
-def _check_passes(model, shape, passes, expected, seed=0):
-    """``_check`` with ``region_passes=passes`` (explain and compile alike)."""
-    x = torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
-    mod = _import(model, x)
-    report = tirbyoc.explain(mod, region_passes=passes)
-    assert sorted(r.intrinsic for r in report.offloaded) == sorted(expected), str(report)
-    with torch.no_grad():
-        ref = model(x).numpy()
-    got = tirbyoc.run(tirbyoc.compile(mod, region_passes=passes), x.numpy())
-    assert float(np.abs(got - ref).max()) <= RTOL * float(np.abs(ref).max())
-    return report
-
-
 def test_batch_norm_folding_is_a_region_pass():
     """``weights.fold_batch_norm`` is a default region pass; it folds each offloaded conv's
     batch norm (random statistics) into the conv's weight and bias, and explain says so
@@ -122,7 +111,7 @@ def test_batch_norm_folding_is_a_region_pass():
     folded = ["conv2d_bias_relu", "max_pool2d", "conv2d_bias_relu",
               "conv2d_bias_residual_relu", "conv2d_bias_relu", "conv2d_bias_residual_relu",
               "conv2d_bias", "dense_bias"]
-    report = _check_passes(model, (1, 3, 40, 40), None, folded)
+    report = _check(model, (1, 3, 40, 40), folded)
     convs = [r for r in report.offloaded if r.intrinsic.startswith("conv2d")]
     assert len(convs) == 6 and all(
         "batch norm folded into the weight and bias; weight packed at compile time"
@@ -130,13 +119,12 @@ def test_batch_norm_folding_is_a_region_pass():
 
     # 1x1 / 3x3 convs of each shape: the stem, 16 -> 16, 16 -> 32 / 2, 32 -> 32, 16 -> 32
     # 1x1 / 2 (identical convs share one PrimFunc: five rows)
-    report = _check_passes(model, (1, 3, 40, 40),
-                           (weights.untranspose, weights.pack_constants),
-                           ["conv2d"] * 5 + ["max_pool2d", "dense_bias"])
+    report = _check(model, (1, 3, 40, 40), ["conv2d"] * 5 + ["max_pool2d", "dense_bias"],
+                    passes=(weights.untranspose, weights.pack_constants))
     assert not any("batch norm folded" in r.detail for r in report.offloaded), str(report)
     assert report.schedules["tirbyoc_conv2d"] == "kernel tirbyoc_conv2d_f32_packed"
 
-    report = _check_passes(model, (1, 3, 40, 40), (weights.fold_batch_norm,), folded)
+    report = _check(model, (1, 3, 40, 40), folded, passes=(weights.fold_batch_norm,))
     _no_tvm_convs(report, unpacked=6)
 
 
