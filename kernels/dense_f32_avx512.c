@@ -38,6 +38,55 @@ static __mmask16 mask_n(int64_t n)
     return n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1u);
 }
 
+/* The chain's leading arithmetic operations (bias, residual, scale, divide,
+ * relu, relu6) on registers r[0:N], one at a time over all of them: r[o]
+ * holds the outputs at row ci + o, columns cj + lane, valid in the lanes of
+ * mask m and the rows below cnt (the others are computed on and never
+ * stored; their rows are not read). The operations of tb_chain_tile (a bias
+ * or a stride-1 residual gather is a masked load; vmaxps / vminps return
+ * their second source for NaN and +-0, so NaN and -0.0 pass as with
+ * ch_sel), so the same results, without a round trip through memory.
+ * Returns the operations left (from the first other one on) for
+ * tb_chain_tile. */
+ALWAYS_INLINE int64_t lead_ops(const int N, const tb_chain *ch, __m512 *r,
+                               int cnt, __mmask16 m, int64_t ci, int64_t cj)
+{
+    int64_t ops = ch->ops;
+    int o;
+    for (; ops != 0; ops >>= 4) {
+        const int op = (int)(ops & 15);
+        if (op == TIRBYOC_EPI_BIAS) {
+            const __m512 b = _mm512_maskz_loadu_ps(m, ch->bias + cj);
+#pragma GCC unroll 16
+            for (o = 0; o < N; ++o)
+                r[o] = _mm512_add_ps(r[o], b);
+        } else if (op == TIRBYOC_EPI_RESIDUAL) {
+#pragma GCC unroll 16
+            for (o = 0; o < N; ++o)
+                if (o < cnt)
+                    r[o] = _mm512_add_ps(
+                        r[o],
+                        _mm512_maskz_loadu_ps(m, ch->residual + (ci + o) * ch->ldr + cj));
+        } else if (op == TIRBYOC_EPI_SCALE || op == TIRBYOC_EPI_DIVIDE) {
+            const __m512 sc = _mm512_set1_ps(ch->scale);
+#pragma GCC unroll 16
+            for (o = 0; o < N; ++o)
+                r[o] = op == TIRBYOC_EPI_SCALE ? _mm512_mul_ps(r[o], sc)
+                                               : _mm512_div_ps(r[o], sc);
+        } else if (op == TIRBYOC_EPI_RELU || op == TIRBYOC_EPI_RELU6) {
+            const __m512 z = _mm512_setzero_ps();
+            const __m512 hi = _mm512_set1_ps(op == TIRBYOC_EPI_RELU6 ? 6.0f
+                                                                     : __builtin_inff());
+#pragma GCC unroll 16
+            for (o = 0; o < N; ++o)
+                r[o] = _mm512_min_ps(hi, _mm512_max_ps(z, r[o]));
+        } else {
+            break;
+        }
+    }
+    return ops;
+}
+
 /* ---- micro-kernel ---- */
 
 /* IND: A is read in place, row i of k step p at kp[p][off + i], or at
@@ -106,55 +155,12 @@ ALWAYS_INLINE void tile(const int MR, const int NV, const int IND,
         }
     }
     if ((flags & TB_LAST) && ch != NULL) {
-        /* The chain's leading arithmetic operations (bias, residual, scale,
-         * divide, relu, relu6) on the accumulators themselves, one at a time
-         * over the tile; the same operations as tb_chain_tile's, so the same
-         * results. */
-        int64_t ops = ch->ops;
-        for (; ops != 0; ops >>= 4) {
-            const int op = (int)(ops & 15);
-            if (op == TIRBYOC_EPI_BIAS) {
-                const __m512 b0 = _mm512_maskz_loadu_ps(m0, ch->bias + cj);
-                const __m512 b1 = NV == 2 ? _mm512_maskz_loadu_ps(m1, ch->bias + cj + 16)
-                                          : _mm512_setzero_ps();
-#pragma GCC unroll 16
-                for (i = 0; i < MR; ++i) {
-                    acc0[i] = _mm512_add_ps(acc0[i], b0);
-                    acc1[i] = _mm512_add_ps(acc1[i], b1);
-                }
-            } else if (op == TIRBYOC_EPI_RESIDUAL) {
-#pragma GCC unroll 16
-                for (i = 0; i < MR; ++i) {
-                    const float *r = ch->residual + (ci + i) * ch->ldr + cj;
-                    acc0[i] = _mm512_add_ps(acc0[i], _mm512_maskz_loadu_ps(m0, r));
-                    if (NV == 2)
-                        acc1[i] = _mm512_add_ps(acc1[i],
-                                                _mm512_maskz_loadu_ps(m1, r + 16));
-                }
-            } else if (op == TIRBYOC_EPI_SCALE || op == TIRBYOC_EPI_DIVIDE) {
-                const __m512 s = _mm512_set1_ps(ch->scale);
-                const int mul = op == TIRBYOC_EPI_SCALE;
-#pragma GCC unroll 16
-                for (i = 0; i < MR; ++i) {
-                    acc0[i] = mul ? _mm512_mul_ps(acc0[i], s) : _mm512_div_ps(acc0[i], s);
-                    acc1[i] = mul ? _mm512_mul_ps(acc1[i], s) : _mm512_div_ps(acc1[i], s);
-                }
-            } else if (op == TIRBYOC_EPI_RELU || op == TIRBYOC_EPI_RELU6) {
-                /* vmaxps / vminps return their second source for NaN and
-                 * +-0: NaN and -0.0 pass, as in ch_unary */
-                const __m512 z = _mm512_setzero_ps();
-                const __m512 hi = _mm512_set1_ps(op == TIRBYOC_EPI_RELU6
-                                                     ? 6.0f
-                                                     : __builtin_inff());
-#pragma GCC unroll 16
-                for (i = 0; i < MR; ++i) {
-                    acc0[i] = _mm512_min_ps(hi, _mm512_max_ps(z, acc0[i]));
-                    acc1[i] = _mm512_min_ps(hi, _mm512_max_ps(z, acc1[i]));
-                }
-            } else {
-                break;
-            }
-        }
+        /* The chain's leading arithmetic operations on the accumulators
+         * themselves (each column of registers on its own: the operations
+         * are elementwise). */
+        int64_t ops = lead_ops(MR, ch, acc0, MR, m0, ci, cj);
+        if (NV == 2)
+            lead_ops(MR, ch, acc1, MR, m1, ci, cj + 16);
         if (ops != 0) {
             /* From the first transcendental operation on: the tile's
              * registers through tb_chain_tile. */
@@ -333,22 +339,39 @@ static void pack_w(tb_wlayout layout, int64_t kc, int64_t nc,
     }
 }
 
-/* tb_conv_out_fn: 16 columns at a time, through the transpose. */
+/* tb_conv_out_fn: 16 columns at a time, through the transpose; the chain's
+ * leading arithmetic in registers (ResNet-18 spent about 5% of its time
+ * in tb_chain_tile's memory round trips here), the rest through
+ * tb_chain_tile. */
 static void conv_out(const float *ct, int64_t ldc, int64_t m, int64_t n,
                      float *y, int64_t ldy, const tb_chain *ch, int64_t ci,
                      int64_t cj)
 {
+    const __mmask16 mn = mask_n(n);
     int64_t o0;
     int j;
     for (o0 = 0; o0 < m; o0 += 16) {
         const int64_t cols = min_i64(16, m - o0);
         __m512 r[16];
         load_transposed(r, ct + o0, ldc, n, cols);
-        if (ch != NULL)
-            tb_chain_tile(ch, ch->ops, (ch_vf *)r, (int)cols, 1, ci + o0, cj,
-                          n, 0);
-        for (j = 0; j < cols; ++j)
-            _mm512_mask_storeu_ps(y + (o0 + j) * ldy, mask_n(n), r[j]);
+        if (ch != NULL) {
+            const int64_t rest = lead_ops(16, ch, r, (int)cols, mn, ci + o0, cj);
+            if (rest != 0) {
+                /* a copy: r itself stays in registers */
+                ch_vf t[16];
+#pragma GCC unroll 16
+                for (j = 0; j < 16; ++j)
+                    t[j] = (ch_vf)r[j];
+                tb_chain_tile(ch, rest, t, (int)cols, 1, ci + o0, cj, n, 0);
+#pragma GCC unroll 16
+                for (j = 0; j < 16; ++j)
+                    r[j] = (__m512)t[j];
+            }
+        }
+#pragma GCC unroll 16
+        for (j = 0; j < 16; ++j)
+            if (j < cols)
+                _mm512_mask_storeu_ps(y + (o0 + j) * ldy, mn, r[j]);
     }
 }
 
