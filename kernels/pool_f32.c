@@ -12,12 +12,16 @@
  *
  * On AVX-512, 3x3 windows of stride 2 (ResNet's stem pool) take one pass
  * per output row instead (rows_avx512_3x3s2): the same maxima in the same
- * order, in whole vectors with masked loads (-inf outside the image).
+ * order, in whole vectors with masked loads (-inf outside the image), with
+ * vmaxps where no tap is NaN.
  *
  * The maximum propagates NaN (PyTorch's max_pool2d): a NaN anywhere in a
  * window gives NaN. A window with no tap inside the input gives -inf.
  * Every output is computed the same way whatever the instruction set (the
- * maximum is exact) or the thread count.
+ * maximum is exact) or the thread count. Ties keep the tap compared first,
+ * which only shows in the sign of a zero maximum: where +0.0 and -0.0 tie,
+ * the column-first order here may keep the other one than PyTorch's
+ * row-by-row order (they compare equal).
  *
  * Each instruction set's copy of the two passes is compiled here under its
  * target pragma; tb_active_isa() picks one.
@@ -188,6 +192,25 @@ static inline __m512 pl_vmax3(const float *const r[3], int64_t col, __mmask16 k)
     return acc;
 }
 
+/* pl_vmax3 with vmaxps: max(v, m) is v > m ? v : m, which is PL_MAX(m, v)
+ * (ties of +-0 included) whenever v is not NaN; the lanes of k where a row
+ * read holds a NaN are added to *nan, and the caller then takes pl_vmax3. */
+static inline __m512 pl_vmax3_fast(const float *const r[3], int64_t col, __mmask16 k,
+                                   __mmask16 *nan)
+{
+    const __m512 ninf = _mm512_set1_ps(-__builtin_inff());
+    __m512 acc = ninf;
+    int a, first = 1;
+    for (a = 0; a < 3; ++a)
+        if (r[a] != NULL) {
+            const __m512 v = _mm512_mask_loadu_ps(ninf, k, r[a] + col);
+            *nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+            acc = first ? v : _mm512_max_ps(v, acc);
+            first = 0;
+        }
+    return acc;
+}
+
 /* 3x3 windows, stride 2: per output row and 16 outputs, the vertical maximum
  * of the three input rows over the 33 columns the windows read (masked
  * loads, -inf outside the image), then the even, odd and next-even columns:
@@ -217,12 +240,27 @@ static void rows_avx512_3x3s2(const pl_job *j, const float *x, float *y, int64_t
                 const int64_t rr = i * 2 - j->ph + a;
                 r[a] = rr >= 0 && rr < j->h ? x + rr * j->w : NULL;
             }
-            const __m512 v0 = pl_vmax3(r, c, k0);
-            const __m512 v1 = pl_vmax3(r, c + 16, k1);
-            const __m512 v2 = pl_vmax3(r, c + 32, k2);
-            const __m512 e = _mm512_permutex2var_ps(v0, ie, v1);
-            const __m512 o = _mm512_permutex2var_ps(v0, io, v1);
-            const __m512 e2 = _mm512_castsi512_ps(
+            __mmask16 nan = 0;
+            __m512 v0 = pl_vmax3_fast(r, c, k0, &nan);
+            __m512 v1 = pl_vmax3_fast(r, c + 16, k1, &nan);
+            __m512 v2 = pl_vmax3_fast(r, c + 32, k2, &nan);
+            __m512 e = _mm512_permutex2var_ps(v0, ie, v1);
+            __m512 o = _mm512_permutex2var_ps(v0, io, v1);
+            __m512 e2 = _mm512_castsi512_ps(
+                _mm512_alignr_epi32(_mm512_castps_si512(v2), _mm512_castps_si512(e), 1));
+            if (nan == 0) {
+                _mm512_mask_storeu_ps(y + i * j->ow + q, ks,
+                                      _mm512_max_ps(e2, _mm512_max_ps(o, e)));
+                continue;
+            }
+            /* a NaN among the taps: the exact operations, which keep the
+             * NaN PL_MAX keeps */
+            v0 = pl_vmax3(r, c, k0);
+            v1 = pl_vmax3(r, c + 16, k1);
+            v2 = pl_vmax3(r, c + 32, k2);
+            e = _mm512_permutex2var_ps(v0, ie, v1);
+            o = _mm512_permutex2var_ps(v0, io, v1);
+            e2 = _mm512_castsi512_ps(
                 _mm512_alignr_epi32(_mm512_castps_si512(v2), _mm512_castps_si512(e), 1));
             _mm512_mask_storeu_ps(y + i * j->ow + q, ks, pl_max16(pl_max16(e, o), e2));
         }
