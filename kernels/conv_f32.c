@@ -284,6 +284,11 @@ static void conv_unit(const conv_job_t *j, int64_t n, int64_t c0, int64_t o0,
 
 /* Fewer k steps (with the bias step) than this take the gather path. */
 #define CONV_DIRECT_K_MIN 128
+/* A plain conv with at least this many k steps (with the bias step) takes
+ * the direct path up to this many pixels per output channel (else up to
+ * one). */
+#define CONV_DIRECT_PLAIN_K 256
+#define CONV_DIRECT_PLAIN_PIXELS 4
 /* Strides above this take the gather path. */
 #define CONV_DIRECT_STRIDE_MAX 4
 /* Output channels per unit at most (bounds the scratch a tile row needs). */
@@ -524,13 +529,18 @@ static int conv_direct(conv_job_t *j, int want)
     /* Measured faster where each tile has enough k steps to hide its
      * transpose, and for a plain conv (a dense product already) where its
      * pixels are fewer than its output channels (MobileNet's 1x1 convs at
-     * 14 x 14 and 7 x 7: up to 1.9x; at 28 x 28 and above the gather path
-     * was 10-15% faster). */
+     * 14 x 14 and 7 x 7: up to 1.9x), or up to CONV_DIRECT_PLAIN_PIXELS
+     * times as many with CONV_DIRECT_PLAIN_K k steps or more (MobileNet's
+     * 256-channel conv at 28 x 28: 234 -> 218 us in sequence; with 128
+     * channels, and at 56 x 56, the gather path stays faster). */
     env = getenv("TIRBYOC_CONV_DIRECT");
     if (env != NULL && env[0] == '0')
         return 0;
     if (!(env != NULL && env[0] == '1') &&
-        (j->plain ? j->p > j->ocg : j->kt < CONV_DIRECT_K_MIN))
+        (j->plain ? j->p > j->ocg * (j->kt >= CONV_DIRECT_PLAIN_K
+                                         ? CONV_DIRECT_PLAIN_PIXELS
+                                         : 1)
+                  : j->kt < CONV_DIRECT_K_MIN))
         return 0;
     j->inplace = j->plain;
     if (j->inplace) {
