@@ -343,7 +343,11 @@ static void copy_every_other(float *restrict d, const float *restrict s,
         d[t] = s[2 * t];
 }
 
-/* One phase plane (a, b) of channel plane src into pl. */
+/* One phase plane (a, b) of channel plane src into pl. Its rows are a few
+ * dozen floats: plain loops (vectorized), not memcpy and memset calls, whose
+ * call and dispatch cost about as much as such a row's copy (GCC would turn
+ * the loops back into the calls). */
+__attribute__((optimize("no-tree-loop-distribute-patterns")))
 static void direct_plane(const conv_job_t *j, const float *src, int64_t a,
                          int64_t b, float *pl)
 {
@@ -358,15 +362,17 @@ static void direct_plane(const conv_job_t *j, const float *src, int64_t a,
         float *d = pl + i * j->wv;
         const int64_t ih = i * g->sh + a - g->pt;
         if (ih < 0 || ih >= g->h || tlo >= thi) {
-            memset(d, 0, (size_t)j->wv * sizeof(float));
+            for (t = 0; t < j->wv; ++t)
+                d[t] = 0.0f;
             continue;
         }
         for (t = 0; t < tlo; ++t)
             d[t] = 0.0f;
-        if (g->sw == 1)
-            memcpy(d + tlo, src + ih * g->w + off + tlo,
-                   (size_t)(thi - tlo) * sizeof(float));
-        else if (g->sw == 2)
+        if (g->sw == 1) {
+            const float *s = src + ih * g->w + off;
+            for (t = tlo; t < thi; ++t)
+                d[t] = s[t];
+        } else if (g->sw == 2)
             copy_every_other(d + tlo, src + ih * g->w + off + tlo * 2,
                              thi - tlo);
         else
@@ -376,8 +382,8 @@ static void direct_plane(const conv_job_t *j, const float *src, int64_t a,
             d[t] = 0.0f;
     }
     /* the slack that tiles past the last row read */
-    memset(pl + j->hq * j->wv, 0,
-           (size_t)(j->ps - j->hq * j->wv) * sizeof(float));
+    for (t = j->hq * j->wv; t < j->ps; ++t)
+        pl[t] = 0.0f;
 }
 
 /* Pre-pass unit u: one channel's phase planes (u < batch * c), else the
