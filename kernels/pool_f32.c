@@ -175,10 +175,21 @@ static inline __m512 pl_max16(__m512 m, __m512 v)
     return _mm512_mask_mov_ps(m, k, v);
 }
 
+/* PL_MAX(m, v) on 16 lanes, or where no lane of v is NaN (fast) vmaxps:
+ * max(v, m) is v > m ? v : m, which is PL_MAX(m, v) for v not NaN (ties of
+ * +-0 included). */
+static inline __m512 pl_max2(__m512 m, __m512 v, int fast)
+{
+    return fast ? _mm512_max_ps(v, m) : pl_max16(m, v);
+}
+
 /* The vertical maximum of the rows r[0..2] (NULL: outside the image) at
  * columns col + l for the lanes of k (-inf in the others, not read). The
- * first row present is taken as it is: PL_MAX(-inf, v) is v, bit for bit. */
-static inline __m512 pl_vmax3(const float *const r[3], int64_t col, __mmask16 k)
+ * first row present is taken as it is: PL_MAX(-inf, v) is v, bit for bit.
+ * With nan != NULL, by vmaxps, the lanes where a row holds a NaN added to
+ * *nan (the caller then takes the exact operations, nan NULL). */
+static inline __m512 pl_vmax3(const float *const r[3], int64_t col, __mmask16 k,
+                              __mmask16 *nan)
 {
     const __m512 ninf = _mm512_set1_ps(-__builtin_inff());
     __m512 acc = ninf;
@@ -186,29 +197,31 @@ static inline __m512 pl_vmax3(const float *const r[3], int64_t col, __mmask16 k)
     for (a = 0; a < 3; ++a)
         if (r[a] != NULL) {
             const __m512 v = _mm512_mask_loadu_ps(ninf, k, r[a] + col);
-            acc = first ? v : pl_max16(acc, v);
+            if (nan != NULL)
+                *nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+            acc = first ? v : pl_max2(acc, v, nan != NULL);
             first = 0;
         }
     return acc;
 }
 
-/* pl_vmax3 with vmaxps: max(v, m) is v > m ? v : m, which is PL_MAX(m, v)
- * (ties of +-0 included) whenever v is not NaN; the lanes of k where a row
- * read holds a NaN are added to *nan, and the caller then takes pl_vmax3. */
-static inline __m512 pl_vmax3_fast(const float *const r[3], int64_t col, __mmask16 k,
-                                   __mmask16 *nan)
+/* 16 outputs of a 3x3 stride-2 row (see below) from input column c on: the
+ * vertical maxima of the 33 columns, then the even, odd and next-even ones. */
+static inline __m512 pl_row16(const float *const r[3], int64_t c, __mmask16 k0,
+                              __mmask16 k1, __mmask16 k2, __mmask16 *nan)
 {
-    const __m512 ninf = _mm512_set1_ps(-__builtin_inff());
-    __m512 acc = ninf;
-    int a, first = 1;
-    for (a = 0; a < 3; ++a)
-        if (r[a] != NULL) {
-            const __m512 v = _mm512_mask_loadu_ps(ninf, k, r[a] + col);
-            *nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-            acc = first ? v : _mm512_max_ps(v, acc);
-            first = 0;
-        }
-    return acc;
+    const __m512i ie = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8,
+                                        6, 4, 2, 0);
+    const __m512i io = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9,
+                                        7, 5, 3, 1);
+    const __m512 v0 = pl_vmax3(r, c, k0, nan);
+    const __m512 v1 = pl_vmax3(r, c + 16, k1, nan);
+    const __m512 v2 = pl_vmax3(r, c + 32, k2, nan);
+    const __m512 e = _mm512_permutex2var_ps(v0, ie, v1);
+    const __m512 o = _mm512_permutex2var_ps(v0, io, v1);
+    const __m512 e2 = _mm512_castsi512_ps(
+        _mm512_alignr_epi32(_mm512_castps_si512(v2), _mm512_castps_si512(e), 1));
+    return pl_max2(pl_max2(e, o, nan != NULL), e2, nan != NULL);
 }
 
 /* 3x3 windows, stride 2: per output row and 16 outputs, the vertical maximum
@@ -222,10 +235,6 @@ static inline __m512 pl_vmax3_fast(const float *const r[3], int64_t col, __mmask
 static void rows_avx512_3x3s2(const pl_job *j, const float *x, float *y, int64_t i0,
                               int64_t i1)
 {
-    const __m512i ie = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8,
-                                        6, 4, 2, 0);
-    const __m512i io = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9,
-                                        7, 5, 3, 1);
     int64_t i, q;
     int a;
     for (q = 0; q < j->ow; q += 16) {
@@ -240,29 +249,13 @@ static void rows_avx512_3x3s2(const pl_job *j, const float *x, float *y, int64_t
                 const int64_t rr = i * 2 - j->ph + a;
                 r[a] = rr >= 0 && rr < j->h ? x + rr * j->w : NULL;
             }
+            /* vmaxps first; the exact operations again where a tap is NaN
+             * (they keep the NaN PL_MAX keeps) */
             __mmask16 nan = 0;
-            __m512 v0 = pl_vmax3_fast(r, c, k0, &nan);
-            __m512 v1 = pl_vmax3_fast(r, c + 16, k1, &nan);
-            __m512 v2 = pl_vmax3_fast(r, c + 32, k2, &nan);
-            __m512 e = _mm512_permutex2var_ps(v0, ie, v1);
-            __m512 o = _mm512_permutex2var_ps(v0, io, v1);
-            __m512 e2 = _mm512_castsi512_ps(
-                _mm512_alignr_epi32(_mm512_castps_si512(v2), _mm512_castps_si512(e), 1));
-            if (nan == 0) {
-                _mm512_mask_storeu_ps(y + i * j->ow + q, ks,
-                                      _mm512_max_ps(e2, _mm512_max_ps(o, e)));
-                continue;
-            }
-            /* a NaN among the taps: the exact operations, which keep the
-             * NaN PL_MAX keeps */
-            v0 = pl_vmax3(r, c, k0);
-            v1 = pl_vmax3(r, c + 16, k1);
-            v2 = pl_vmax3(r, c + 32, k2);
-            e = _mm512_permutex2var_ps(v0, ie, v1);
-            o = _mm512_permutex2var_ps(v0, io, v1);
-            e2 = _mm512_castsi512_ps(
-                _mm512_alignr_epi32(_mm512_castps_si512(v2), _mm512_castps_si512(e), 1));
-            _mm512_mask_storeu_ps(y + i * j->ow + q, ks, pl_max16(pl_max16(e, o), e2));
+            __m512 out = pl_row16(r, c, k0, k1, k2, &nan);
+            if (nan != 0)
+                out = pl_row16(r, c, k0, k1, k2, NULL);
+            _mm512_mask_storeu_ps(y + i * j->ow + q, ks, out);
         }
     }
 }
