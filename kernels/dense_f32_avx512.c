@@ -339,41 +339,24 @@ static void pack_w(tb_wlayout layout, int64_t kc, int64_t nc,
     }
 }
 
-/* tb_conv_out_fn: 16 columns at a time, through the transpose; the chain's
- * leading arithmetic in registers (ResNet-18 spent about 5% of its time
- * in tb_chain_tile's memory round trips here), the rest through
- * tb_chain_tile. Except where the planes of y are a multiple of 4 KB apart
- * (32 x 32 images): the 16 stores of a block then go to one L1 set, and
- * stores back to back stalled more than with tb_chain_tile's work between
- * the blocks (the small CNN's Winograd conv at batch 8: 410 us the old way,
- * 485 us in registers). */
-static void conv_out(const float *ct, int64_t ldc, int64_t m, int64_t n,
-                     float *y, int64_t ldy, const tb_chain *ch, int64_t ci,
-                     int64_t cj)
+/* conv_out's blocks: 16 columns at a time, through the transpose, then the
+ * chain: with REGS its leading arithmetic in registers (lead_ops) and the
+ * rest through tb_chain_tile, else all of it through tb_chain_tile. */
+ALWAYS_INLINE void out_blocks(const int REGS, const float *ct, int64_t ldc,
+                              int64_t m, int64_t n, float *y, int64_t ldy,
+                              const tb_chain *ch, int64_t ci, int64_t cj)
 {
     const __mmask16 mn = mask_n(n);
     int64_t o0;
     int j;
-    if (ldy % 1024 == 0) {
-        for (o0 = 0; o0 < m; o0 += 16) {
-            const int64_t cols = min_i64(16, m - o0);
-            __m512 r[16];
-            load_transposed(r, ct + o0, ldc, n, cols);
-            if (ch != NULL)
-                tb_chain_tile(ch, ch->ops, (ch_vf *)r, (int)cols, 1, ci + o0, cj,
-                              n, 0);
-            for (j = 0; j < cols; ++j)
-                _mm512_mask_storeu_ps(y + (o0 + j) * ldy, mn, r[j]);
-        }
-        return;
-    }
     for (o0 = 0; o0 < m; o0 += 16) {
         const int64_t cols = min_i64(16, m - o0);
         __m512 r[16];
         load_transposed(r, ct + o0, ldc, n, cols);
         if (ch != NULL) {
-            const int64_t rest = lead_ops(16, ch, r, (int)cols, mn, ci + o0, cj);
-            if (rest != 0) {
+            const int64_t rest =
+                REGS ? lead_ops(16, ch, r, (int)cols, mn, ci + o0, cj) : ch->ops;
+            if (rest != 0 && REGS) {
                 /* a copy: r itself stays in registers */
                 ch_vf t[16];
 #pragma GCC unroll 16
@@ -383,6 +366,8 @@ static void conv_out(const float *ct, int64_t ldc, int64_t m, int64_t n,
 #pragma GCC unroll 16
                 for (j = 0; j < 16; ++j)
                     r[j] = (__m512)t[j];
+            } else if (rest != 0) {
+                tb_chain_tile(ch, rest, (ch_vf *)r, (int)cols, 1, ci + o0, cj, n, 0);
             }
         }
 #pragma GCC unroll 16
@@ -390,6 +375,23 @@ static void conv_out(const float *ct, int64_t ldc, int64_t m, int64_t n,
             if (j < cols)
                 _mm512_mask_storeu_ps(y + (o0 + j) * ldy, mn, r[j]);
     }
+}
+
+/* tb_conv_out_fn: the chain's leading arithmetic in registers (ResNet-18
+ * spent about 5% of its time in tb_chain_tile's memory round trips here).
+ * Except where the planes of y are a multiple of 4 KB apart (32 x 32
+ * images): the 16 stores of a block then go to one L1 set, and stores back
+ * to back stalled more than with tb_chain_tile's work between the blocks
+ * (the small CNN's Winograd conv at batch 8: 410 us through tb_chain_tile,
+ * 485 us in registers). */
+static void conv_out(const float *ct, int64_t ldc, int64_t m, int64_t n,
+                     float *y, int64_t ldy, const tb_chain *ch, int64_t ci,
+                     int64_t cj)
+{
+    if (ldy % 1024 == 0)
+        out_blocks(0, ct, ldc, m, n, y, ldy, ch, ci, cj);
+    else
+        out_blocks(1, ct, ldc, m, n, y, ldy, ch, ci, cj);
 }
 
 /* ---- few rows: matrix-vector like, streaming W once ---- */

@@ -444,7 +444,7 @@ def offload_convs(mod, passes=None):
 
     passes = weights.DEFAULT_PASSES if passes is None else tuple(passes)
     steps = _conv_steps(passes)
-    batch_norms = weights.fold_batch_norm in passes
+    batch_norms = fold_batch_norm in steps  # else a region ends before its batch norm
     out, funcs = mod, {}
     for gv, func in list(mod.functions_items()):
         if not isinstance(func, R.Function) or (func.attrs and "Codegen" in func.attrs):
