@@ -67,6 +67,7 @@ CASES = [
     (1, 8, 10, 10, 16, (0, 2), (9, 12)),      # asymmetric padding, wider output
     (1, 8, 10, 10, 16, (3, -1), (15, 5)),     # negative padding, taller output
     (3, 8, 16, 16, 24, (1, 1), None),         # batch 3
+    (2, 8, 32, 32, 24, (1, 1), None),         # 32 x 32: planes 4 KB apart (conv_out)
 ]
 
 
