@@ -354,9 +354,20 @@ def main(argv=None) -> int:
                              "and TVM's default build (tirbyoc.bench_models)")
     parser.add_argument("--model", action="append", default=[],
                         help="with --models: only this model (repeatable)")
-    parser.add_argument("--threads", type=int, default=2, help="with --models: threads for "
-                        "every contender")
+    parser.add_argument("--threads", type=int, default=2, help="with --models or --layers: "
+                        "threads for every contender")
+    parser.add_argument("--layers", action="store_true",
+                        help="the models' conv layers one by one against ONNX Runtime and "
+                             "PyTorch eager, from chains of them (tirbyoc.bench_layers)")
+    parser.add_argument("--layer", action="append", default=[],
+                        help="with --layers: only this layer, e.g. pw512@14 (repeatable)")
     args = parser.parse_args(argv)
+    if args.layers:
+        from . import bench_layers
+
+        return bench_layers.run_layers(args.layer, args.threads,
+                                       args.reps if args.reps != 11 else 15, args.settle,
+                                       args.out)
     if args.models:
         from . import bench_models
 

@@ -170,19 +170,11 @@ def bench_torch_model(spec: ModelSpec, threads: int, reps: int, tvm_reps: int, w
         report = tirbyoc.explain(mod)
         ours = tirbyoc.compile(mod)
         theirs = tvm.compile(mod, "llvm") if with_tvm else None
-        buf = io.BytesIO()
         dims = None
         if kind == "dynamic":
             arg = examples._arg_names(model)[0]
             dims = {arg: {1: torch.export.Dim("seq", min=2, max=512)}}
-        # NOTE: the torch.export-based exporter: the TorchScript one cannot trace
-        # nn.TransformerEncoderLayer's attention (is_causal becomes a tensor).
-        with torch.no_grad():
-            program = torch.onnx.export(model, (example,), input_names=["x"],
-                                        output_names=["y"], dynamic_shapes=dims, dynamo=True,
-                                        verbose=False)
-        program.save(buf)
-        sess = _ort_session(buf.getvalue(), threads)
+        sess = _ort_session(onnx_bytes(model, example, dims), threads)
         vm_ours = _vm(ours)
         vm_tvm = _vm(theirs) if theirs is not None else None
         for seq in seqs:
@@ -208,6 +200,20 @@ def bench_torch_model(spec: ModelSpec, threads: int, reps: int, tvm_reps: int, w
                                   "offloaded": [r.intrinsic for r in report.offloaded]}))
             progress(f"  measured {label} {spec.shape(seq)}")
     return rows
+
+
+def onnx_bytes(model, example, dynamic_shapes=None) -> bytes:
+    """``model`` (input "x", output "y") as ONNX, for ONNX Runtime."""
+    import torch
+
+    buf = io.BytesIO()
+    # NOTE: the torch.export-based exporter: the TorchScript one cannot trace
+    # nn.TransformerEncoderLayer's attention (is_causal becomes a tensor).
+    with torch.no_grad():
+        program = torch.onnx.export(model, (example,), input_names=["x"], output_names=["y"],
+                                    dynamic_shapes=dynamic_shapes, dynamo=True, verbose=False)
+    program.save(buf)
+    return buf.getvalue()
 
 
 def _torch_call(model, x):

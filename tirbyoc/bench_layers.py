@@ -1,0 +1,196 @@
+"""Layer benchmark: what one convolution layer of the benchmark models costs, tirbyoc
+against ONNX Runtime and PyTorch eager, in one run and without a profiler.
+
+    python -m tirbyoc.bench --layers [--layer pw512@14] [--reps 15]
+
+A layer is a conv (depthwise 3x3, pointwise 1x1 or full 3x3, stride 1, padding to keep
+the size), its batch norm and its activation, as the models have them (MobileNet's
+ReLU6, ResNet-18's ReLU). Each contender runs a chain of ``CHAIN`` such layers and a
+chain of one, built from the same PyTorch module; the layer's cost is the difference
+divided by ``CHAIN - 1``. That leaves out what a call costs once (the input's checks, the
+output's allocation, ONNX Runtime's conversions into and out of its blocked layout) and
+keeps what a layer costs inside a network: each contender keeps its own layout between
+its layers, and each layer reads what the one before it just wrote. ONNX Runtime's
+profiler cannot give this: its hooks add several microseconds to every node.
+
+Chains are timed interleaved (``tirbyoc.bench.interleaved``: medians, an idle pause
+before each measurement), every output is checked against PyTorch (1e-4 of max|ref|),
+and tirbyoc's build must run the chain as one kernel call per layer.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+
+from .bench import SETTLE_SECONDS, interleaved
+from .bench_models import (RTOL, _first, _ort_session, _rel_err, _set_threads, _torch_call,
+                           _vm, onnx_bytes, write)
+
+# Layers in a chain (the longer one).
+CHAIN = 5
+
+
+@dataclass(frozen=True)
+class Layer:
+    """``kind``: "dw" (3x3 depthwise, ReLU6), "pw" (1x1, ReLU6) or "conv" (3x3, ReLU);
+    ``channels`` in and out; ``size``: height and width."""
+
+    kind: str
+    channels: int
+    size: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.kind}{self.channels}@{self.size}"
+
+
+# MobileNet's stride-1 depthwise and pointwise layers (most of its time), ResNet-18's
+# 3x3 convs.
+LAYERS = tuple(Layer(k, c, s) for k, c, s in (
+    ("dw", 32, 112), ("dw", 128, 56), ("dw", 256, 28), ("dw", 512, 14), ("dw", 1024, 7),
+    ("pw", 128, 56), ("pw", 256, 28), ("pw", 512, 14), ("pw", 1024, 7),
+    ("conv", 64, 56), ("conv", 128, 28), ("conv", 256, 14), ("conv", 512, 7)))
+KINDS = ("dw", "pw", "conv")
+
+
+def parse(name: str) -> Layer:
+    """A layer from its name, e.g. "pw512@14" or "conv256@14" (any channels and size)."""
+    for kind in KINDS:
+        rest = name[len(kind):]
+        if name.startswith(kind) and "@" in rest:
+            channels, _, size = rest.partition("@")
+            if channels.isdigit() and size.isdigit() and int(channels) > 0 and int(size) > 0:
+                return Layer(kind, int(channels), int(size))
+    raise SystemExit(f"bad layer {name!r}: KIND CHANNELS@SIZE with KIND one of "
+                     f"{', '.join(KINDS)} (e.g. pw512@14)")
+
+
+def chain_torch(layer: Layer, length: int, seed: int = 0):
+    """``length`` layers in a row as an eval-mode ``torch.nn.Sequential``, batch norms
+    with random statistics (so that folding them is exercised)."""
+    import torch
+
+    from . import examples
+
+    nn = torch.nn
+    torch.manual_seed(seed)
+    c = layer.channels
+    mods = []
+    for _ in range(length):
+        if layer.kind == "dw":
+            mods += [nn.Conv2d(c, c, 3, 1, 1, groups=c, bias=False), nn.BatchNorm2d(c),
+                     nn.ReLU6()]
+        elif layer.kind == "pw":
+            mods += [nn.Conv2d(c, c, 1, bias=False), nn.BatchNorm2d(c), nn.ReLU6()]
+        else:
+            mods += [nn.Conv2d(c, c, 3, 1, 1, bias=False), nn.BatchNorm2d(c), nn.ReLU()]
+    return examples._randomize_batch_norms(nn.Sequential(*mods), seed).eval()
+
+
+def bench_layer(layer: Layer, threads: int, reps: int, settle: float, chain: int = CHAIN,
+                progress=print) -> dict:
+    """One row: microseconds per layer of each contender, and the chains' checks."""
+    import torch
+    import tvm
+
+    import tirbyoc
+    from . import examples
+
+    if chain < 2:
+        raise ValueError("chain: at least 2 layers")
+    x = torch.randn(1, layer.channels, layer.size, layer.size,
+                    generator=torch.Generator().manual_seed(1))
+    xn = x.numpy()
+    xt = tvm.runtime.tensor(xn)
+    fns, errors, offloaded = {}, {}, {}
+    for length in (1, chain):
+        model = chain_torch(layer, length)
+        vm = _vm(tirbyoc.compile(examples.import_torch(model, x)))
+        offloaded[length] = kernel_calls(vm, xt)
+        sess = _ort_session(onnx_bytes(model, x), threads)
+        with torch.no_grad():
+            ref = model(x).numpy().astype(np.float64)
+        errors[length] = {"tirbyoc": _rel_err(_first(vm["main"](xt)), ref),
+                          "ort": _rel_err(sess.run(None, {"x": xn})[0], ref)}
+        fns[f"tirbyoc/{length}"] = lambda vm=vm: vm["main"](xt)
+        fns[f"ort/{length}"] = lambda sess=sess: sess.run(None, {"x": xn})
+        fns[f"torch/{length}"] = lambda model=model: _torch_call(model, x)
+    times = interleaved(fns, reps, settle)
+    us = {p: (times[f"{p}/{chain}"] - times[f"{p}/1"]) / (chain - 1) * 1e6
+          for p in ("tirbyoc", "ort", "torch")}
+    progress(f"  measured {layer.name}")
+    return {"layer": layer.name, "kind": layer.kind, "channels": layer.channels,
+            "size": layer.size, "chain": chain, "us": us,
+            "chain_ms": {k: v * 1e3 for k, v in times.items()},
+            "rel_err": {f"{p}/{n}": e for n, errs in errors.items() for p, e in errs.items()},
+            "offloaded": offloaded}
+
+
+def kernel_calls(vm, *args) -> int:
+    """How many kernel calls (functions named tirbyoc_*) one run of ``main`` makes."""
+    calls = []
+
+    def instrument(func, name, before, *rest):  # noqa: ARG001 (the VM's signature)
+        if before and name.startswith("tirbyoc_"):
+            calls.append(name)
+        return 0
+
+    vm.set_instrument(instrument)
+    try:
+        vm["main"](*args)
+    finally:
+        vm.set_instrument(lambda *a: 0)
+    return len(calls)
+
+
+def report(rows, threads) -> str:
+    lines = [f"{threads} threads each; microseconds per layer: (chain of {rows[0]['chain']} - "
+             "chain of 1) / " f"{rows[0]['chain'] - 1}, medians; ratio = peer / tirbyoc "
+             "(> 1: tirbyoc faster)" if rows else "no layers", ""]
+    head = (f"{'layer':14s}{'tirbyoc':>9s}{'ort':>9s}{'torch':>9s}{'vs ort':>8s}"
+            f"{'vs torch':>9s}  {'max error':>9s}")
+    lines += [head, "-" * len(head)]
+    for r in rows:
+        us = r["us"]
+        ratio = lambda p: f"{us[p] / us['tirbyoc']:.2f}x" if us["tirbyoc"] > 0 else "-"  # noqa: E731
+        lines.append(f"{r['layer']:14s}{us['tirbyoc']:9.1f}{us['ort']:9.1f}{us['torch']:9.1f}"
+                     f"{ratio('ort'):>8s}{ratio('torch'):>9s}  {max(r['rel_err'].values()):9.1e}")
+    return "\n".join(lines)
+
+
+def problems(rows) -> list:
+    """Chains whose numerics are out of tolerance, or not one kernel call per layer."""
+    bad = [f"{r['layer']} {k}: error {e:.1e}" for r in rows for k, e in r["rel_err"].items()
+           if not e <= RTOL]
+    bad += [f"{r['layer']}: chain of {n}, {got} kernel calls" for r in rows
+            for n, got in r["offloaded"].items() if got != int(n)]
+    return bad
+
+
+def run_layers(names, threads=2, reps=15, settle=SETTLE_SECONDS, out="bench-results") -> int:
+    _set_threads(threads)
+    layers = [parse(n) for n in names] if names else list(LAYERS)
+    rows = [bench_layer(layer, threads, reps, settle,
+                        progress=lambda s: print(s, file=sys.stderr)) for layer in layers]
+    print(report(rows, threads))
+    os.makedirs(out, exist_ok=True)
+    path = write_json(rows, out, threads)
+    print(f"\nwrote {path}")
+    bad = problems(rows)
+    if bad:
+        print("CHECKS FAILED:\n  " + "\n  ".join(bad))
+        return 1
+    return 0
+
+
+def write_json(rows, out, threads) -> str:
+    import json
+
+    path = os.path.join(out, "layers.json")
+    with open(path, "w") as f:
+        json.dump({"threads": threads, "rows": rows}, f, indent=1)
+    return path
