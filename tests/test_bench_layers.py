@@ -28,7 +28,7 @@ def test_a_layer_row_is_complete_and_checked(layer):
                                    progress=lambda s: None)
     assert row["layer"] == layer.name and row["chain"] == 3
     # the chains: one kernel call per layer (the batch norms folded into them)
-    assert row["offloaded"] == {1: 1, 3: 3}
+    assert row["kernel_calls"] == {1: 1, 3: 3}
     assert set(row["rel_err"]) == {"tirbyoc/1", "ort/1", "tirbyoc/3", "ort/3"}
     assert max(row["rel_err"].values()) <= bench_layers.RTOL, row["rel_err"]
     assert set(row["chain_ms"]) == {f"{p}/{n}" for p in ("tirbyoc", "ort", "torch")
@@ -44,10 +44,10 @@ def test_a_layer_row_is_complete_and_checked(layer):
 
 def test_problems_names_a_wrong_chain():
     row = {"layer": "pw8@4", "rel_err": {"tirbyoc/1": 0.0, "tirbyoc/5": 3e-3},
-           "offloaded": {1: 1, 5: 4}}
+           "kernel_calls": {1: 1, 5: 4}}
     assert bench_layers.problems([row]) == ["pw8@4 tirbyoc/5: error 3.0e-03",
                                             "pw8@4: chain of 5, 4 kernel calls"]
-    nan_row = {"layer": "dw8@4", "rel_err": {"ort/1": float("nan")}, "offloaded": {}}
+    nan_row = {"layer": "dw8@4", "rel_err": {"ort/1": float("nan")}, "kernel_calls": {}}
     assert len(bench_layers.problems([nan_row])) == 1
 
 

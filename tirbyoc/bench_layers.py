@@ -28,7 +28,7 @@ import numpy as np
 
 from .bench import SETTLE_SECONDS, interleaved
 from .bench_models import (RTOL, _first, _ort_session, _rel_err, _set_threads, _torch_call,
-                           _vm, onnx_bytes, write)
+                           _vm, onnx_bytes)
 
 # Layers in a chain (the longer one).
 CHAIN = 5
@@ -106,11 +106,11 @@ def bench_layer(layer: Layer, threads: int, reps: int, settle: float, chain: int
                     generator=torch.Generator().manual_seed(1))
     xn = x.numpy()
     xt = tvm.runtime.tensor(xn)
-    fns, errors, offloaded = {}, {}, {}
+    fns, errors, calls = {}, {}, {}
     for length in (1, chain):
         model = chain_torch(layer, length)
         vm = _vm(tirbyoc.compile(examples.import_torch(model, x)))
-        offloaded[length] = kernel_calls(vm, xt)
+        calls[length] = kernel_calls(vm, xt)
         sess = _ort_session(onnx_bytes(model, x), threads)
         with torch.no_grad():
             ref = model(x).numpy().astype(np.float64)
@@ -127,7 +127,7 @@ def bench_layer(layer: Layer, threads: int, reps: int, settle: float, chain: int
             "size": layer.size, "chain": chain, "us": us,
             "chain_ms": {k: v * 1e3 for k, v in times.items()},
             "rel_err": {f"{p}/{n}": e for n, errs in errors.items() for p, e in errs.items()},
-            "offloaded": offloaded}
+            "kernel_calls": calls}
 
 
 def kernel_calls(vm, *args) -> int:
@@ -148,17 +148,20 @@ def kernel_calls(vm, *args) -> int:
 
 
 def report(rows, threads) -> str:
-    lines = [f"{threads} threads each; microseconds per layer: (chain of {rows[0]['chain']} - "
-             "chain of 1) / " f"{rows[0]['chain'] - 1}, medians; ratio = peer / tirbyoc "
-             "(> 1: tirbyoc faster)" if rows else "no layers", ""]
+    if not rows:
+        return "no layers"
+    chain = rows[0]["chain"]
+    lines = [f"{threads} threads each; microseconds per layer: (chain of {chain} - chain of 1)"
+             f" / {chain - 1}, medians; ratio = peer / tirbyoc (> 1: tirbyoc faster)", ""]
     head = (f"{'layer':14s}{'tirbyoc':>9s}{'ort':>9s}{'torch':>9s}{'vs ort':>8s}"
             f"{'vs torch':>9s}  {'max error':>9s}")
     lines += [head, "-" * len(head)]
     for r in rows:
         us = r["us"]
-        ratio = lambda p: f"{us[p] / us['tirbyoc']:.2f}x" if us["tirbyoc"] > 0 else "-"  # noqa: E731
+        ratios = [f"{us[p] / us['tirbyoc']:.2f}x" if us["tirbyoc"] > 0 else "-"
+                  for p in ("ort", "torch")]
         lines.append(f"{r['layer']:14s}{us['tirbyoc']:9.1f}{us['ort']:9.1f}{us['torch']:9.1f}"
-                     f"{ratio('ort'):>8s}{ratio('torch'):>9s}  {max(r['rel_err'].values()):9.1e}")
+                     f"{ratios[0]:>8s}{ratios[1]:>9s}  {max(r['rel_err'].values()):9.1e}")
     return "\n".join(lines)
 
 
@@ -167,8 +170,17 @@ def problems(rows) -> list:
     bad = [f"{r['layer']} {k}: error {e:.1e}" for r in rows for k, e in r["rel_err"].items()
            if not e <= RTOL]
     bad += [f"{r['layer']}: chain of {n}, {got} kernel calls" for r in rows
-            for n, got in r["offloaded"].items() if got != int(n)]
+            for n, got in r["kernel_calls"].items() if got != int(n)]
     return bad
+
+
+def write_json(rows, out, threads) -> str:
+    import json
+
+    path = os.path.join(out, "layers.json")
+    with open(path, "w") as f:
+        json.dump({"threads": threads, "rows": rows}, f, indent=1)
+    return path
 
 
 def run_layers(names, threads=2, reps=15, settle=SETTLE_SECONDS, out="bench-results") -> int:
@@ -185,12 +197,3 @@ def run_layers(names, threads=2, reps=15, settle=SETTLE_SECONDS, out="bench-resu
         print("CHECKS FAILED:\n  " + "\n  ".join(bad))
         return 1
     return 0
-
-
-def write_json(rows, out, threads) -> str:
-    import json
-
-    path = os.path.join(out, "layers.json")
-    with open(path, "w") as f:
-        json.dump({"threads": threads, "rows": rows}, f, indent=1)
-    return path
