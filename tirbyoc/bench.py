@@ -340,7 +340,8 @@ def run(shapes=SHAPES, reps=11, tvm_reps=1, *, with_tvm=True, target="llvm", see
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tirbyoc.bench",
                                      description=__doc__.split("\n\n")[0])
-    parser.add_argument("--reps", type=int, default=11, help="interleaved repetitions")
+    parser.add_argument("--reps", type=int, default=None, help="interleaved repetitions "
+                        "(default 11; with --models 20, with --layers 15)")
     parser.add_argument("--settle", type=float, default=SETTLE_SECONDS,
                         help="seconds of idle before each measurement (thread pools settle)")
     parser.add_argument("--tvm-reps", type=int, default=1,
@@ -365,19 +366,18 @@ def main(argv=None) -> int:
     if args.layers:
         from . import bench_layers
 
-        return bench_layers.run_layers(args.layer, args.threads,
-                                       args.reps if args.reps != 11 else 15, args.settle,
+        return bench_layers.run_layers(args.layer, args.threads, args.reps or 15, args.settle,
                                        args.out)
     if args.models:
         from . import bench_models
 
         return bench_models.run_models(args.model or list(bench_models.MODELS), args.threads,
-                                       args.reps if args.reps != 11 else 20, args.tvm_reps,
-                                       not args.no_tvm, args.settle, args.out)
+                                       args.reps or 20, args.tvm_reps, not args.no_tvm,
+                                       args.settle, args.out)
 
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",") if s] \
         or SHAPES
-    results = run(shapes, args.reps, args.tvm_reps, with_tvm=not args.no_tvm,
+    results = run(shapes, args.reps or 11, args.tvm_reps, with_tvm=not args.no_tvm,
                   target=args.target, settle=args.settle, progress=True)
     failures = [f"{row['shape']} {row['weights']} {p}: {e:.1e}" for row in results["shapes"]
                 for p, e in row["rel_err"].items() if e > RTOL]

@@ -20,7 +20,6 @@ and tirbyoc's build must run the chain as one kernel call per layer.
 
 from __future__ import annotations
 
-import os
 import sys
 from dataclasses import dataclass
 
@@ -28,7 +27,7 @@ import numpy as np
 
 from .bench import SETTLE_SECONDS, interleaved
 from .bench_models import (RTOL, _first, _ort_session, _rel_err, _set_threads, _torch_call,
-                           _vm, onnx_bytes)
+                           _vm, onnx_bytes, write_json)
 
 # Layers in a chain (the longer one).
 CHAIN = 5
@@ -174,23 +173,13 @@ def problems(rows) -> list:
     return bad
 
 
-def write_json(rows, out, threads) -> str:
-    import json
-
-    path = os.path.join(out, "layers.json")
-    with open(path, "w") as f:
-        json.dump({"threads": threads, "rows": rows}, f, indent=1)
-    return path
-
-
 def run_layers(names, threads=2, reps=15, settle=SETTLE_SECONDS, out="bench-results") -> int:
     _set_threads(threads)
     layers = [parse(n) for n in names] if names else list(LAYERS)
     rows = [bench_layer(layer, threads, reps, settle,
                         progress=lambda s: print(s, file=sys.stderr)) for layer in layers]
     print(report(rows, threads))
-    os.makedirs(out, exist_ok=True)
-    path = write_json(rows, out, threads)
+    path = write_json(rows, out, threads, "layers")
     print(f"\nwrote {path}")
     bad = problems(rows)
     if bad:

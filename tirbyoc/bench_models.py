@@ -323,12 +323,20 @@ def plot(rows, path):
     fig.savefig(path, dpi=100)
 
 
-def write(rows, out, threads, name="models"):
+def write_json(rows, out, threads, name) -> str:
+    """``out/name.json`` with the thread count and the rows; returns its path."""
     os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, f"{name}.json"), "w") as f:
+    path = os.path.join(out, f"{name}.json")
+    with open(path, "w") as f:
         json.dump({"threads": threads, "rows": rows}, f, indent=1)
-    plot(rows, os.path.join(out, f"{name}.png"))
-    return os.path.join(out, f"{name}.json"), os.path.join(out, f"{name}.png")
+    return path
+
+
+def write(rows, out, threads, name="models"):
+    png = os.path.join(out, f"{name}.png")
+    path = write_json(rows, out, threads, name)
+    plot(rows, png)
+    return path, png
 
 
 def _set_threads(threads):
