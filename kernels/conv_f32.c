@@ -76,6 +76,7 @@ typedef struct {
                             sits, from the group's first plane */
     int inplace;      /* a plain conv: the planes are the image's channels */
     int64_t obw;      /* output channels per block (a multiple of 16) */
+    int xb, yb;       /* x, y (and the residual) are NCHW16c (direct path) */
 } conv_job_t;
 
 static int64_t min_i64(int64_t x, int64_t y) { return x < y ? x : y; }
@@ -455,7 +456,7 @@ static void direct_unit(const conv_job_t *j, int64_t n, int64_t gi,
                  * skips the virtual row's padding where it wraps */
                 const int64_t va = j->runs ? qa / ow * j->wv + qa % ow : qa;
                 const int split = j->runs ? (int)min_i64(m, ow - qa % ow) : m;
-                isa->conv_tile(kc, kp, va, wp, wps,
+                (j->xb ? isa->conv_tile16 : isa->conv_tile)(kc, kp, va, wp, wps,
                                scratch + t * mr * ldc + c0, ldc, m, nr,
                                flags | (t == 0 && j->wpk != NULL
                                             ? TB_PREFETCH_W
@@ -463,6 +464,30 @@ static void direct_unit(const conv_job_t *j, int64_t n, int64_t gi,
                                split, j->wv - ow);
             }
         }
+    }
+    if (j->yb) {
+        /* NCHW16c: each pixel's channels of a block are one vector of the
+         * sums, stored whole; pixel px of the unit's first block at
+         * y + px * 16 (its offset is y's: oc0 is a multiple of 16) */
+        const float *res = ch.residual != NULL ? ch.residual + oc0 * j->p : NULL;
+        for (t = 0; t < tiles; ++t) {
+            const int64_t qa = q0 + t * mr, qb = min_i64(q1, qa + mr);
+            q = qa;
+            while (q < qb) {
+                /* runs: real pixels; else the virtual row's real ones */
+                const int64_t oh = j->runs ? 0 : q / j->wv, vw = j->runs ? q : q % j->wv;
+                const int64_t end = j->runs ? qb : min_i64(qb, (oh + 1) * j->wv);
+                if (j->runs || vw < ow) {
+                    const int64_t len = j->runs ? qb - q : min_i64(end, oh * j->wv + ow) - q;
+                    const int64_t px = j->runs ? q : oh * ow + vw;
+                    isa->conv_out16(scratch + (t * mr + q - qa) * ldc, ldc, ob, len,
+                                    y + px * 16, res != NULL ? res + px * 16 : NULL,
+                                    j->p * 16, ch.ops);
+                }
+                q = end;
+            }
+        }
+        return;
     }
     if (j->runs) {
         /* the sums are the real pixels [q0, q1) in order; each block of 16
@@ -532,6 +557,11 @@ static int conv_direct(conv_job_t *j, int want)
     if (isa->conv_tile == NULL || g->sh > CONV_DIRECT_STRIDE_MAX ||
         g->sw > CONV_DIRECT_STRIDE_MAX)
         return 0;
+    /* NCHW16c tensors: only here (the caller converts where this declines),
+     * an NCHW16c x only read in place (a plain conv in one group) */
+    if ((j->xb && (isa->conv_tile16 == NULL || !j->plain || j->groups != 1)) ||
+        (j->yb && isa->conv_out16 == NULL))
+        return 0;
     /* Measured faster where each tile has enough k steps to hide its
      * transpose, and for a plain conv (a dense product already) where its
      * pixels are fewer than its output channels (MobileNet's 1x1 convs at
@@ -542,7 +572,7 @@ static int conv_direct(conv_job_t *j, int want)
     env = getenv("TIRBYOC_CONV_DIRECT");
     if (env != NULL && env[0] == '0')
         return 0;
-    if (!(env != NULL && env[0] == '1') &&
+    if (!(env != NULL && env[0] == '1') && !j->xb && !j->yb &&
         (j->plain ? j->p > j->ocg * (j->kt >= CONV_DIRECT_PLAIN_K
                                          ? CONV_DIRECT_PLAIN_PIXELS
                                          : 1)
@@ -556,7 +586,8 @@ static int conv_direct(conv_job_t *j, int want)
         j->hq = j->p / g->ow;
         j->ps = j->cs = j->vp = j->tp = j->p;
         j->runs = 1;
-        planes = cdiv(j->p, 16) * 16;
+        /* (an NCHW16c image's pixels are 16 floats apart: so are the ones) */
+        planes = cdiv(j->p, 16) * 16 * (j->xb ? 16 : 1);
     } else {
         j->wv = g->ow + (g->kw - 1) * g->dw / g->sw;
         j->hq = j->p / g->ow + (g->kh - 1) * g->dh / g->sh;
@@ -581,8 +612,11 @@ static int conv_direct(conv_job_t *j, int want)
         return -1;
     koff = (int64_t *)(void *)(j->xp + planes);
     for (r = 0; j->inplace && r < j->p; ++r)
-        j->xp[r] = 1.0f;
+        j->xp[r * (j->xb ? 16 : 1)] = 1.0f;
     direct_offsets(j, koff);
+    /* channel k of an NCHW16c image: in its block's plane, lane k % 16 */
+    for (r = 0; j->xb && r < g->k; ++r)
+        koff[r] = r / 16 * j->p * 16 + r % 16;
     j->koff = koff;
     j->phases = 0;
     for (r = 0; r < g->kh; ++r)
@@ -627,6 +661,56 @@ static int conv_direct(conv_job_t *j, int want)
     j->units = units;
     j->direct = 1;
     tb_units(conv_task, j, units, want);
+    return 1;
+}
+
+/* ---- NCHW16c ---- */
+
+int32_t tb_layouts_check(int64_t layouts, int64_t c, int64_t oc, int64_t ops)
+{
+    if (layouts < 0 || layouts > (TIRBYOC_LAYOUT_X16 | TIRBYOC_LAYOUT_Y16) ||
+        ((layouts & TIRBYOC_LAYOUT_X16) && c % 16 != 0) ||
+        ((layouts & TIRBYOC_LAYOUT_Y16) && oc % 16 != 0))
+        return TIRBYOC_EINVAL;
+    if (layouts & TIRBYOC_LAYOUT_Y16)
+        for (; ops != 0; ops = (int64_t)((uint64_t)ops >> 4))
+            if ((ops & 15) != TIRBYOC_EPI_RESIDUAL &&
+                (ops & 15) != TIRBYOC_EPI_RELU && (ops & 15) != TIRBYOC_EPI_RELU6)
+                return TIRBYOC_EEPILOGUE;
+    return TIRBYOC_OK;
+}
+
+void tb_relayout16(const float *src, float *dst, int64_t batch, int64_t c,
+                   int64_t hw, int to_blocked)
+{
+    int64_t n, ch, t;
+    for (n = 0; n < batch; ++n)
+        for (ch = 0; ch < c; ++ch) {
+            const int64_t plain = (n * c + ch) * hw;
+            const int64_t blk = (n * c + ch / 16 * 16) * hw + ch % 16;
+            for (t = 0; t < hw; ++t) {
+                if (to_blocked)
+                    dst[blk + t * 16] = src[plain + t];
+                else
+                    dst[plain + t] = src[blk + t * 16];
+            }
+        }
+}
+
+int tb_relayout16_alloc(const float **src, int64_t blocked, int64_t batch,
+                        int64_t c, int64_t hw, float **copy, int64_t *count)
+{
+    *copy = NULL;
+    *count = batch * c * hw;
+    if (!blocked || (src != NULL && *src == NULL) || *count == 0)
+        return 1;
+    *copy = (float *)malloc((size_t)*count * sizeof(float));
+    if (*copy == NULL)
+        return 0;
+    if (src != NULL) {
+        tb_relayout16(*src, *copy, batch, c, hw, 0);
+        *src = *copy;
+    }
     return 1;
 }
 
@@ -684,7 +768,8 @@ static int32_t conv2d(int64_t batch, int64_t c, int64_t h, int64_t w,
                       int64_t stride_h, int64_t stride_w, int64_t pad_top,
                       int64_t pad_left, int64_t dilation_h, int64_t dilation_w,
                       int64_t oh, int64_t ow, int64_t epilogue,
-                      const float *bias, const float *residual, float *y)
+                      const float *bias, const float *residual, float *y,
+                      int64_t layouts)
 {
     conv_job_t j;
     const int64_t sizes[] = {batch, c, h, w, oc, kh, kw, oh, ow};
@@ -702,6 +787,9 @@ static int32_t conv2d(int64_t batch, int64_t c, int64_t h, int64_t w,
         return TIRBYOC_EINVAL;
     st = tb_conv_check_args(stride_h, stride_w, pad_top, pad_left, dilation_h, dilation_w,
                             epilogue, &ops, &uses_residual);
+    if (st != TIRBYOC_OK)
+        return st;
+    st = tb_layouts_check(layouts, c, oc, ops);
     if (st != TIRBYOC_OK)
         return st;
     if (batch == 0 || oc == 0 || oh == 0 || ow == 0)
@@ -749,6 +837,8 @@ static int32_t conv2d(int64_t batch, int64_t c, int64_t h, int64_t w,
     j.chain.ldr = j.p;
     j.direct = 0;
     j.apk = NULL;
+    j.xb = (layouts & TIRBYOC_LAYOUT_X16) != 0;
+    j.yb = (layouts & TIRBYOC_LAYOUT_Y16) != 0;
 
     if (j.kt == 0) {
         /* an empty sum: the chain on zeros */
@@ -777,6 +867,32 @@ static int32_t conv2d(int64_t batch, int64_t c, int64_t h, int64_t w,
             return TIRBYOC_ENOMEM;
         if (direct > 0)
             return TIRBYOC_OK;
+    }
+    if (layouts != 0) {
+        /* NCHW16c where the direct path declined: through NCHW copies */
+        float *xt = NULL, *rt = NULL, *yt = NULL;
+        const float *rin = j.chain.residual;
+        int64_t xn, yn;
+        if (!tb_relayout16_alloc(&x, layouts & TIRBYOC_LAYOUT_X16, batch, c,
+                                 h * w, &xt, &xn) ||
+            !tb_relayout16_alloc(&rin, layouts & TIRBYOC_LAYOUT_Y16, batch, oc,
+                                 j.p, &rt, &yn) ||
+            !tb_relayout16_alloc(NULL, layouts & TIRBYOC_LAYOUT_Y16, batch, oc,
+                                 j.p, &yt, &yn)) {
+            free(xt);
+            free(rt);
+            return TIRBYOC_ENOMEM;
+        }
+        st = conv2d(batch, c, h, w, x, oc, groups, kh, kw, weight, packed,
+                    stride_h, stride_w, pad_top, pad_left, dilation_h,
+                    dilation_w, oh, ow, epilogue, bias, rin,
+                    yt != NULL ? yt : y, 0);
+        if (st == TIRBYOC_OK && yt != NULL)
+            tb_relayout16(yt, y, batch, oc, j.p, 1);
+        free(xt);
+        free(rt);
+        free(yt);
+        return st;
     }
 
     /* Pixel blocks of about equal width in whole panels, at most nc wide.
@@ -824,7 +940,7 @@ int32_t tirbyoc_conv2d_f32(int64_t batch, int64_t c, int64_t h, int64_t w,
 {
     return conv2d(batch, c, h, w, x, oc, groups, kh, kw, weight, NULL,
                   stride_h, stride_w, pad_top, pad_left, dilation_h,
-                  dilation_w, oh, ow, epilogue, bias, residual, y);
+                  dilation_w, oh, ow, epilogue, bias, residual, y, 0);
 }
 
 int32_t tirbyoc_conv2d_f32_packed(int64_t batch, int64_t c, int64_t h,
@@ -837,13 +953,26 @@ int32_t tirbyoc_conv2d_f32_packed(int64_t batch, int64_t c, int64_t h,
                                   int64_t epilogue, const float *residual,
                                   float *y)
 {
+    return tirbyoc_conv2d_f32_packed_layouts(
+        0, batch, c, h, w, x, oc, groups, kh, kw, packed, stride_h, stride_w,
+        pad_top, pad_left, dilation_h, dilation_w, oh, ow, epilogue, residual,
+        y);
+}
+
+int32_t tirbyoc_conv2d_f32_packed_layouts(
+    int64_t layouts, int64_t batch, int64_t c, int64_t h, int64_t w,
+    const float *x, int64_t oc, int64_t groups, int64_t kh, int64_t kw,
+    const float *packed, int64_t stride_h, int64_t stride_w, int64_t pad_top,
+    int64_t pad_left, int64_t dilation_h, int64_t dilation_w, int64_t oh,
+    int64_t ow, int64_t epilogue, const float *residual, float *y)
+{
     if (packed == NULL && batch > 0 && oc > 0 && oh > 0 && ow > 0 &&
         (c / (groups > 0 ? groups : 1) * kh * kw > 0 ||
          (epilogue & 15) == TIRBYOC_EPI_BIAS))
         return TIRBYOC_ENULL;
     return conv2d(batch, c, h, w, x, oc, groups, kh, kw, NULL, packed,
                   stride_h, stride_w, pad_top, pad_left, dilation_h,
-                  dilation_w, oh, ow, epilogue, NULL, residual, y);
+                  dilation_w, oh, ow, epilogue, NULL, residual, y, layouts);
 }
 
 /* ---- pre-packed weights (layout in tirbyoc_kernels.h) ---- */

@@ -89,11 +89,13 @@ ALWAYS_INLINE int64_t lead_ops(const int N, const tb_chain *ch, __m512 *r,
 
 /* ---- micro-kernel ---- */
 
-/* IND: A is read in place, row i of k step p at kp[p][off + i], or at
- * kp[p][off + skip + i] for rows i >= SPLIT when SPLIT > 0 (the
- * convolution's direct path, tb_conv_tile_fn); else packed, ap[p * MR + i]. */
+/* IND: A is read in place, row i of k step p at kp[p][(off + i) * PS], or
+ * at kp[p][off + skip + i] for rows i >= SPLIT when SPLIT > 0 (PS 1 then;
+ * the convolution's direct path, tb_conv_tile_fn: PS 16 reads pixels of
+ * an NCHW16c image); else packed, ap[p * MR + i]. */
 ALWAYS_INLINE void tile(const int MR, const int NV, const int IND,
-                        const int SPLIT, int64_t skip, int64_t off, int64_t kc,
+                        const int SPLIT, const int PS, int64_t skip,
+                        int64_t off, int64_t kc,
                         const float *restrict ap, const float *const *kp,
                         const float *restrict wp, int64_t wps,
                         float *restrict c, int64_t ldc, int nr, int flags,
@@ -127,7 +129,7 @@ ALWAYS_INLINE void tile(const int MR, const int NV, const int IND,
                 _mm_prefetch((const char *)(w1 + (p + X_PF) * 16),
                              _MM_HINT_T0);
         }
-        const float *restrict ar = IND ? kp[p] + off : ap + p * MR;
+        const float *restrict ar = IND ? kp[p] + off * PS : ap + p * MR;
         const float *restrict ar2 = SPLIT > 0 ? ar + skip : ar;
         if (IND) {
             /* one register per row pointer, each row read at a constant
@@ -139,7 +141,8 @@ ALWAYS_INLINE void tile(const int MR, const int NV, const int IND,
         }
 #pragma GCC unroll 16
         for (i = 0; i < MR; ++i) {
-            const __m512 x = _mm512_set1_ps(SPLIT > 0 && i >= SPLIT ? ar2[i] : ar[i]);
+            const __m512 x = _mm512_set1_ps(SPLIT > 0 && i >= SPLIT ? ar2[i]
+                                                                : ar[i * PS]);
             acc0[i] = _mm512_fmadd_ps(x, b0, acc0[i]);
             if (NV == 2)
                 acc1[i] = _mm512_fmadd_ps(x, b1, acc1[i]);
@@ -198,16 +201,24 @@ typedef void (*tile_fn)(int64_t, const float *, const float *, int64_t,
                                  int64_t ldc, int nr, int flags,              \
                                  const tb_chain *ch, int64_t ci, int64_t cj)  \
     {                                                                         \
-        tile(MR, NV, 0, 0, 0, 0, kc, ap, NULL, wp, wps, c, ldc, nr, flags,   \
-             ch, ci, cj);                                                     \
+        tile(MR, NV, 0, 0, 1, 0, 0, kc, ap, NULL, wp, wps, c, ldc, nr,       \
+             flags, ch, ci, cj);                                              \
     }                                                                         \
     static void ind_##MR##_##NV(int64_t kc, int64_t off,                      \
                                 const float *const *kp, const float *wp,      \
                                 int64_t wps, float *c, int64_t ldc, int nr,   \
                                 int flags)                                    \
     {                                                                         \
-        tile(MR, NV, 1, 0, 0, off, kc, NULL, kp, wp, wps, c, ldc, nr, flags, \
-             NULL, 0, 0);                                                     \
+        tile(MR, NV, 1, 0, 1, 0, off, kc, NULL, kp, wp, wps, c, ldc, nr,     \
+             flags, NULL, 0, 0);                                              \
+    }                                                                         \
+    static void ind16_##MR##_##NV(int64_t kc, int64_t off,                    \
+                                  const float *const *kp, const float *wp,    \
+                                  int64_t wps, float *c, int64_t ldc, int nr, \
+                                  int flags)                                  \
+    {                                                                         \
+        tile(MR, NV, 1, 0, 16, 0, off, kc, NULL, kp, wp, wps, c, ldc, nr,    \
+             flags, NULL, 0, 0);                                              \
     }
 #define TILE_FNS(MR) TILE_FN(MR, 1) TILE_FN(MR, 2)
 TILE_FNS(1) TILE_FNS(2) TILE_FNS(3) TILE_FNS(4) TILE_FNS(5) TILE_FNS(6)
@@ -231,6 +242,14 @@ static const ind_fn inds[2][X_MR + 1] = {
     {NULL, ind_1_2, ind_2_2, ind_3_2, ind_4_2, ind_5_2, ind_6_2, ind_7_2,
      ind_8_2, ind_9_2, ind_10_2, ind_11_2, ind_12_2, ind_13_2, ind_14_2},
 };
+static const ind_fn inds16[2][X_MR + 1] = {
+    {NULL, ind16_1_1, ind16_2_1, ind16_3_1, ind16_4_1, ind16_5_1, ind16_6_1,
+     ind16_7_1, ind16_8_1, ind16_9_1, ind16_10_1, ind16_11_1, ind16_12_1,
+     ind16_13_1, ind16_14_1},
+    {NULL, ind16_1_2, ind16_2_2, ind16_3_2, ind16_4_2, ind16_5_2, ind16_6_2,
+     ind16_7_2, ind16_8_2, ind16_9_2, ind16_10_2, ind16_11_2, ind16_12_2,
+     ind16_13_2, ind16_14_2},
+};
 
 /* Full tiles whose rows span two output rows: rows >= S skip the virtual
  * row's padding. */
@@ -240,8 +259,8 @@ static const ind_fn inds[2][X_MR + 1] = {
                                  int64_t wps, float *c, int64_t ldc, int nr,  \
                                  int flags)                                   \
     {                                                                         \
-        tile(X_MR, NV, 1, S, skip, off, kc, NULL, kp, wp, wps, c, ldc, nr,   \
-             flags, NULL, 0, 0);                                              \
+        tile(X_MR, NV, 1, S, 1, skip, off, kc, NULL, kp, wp, wps, c, ldc,    \
+             nr, flags, NULL, 0, 0);                                          \
     }
 #define SPLIT_FNS(S) SPLIT_FN(S, 1) SPLIT_FN(S, 2)
 SPLIT_FNS(1) SPLIT_FNS(2) SPLIT_FNS(3) SPLIT_FNS(4) SPLIT_FNS(5) SPLIT_FNS(6)
@@ -271,6 +290,17 @@ static void conv_tile(int64_t kc, const float *const *kp, int64_t off,
                                  c + split * ldc, ldc, nr, flags);
     } else
         inds[nr > 16][mr](kc, off, kp, wp, wps, c, ldc, nr, flags);
+}
+
+/* tb_conv_tile_fn over an NCHW16c image: row i of k step p at
+ * kp[p][(off + i) * 16]; split is 0 (the rows are one run of pixels). */
+static void conv_tile16(int64_t kc, const float *const *kp, int64_t off,
+                        const float *wp, int64_t wps, float *c, int64_t ldc,
+                        int mr, int nr, int flags, int split, int64_t skip)
+{
+    (void)split;
+    (void)skip;
+    inds16[nr > 16][mr](kc, off, kp, wp, wps, c, ldc, nr, flags);
 }
 
 static void ukernel(int64_t kc, const float *ap, const float *wp, int64_t wps,
@@ -392,6 +422,35 @@ static void conv_out(const float *ct, int64_t ldc, int64_t m, int64_t n,
         out_blocks(0, ct, ldc, m, n, y, ldy, ch, ci, cj);
     else
         out_blocks(1, ct, ldc, m, n, y, ldy, ch, ci, cj);
+}
+
+/* tb_conv_out16_fn: each pixel's 16 channels of a block are one vector of
+ * the tile's row, stored whole (no transpose), with the chain's residual,
+ * relu and relu6 in registers. */
+static void conv_out16(const float *ct, int64_t ldc, int64_t m, int64_t n,
+                       float *y, const float *res, int64_t ldy, int64_t ops)
+{
+    const __m512 zero = _mm512_setzero_ps(), six = _mm512_set1_ps(6.0f);
+    int64_t o0, t;
+    for (o0 = 0; o0 < m; o0 += 16) {
+        float *yb = y + o0 / 16 * ldy;
+        const float *rb = res != NULL ? res + o0 / 16 * ldy : NULL;
+        for (t = 0; t < n; ++t) {
+            __m512 v = _mm512_loadu_ps(ct + t * ldc + o0);
+            int64_t o;
+            for (o = ops; o != 0; o = (int64_t)((uint64_t)o >> 4)) {
+                const int op = (int)(o & 15);
+                if (op == TIRBYOC_EPI_RESIDUAL)
+                    v = _mm512_add_ps(v, _mm512_loadu_ps(rb + t * 16));
+                else {
+                    v = _mm512_max_ps(zero, v);
+                    if (op == TIRBYOC_EPI_RELU6)
+                        v = _mm512_min_ps(six, v);
+                }
+            }
+            _mm512_storeu_ps(yb + t * 16, v);
+        }
+    }
 }
 
 /* ---- few rows: matrix-vector like, streaming W once ---- */
@@ -874,5 +933,5 @@ const tb_isa tb_isa_avx512 = {
     "avx512", X_MR, X_NR, ISA_KC, ISA_NC, ukernel, pack_a, pack_w, small_cols,
     nt_direct, X_DJ, 16 * X_DV,
     tb_chain_block, tb_unary_row, tb_softmax_row, tb_attn_row, tb_conv_gather,
-    conv_tile, conv_out, tb_wino_in, tb_wino_out,
+    conv_tile, conv_out, tb_wino_in, tb_wino_out, conv_tile16, conv_out16,
 };

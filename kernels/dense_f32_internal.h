@@ -178,6 +178,34 @@ typedef void (*tb_conv_tile_fn)(int64_t kc, const float *const *kp,
 typedef void (*tb_conv_out_fn)(const float *ct, int64_t ldc, int64_t m,
                                int64_t n, float *y, int64_t ldy,
                                const tb_chain *ch, int64_t ci, int64_t cj);
+/*
+ * The direct path over NCHW16c tensors (conv_f32.c; NULL where an ISA has
+ * none). conv_tile16: conv_tile with A[i][p] = kp[p][(off + i) * 16] (an
+ * image's pixels 16 floats apart), split 0. conv_out16: the NCHW16c store,
+ * y[o / 16 * ldy + t * 16 + o % 16] = ct[t * ldc + o] for o < m (a multiple
+ * of 16), t < n, then the chain ops (RESIDUAL, RELU and RELU6 only; the
+ * residual res read at y's offsets, NULL if ops has none).
+ */
+/* conv_f32.c, for both convolutions: TIRBYOC_EINVAL unless layouts is a
+ * set of TIRBYOC_LAYOUT_* with 16 | c for X16 and 16 | oc for Y16;
+ * TIRBYOC_EEPILOGUE for Y16 with a chain (after the bias) of other
+ * operations than RESIDUAL, RELU and RELU6. */
+TB_INTERNAL int32_t tb_layouts_check(int64_t layouts, int64_t c, int64_t oc,
+                                     int64_t ops);
+/* NCHW [batch, c, hw] to NCHW16c [batch, c / 16, hw, 16] (to_blocked), or
+ * back; 16 | c. */
+TB_INTERNAL void tb_relayout16(const float *src, float *dst, int64_t batch,
+                               int64_t c, int64_t hw, int to_blocked);
+/* The portable route for an NCHW16c tensor (blocked != 0) of *count =
+ * batch * c * hw floats: *copy a malloc'd NCHW buffer (else NULL), which
+ * src (if not NULL and *src not NULL) is converted into and then points to.
+ * 0 if the allocation failed. */
+TB_INTERNAL int tb_relayout16_alloc(const float **src, int64_t blocked,
+                                    int64_t batch, int64_t c, int64_t hw,
+                                    float **copy, int64_t *count);
+typedef void (*tb_conv_out16_fn)(const float *ct, int64_t ldc, int64_t m,
+                                 int64_t n, float *y, const float *res,
+                                 int64_t ldy, int64_t ops);
 
 /*
  * The Winograd convolution F(4x4, 3x3) (conv_winograd_f32.c,
@@ -226,6 +254,8 @@ typedef struct tb_isa {
     tb_conv_out_fn conv_out;   /* or NULL */
     tb_wino_in_fn wino_in;
     tb_wino_out_fn wino_out;
+    tb_conv_tile_fn conv_tile16; /* or NULL */
+    tb_conv_out16_fn conv_out16; /* or NULL */
 } tb_isa;
 
 TB_INTERNAL extern const tb_isa tb_isa_generic;

@@ -131,7 +131,9 @@ typedef struct {
     int64_t vw;         /* window columns: (OW - 1) * sw + (KW - 1) * dw + 1 */
     int64_t nblk;       /* blocks of 16 channels */
     int64_t c16_wts, c16_tb; /* offsets in the scratch of the weights, sums */
-    int c16_npre;       /* pre[] operations before the first residual */
+    int c16_npre;       /* pre[] operations before the first residual (all of
+                           them with a blocked y) */
+    int xb, yb;         /* x, y (and the residual) are NCHW16c */
     /* the runs of lanes of a block of `rows` rows ([0]) and of the last,
      * shorter one ([1]), built once per call */
     const dw_seg *seg[2];
@@ -864,6 +866,17 @@ static void c16_fill(const dw_job *j, const float *img, int64_t nc, int64_t ihs,
                 _mm512_store_ps(row + v * 16, zero);
         }
     }
+    if (j->xb) {
+        /* NCHW16c: each pixel's 16 channels are a vector already */
+        const int64_t lo = max_i64(0, -pl), hi = min_i64(w, vw - pl);
+        for (ih = ha; ih < hb; ++ih) {
+            float *d = win + ((ih - ihs) * vw + pl) * 16;
+            const float *src = img + ih * w * 16;
+            for (iw = lo; iw < hi; ++iw)
+                _mm512_store_ps(d + iw * 16, _mm512_loadu_ps(src + iw * 16));
+        }
+        return;
+    }
     /* the image's rows [ha, hb): contiguous pixels of each channel */
     ih = ha;
     iw = 0;
@@ -921,11 +934,13 @@ static void c16_fill(const dw_job *j, const float *img, int64_t nc, int64_t ihs,
 }
 
 /* Sums of P output pixels from (li, jx) of the unit into the staging area
- * tb (16 floats per pixel, pixel li * OW + jx + p); K: a K x K filter known
- * here (0: j->kh x j->kw), with its weights in wk, else in wts. */
+ * tb (16 floats per pixel, pixel li * OW + jx + p; a blocked y itself, res
+ * its residual at the same offsets); K: a K x K filter known here (0:
+ * j->kh x j->kw), with its weights in wk, else in wts. */
 DW_INLINE void c16_px(const int P, const int K, const dw_job *j,
                       const float *win, const float *wts, const __m512 *wk,
-                      __m512 bias, int64_t li, int64_t jx, float *tb)
+                      __m512 bias, int64_t li, int64_t jx, float *tb,
+                      const float *res)
 {
     const int64_t kh = K ? K : j->kh, kw = K ? K : j->kw, vw = j->vw;
     const int64_t sw16 = j->sw * 16;
@@ -950,13 +965,21 @@ DW_INLINE void c16_px(const int P, const int K, const dw_job *j,
         }
     }
     /* the bias and the relus before any residual (the lanes are the
-     * channels), one operation at a time over the P registers */
+     * channels; a blocked y: the residual too), one operation at a time
+     * over the P registers */
     if (j->has_bias)
 #pragma GCC unroll 8
         for (p = 0; p < P; ++p)
             acc[p] = _mm512_add_ps(acc[p], bias);
     for (r = 0; r < j->c16_npre; ++r) {
         const int relu6 = j->pre[r] != TIRBYOC_EPI_RELU;
+        if (j->pre[r] == TIRBYOC_EPI_RESIDUAL) {
+#pragma GCC unroll 8
+            for (p = 0; p < P; ++p)
+                acc[p] = _mm512_add_ps(
+                    acc[p], _mm512_loadu_ps(res + (li * j->ow + jx + p) * 16));
+            continue;
+        }
 #pragma GCC unroll 8
         for (p = 0; p < P; ++p) {
             acc[p] = _mm512_max_ps(_mm512_setzero_ps(), acc[p]);
@@ -966,11 +989,12 @@ DW_INLINE void c16_px(const int P, const int K, const dw_job *j,
     }
 #pragma GCC unroll 8
     for (p = 0; p < P; ++p)
-        _mm512_store_ps(tb + (li * j->ow + jx + p) * 16, acc[p]);
+        _mm512_storeu_ps(tb + (li * j->ow + jx + p) * 16, acc[p]);
 }
 
 DW_INLINE void c16_sums(const int K, const dw_job *j, const float *win,
-                        const float *wts, int64_t rows, float *tb)
+                        const float *wts, int64_t rows, float *tb,
+                        const float *res)
 {
     const __m512 bias = _mm512_load_ps(wts + j->ntaps * 16);
     __m512 wk[K ? K * K : 1];
@@ -980,17 +1004,17 @@ DW_INLINE void c16_sums(const int K, const dw_job *j, const float *win,
         wk[t] = _mm512_load_ps(wts + t * 16);
     for (li = 0; li < rows; ++li) {
         for (jx = 0; jx + 8 <= j->ow; jx += 8)
-            c16_px(8, K, j, win, wts, wk, bias, li, jx, tb);
+            c16_px(8, K, j, win, wts, wk, bias, li, jx, tb, res);
         if (jx + 4 <= j->ow) {
-            c16_px(4, K, j, win, wts, wk, bias, li, jx, tb);
+            c16_px(4, K, j, win, wts, wk, bias, li, jx, tb, res);
             jx += 4;
         }
         if (jx + 2 <= j->ow) {
-            c16_px(2, K, j, win, wts, wk, bias, li, jx, tb);
+            c16_px(2, K, j, win, wts, wk, bias, li, jx, tb, res);
             jx += 2;
         }
         if (jx < j->ow)
-            c16_px(1, K, j, win, wts, wk, bias, li, jx, tb);
+            c16_px(1, K, j, win, wts, wk, bias, li, jx, tb, res);
     }
 }
 
@@ -1002,7 +1026,10 @@ static void c16_unit(const dw_job *j, int64_t n, int64_t c0, int64_t i0,
     const int64_t nc = min_i64(16, j->c - c0), rows = i1 - i0, p = j->oh * j->ow;
     const int64_t rin = (rows - 1) * j->sh + (j->kh - 1) * j->dh + 1;
     const int64_t hw = j->h * j->w, npx = rows * j->ow;
+    const int64_t at = (n * j->c + c0) * p + i0 * j->ow * 16; /* a blocked y's */
     float *win = scratch, *wts = scratch + j->c16_wts, *tb = scratch + j->c16_tb;
+    float *out = j->yb ? j->y + at : tb;
+    const float *res = j->yb && j->uses_residual ? j->residual + at : NULL;
     int64_t t, q0;
     int l;
     dw_span s;
@@ -1014,11 +1041,13 @@ static void c16_unit(const dw_job *j, int64_t n, int64_t c0, int64_t i0,
     c16_fill(j, hw > 0 ? j->x + (n * j->c + c0) * hw : NULL, nc,
              i0 * j->sh - j->pt, rin, win, tb);
     if (j->kh == 3 && j->kw == 3)
-        c16_sums(3, j, win, wts, rows, tb);
+        c16_sums(3, j, win, wts, rows, out, res);
     else if (j->kh == 5 && j->kw == 5)
-        c16_sums(5, j, win, wts, rows, tb);
+        c16_sums(5, j, win, wts, rows, out, res);
     else
-        c16_sums(0, j, win, wts, rows, tb);
+        c16_sums(0, j, win, wts, rows, out, res);
+    if (j->yb)
+        return; /* the chain is done (no operation is left for after it) */
     /* the operations from the first residual on, per channel */
     memset(&s, 0, sizeof(s));
     s.npre = j->npre - j->c16_npre;
@@ -1350,7 +1379,7 @@ static int64_t c16_rows(dw_job *j, int want, const char *env)
      * wide rows. Fewer than 8 channels would leave most lanes empty. */
     if (env != NULL && (env[0] == 'p' || env[0] == 's'))
         return 0;
-    if (!(env != NULL && env[0] == 'c') &&
+    if (!(env != NULL && env[0] == 'c') && !j->xb && !j->yb &&
         (j->c < 8 || (j->sh == 1 && j->sw == 1 && j->ow >= 40 &&
                       (j->c % 16 != 0 || j->ow > 112))))
         return 0;
@@ -1372,7 +1401,7 @@ static int64_t c16_rows(dw_job *j, int want, const char *env)
     j->c16_wts = cdiv(((j->rows - 1) * j->sh + (j->kh - 1) * j->dh + 1) * j->vw * 16, 16) * 16;
     j->c16_tb = j->c16_wts + (j->ntaps + 1) * 16;
     for (j->c16_npre = 0; j->c16_npre < j->npre &&
-                          j->pre[j->c16_npre] != TIRBYOC_EPI_RESIDUAL;)
+                          (j->yb || j->pre[j->c16_npre] != TIRBYOC_EPI_RESIDUAL);)
         ++j->c16_npre;
     j->units = j->batch * j->nblk * j->nrb;
     return j->units;
@@ -1402,6 +1431,55 @@ int32_t tirbyoc_depthwise_conv2d_f32(int64_t batch, int64_t c, int64_t h,
                                      const float *bias, const float *residual,
                                      float *y)
 {
+    return tirbyoc_depthwise_conv2d_f32_layouts(
+        0, batch, c, h, w, x, kh, kw, weight, stride_h, stride_w, pad_top,
+        pad_left, dilation_h, dilation_w, oh, ow, epilogue, bias, residual, y);
+}
+
+/* Blocked tensors where the channels-in-lanes path does not run: through
+ * NCHW copies, the call without layouts. */
+static int32_t dw_blocked_fallback(int64_t layouts, int64_t batch, int64_t c,
+                                   int64_t h, int64_t w, const float *x,
+                                   int64_t kh, int64_t kw, const float *weight,
+                                   int64_t stride_h, int64_t stride_w,
+                                   int64_t pad_top, int64_t pad_left,
+                                   int64_t dilation_h, int64_t dilation_w,
+                                   int64_t oh, int64_t ow, int64_t epilogue,
+                                   const float *bias, const float *residual,
+                                   float *y)
+{
+    float *xt = NULL, *rt = NULL, *yt = NULL;
+    int64_t xn, yn;
+    int32_t st;
+    if (!tb_relayout16_alloc(&x, layouts & TIRBYOC_LAYOUT_X16, batch, c, h * w,
+                             &xt, &xn) ||
+        !tb_relayout16_alloc(&residual, layouts & TIRBYOC_LAYOUT_Y16, batch, c,
+                             oh * ow, &rt, &yn) ||
+        !tb_relayout16_alloc(NULL, layouts & TIRBYOC_LAYOUT_Y16, batch, c,
+                             oh * ow, &yt, &yn)) {
+        free(xt);
+        free(rt);
+        return TIRBYOC_ENOMEM;
+    }
+    st = tirbyoc_depthwise_conv2d_f32_layouts(
+        0, batch, c, h, w, x, kh, kw, weight, stride_h, stride_w, pad_top,
+        pad_left, dilation_h, dilation_w, oh, ow, epilogue, bias, residual,
+        yt != NULL ? yt : y);
+    if (st == TIRBYOC_OK && yt != NULL)
+        tb_relayout16(yt, y, batch, c, oh * ow, 1);
+    free(xt);
+    free(rt);
+    free(yt);
+    return st;
+}
+
+int32_t tirbyoc_depthwise_conv2d_f32_layouts(
+    int64_t layouts, int64_t batch, int64_t c, int64_t h, int64_t w,
+    const float *x, int64_t kh, int64_t kw, const float *weight,
+    int64_t stride_h, int64_t stride_w, int64_t pad_top, int64_t pad_left,
+    int64_t dilation_h, int64_t dilation_w, int64_t oh, int64_t ow,
+    int64_t epilogue, const float *bias, const float *residual, float *y)
+{
     dw_job j;
     const int64_t sizes[] = {batch, c, h, w, kh, kw, oh, ow};
     int uses_residual, want;
@@ -1416,6 +1494,9 @@ int32_t tirbyoc_depthwise_conv2d_f32(int64_t batch, int64_t c, int64_t h,
     /* strides, dilations, paddings and the chain: as tirbyoc_conv2d_f32's */
     st = tb_conv_check_args(stride_h, stride_w, pad_top, pad_left, dilation_h, dilation_w,
                             epilogue, &ops, &uses_residual);
+    if (st != TIRBYOC_OK)
+        return st;
+    st = tb_layouts_check(layouts, c, c, ops);
     if (st != TIRBYOC_OK)
         return st;
     if (batch == 0 || c == 0 || oh == 0 || ow == 0)
@@ -1451,6 +1532,8 @@ int32_t tirbyoc_depthwise_conv2d_f32(int64_t batch, int64_t c, int64_t h,
     j.y = y;
     j.ntaps = kh * kw;
     j.has_bias = has_bias;
+    j.xb = (layouts & TIRBYOC_LAYOUT_X16) != 0;
+    j.yb = (layouts & TIRBYOC_LAYOUT_Y16) != 0;
     /* the leading residual / relu / relu6 operations go in registers */
     while (ops != 0 && ((ops & 15) == TIRBYOC_EPI_RESIDUAL ||
                         (ops & 15) == TIRBYOC_EPI_RELU ||
@@ -1460,6 +1543,11 @@ int32_t tirbyoc_depthwise_conv2d_f32(int64_t batch, int64_t c, int64_t h,
     }
     j.rest = ops;
 
+    if (layouts != 0 && j.ntaps == 0)
+        return dw_blocked_fallback(layouts, batch, c, h, w, x, kh, kw, weight,
+                                   stride_h, stride_w, pad_top, pad_left,
+                                   dilation_h, dilation_w, oh, ow, epilogue,
+                                   bias, residual, y);
     if (j.ntaps == 0) {
         /* an empty sum: the chain on zeros */
         int64_t n, ch, t;
@@ -1512,6 +1600,11 @@ int32_t tirbyoc_depthwise_conv2d_f32(int64_t batch, int64_t c, int64_t h,
         tb_units(dw_unit, &j, j.units, want);
         return TIRBYOC_OK;
     }
+    if (layouts != 0)
+        return dw_blocked_fallback(layouts, batch, c, h, w, x, kh, kw, weight,
+                                   stride_h, stride_w, pad_top, pad_left,
+                                   dilation_h, dilation_w, oh, ow, epilogue,
+                                   bias, residual, y);
 
     /* Output rows per unit: a window of about DW_WINDOW_FLOATS, fewer when the
      * planes are too few to keep the threads busy. */

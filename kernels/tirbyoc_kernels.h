@@ -296,6 +296,30 @@ int32_t tirbyoc_pack_conv2d_weight_f32(int64_t oc, int64_t groups, int64_t k, co
 int32_t tirbyoc_conv2d_f32_packed(int64_t batch, int64_t c, int64_t h, int64_t w, const float *x, int64_t oc, int64_t groups, int64_t kh, int64_t kw, const float *packed, int64_t stride_h, int64_t stride_w, int64_t pad_top, int64_t pad_left, int64_t dilation_h, int64_t dilation_w, int64_t oh, int64_t ow, int64_t epilogue, const float *residual, float *y);
 
 /*
+ * Blocked activations (NCHW16c): tensor [N, C, H, W] stored as
+ * [N, C / 16, H, W, 16], element (n, c, i, j) at
+ * ((n * C/16 + c / 16) * H * W + i * W + j) * 16 + c % 16: a pixel's 16
+ * channels of a block are one vector. Between consecutive convolutions it
+ * saves each call its transposes (ONNX Runtime's NCHWc layout). layouts:
+ * TIRBYOC_LAYOUT_X16 (x is NCHW16c), TIRBYOC_LAYOUT_Y16 (y, and the
+ * residual, are), both, or 0 (NCHW: the calls without _layouts).
+ */
+typedef enum tirbyoc_layout {
+    TIRBYOC_LAYOUT_X16 = 1,
+    TIRBYOC_LAYOUT_Y16 = 2
+} tirbyoc_layout;
+/*
+ * tirbyoc_conv2d_f32_packed with x and/or y NCHW16c: the same values. A
+ * blocked x needs 16 | C, a blocked y 16 | OC (else TIRBYOC_EINVAL), and
+ * the chain after the bias of a blocked y may only hold RESIDUAL, RELU and
+ * RELU6 (else TIRBYOC_EEPILOGUE). Fast where the direct path runs (AVX-512;
+ * a blocked x: a 1x1 conv of stride 1 without padding, in one group): there
+ * the tiles read and write the blocks in place. Elsewhere the call converts
+ * the blocked tensors through NCHW copies (allocated per call).
+ */
+int32_t tirbyoc_conv2d_f32_packed_layouts(int64_t layouts, int64_t batch, int64_t c, int64_t h, int64_t w, const float *x, int64_t oc, int64_t groups, int64_t kh, int64_t kw, const float *packed, int64_t stride_h, int64_t stride_w, int64_t pad_top, int64_t pad_left, int64_t dilation_h, int64_t dilation_w, int64_t oh, int64_t ow, int64_t epilogue, const float *residual, float *y);
+
+/*
  * The same convolution for a 3x3 kernel, stride 1, dilation 1 and one
  * group, by the Winograd algorithm F(4x4, 3x3): fewer products (36 per
  * 4 x 4 output pixels and channel pair instead of 144), with a rounding
@@ -346,6 +370,13 @@ int32_t tirbyoc_conv2d_winograd_f32(int64_t batch, int64_t c, int64_t h, int64_t
  * TIRBYOC_ENOMEM.
  */
 int32_t tirbyoc_depthwise_conv2d_f32(int64_t batch, int64_t c, int64_t h, int64_t w, const float *x, int64_t kh, int64_t kw, const float *weight, int64_t stride_h, int64_t stride_w, int64_t pad_top, int64_t pad_left, int64_t dilation_h, int64_t dilation_w, int64_t oh, int64_t ow, int64_t epilogue, const float *bias, const float *residual, float *y);
+/*
+ * The same with x and/or y (and the residual) NCHW16c (see
+ * tirbyoc_conv2d_f32_packed_layouts; the same values and conditions). Fast
+ * on the channels-in-lanes path (AVX-512), which then reads and writes the
+ * blocks without transposes; elsewhere through NCHW copies.
+ */
+int32_t tirbyoc_depthwise_conv2d_f32_layouts(int64_t layouts, int64_t batch, int64_t c, int64_t h, int64_t w, const float *x, int64_t kh, int64_t kw, const float *weight, int64_t stride_h, int64_t stride_w, int64_t pad_top, int64_t pad_left, int64_t dilation_h, int64_t dilation_w, int64_t oh, int64_t ow, int64_t epilogue, const float *bias, const float *residual, float *y);
 
 /*
  * 2-D max pooling, float32, NCHW:

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import tirbyoc
-from tirbyoc import examples
+from tirbyoc import examples, kernels
 
 torch = pytest.importorskip("torch")
 
@@ -41,20 +41,29 @@ def _check(model, shape, expected, seed=0, passes=None):
     return report
 
 
-def _no_tvm_convs(report, unpacked=0, depthwise=0, winograd=0):
+def _no_tvm_convs(report, unpacked=0, depthwise=0, winograd=0, blocked=0,
+                  blocked_depthwise=0):
     """Every PrimFunc named for a conv is a kernel call (none is TVM's conv2d):
     ``depthwise`` of them the depthwise kernel's, ``winograd`` the Winograd kernel's, the
     others the conv kernel's, all but ``unpacked`` of those on a weight packed at compile
     time. A weight is packed unless its 16-channel panels would be mostly padding (fewer
-    than 8 output channels per group)."""
+    than 8 output channels per group). ``blocked`` of the packed calls and
+    ``blocked_depthwise`` of the depthwise ones read or write NCHW16c tensors (their
+    ``_layouts`` entry points)."""
     convs = {name: how for name, how in report.schedules.items() if "conv2d" in name}
     hows = sorted(convs.values())
     assert convs and hows == sorted(
-        ["kernel tirbyoc_depthwise_conv2d_f32"] * depthwise
+        ["kernel tirbyoc_depthwise_conv2d_f32"] * (depthwise - blocked_depthwise)
+        + ["kernel tirbyoc_depthwise_conv2d_f32_layouts"] * blocked_depthwise
         + ["kernel tirbyoc_conv2d_winograd_f32"] * winograd
         + ["kernel tirbyoc_conv2d_f32"] * unpacked
+        + ["kernel tirbyoc_conv2d_f32_packed_layouts"] * blocked
         + ["kernel tirbyoc_conv2d_f32_packed"] * (len(convs) - unpacked - depthwise
-                                                  - winograd)), convs
+                                                  - winograd - blocked)), convs
+
+
+# The compiler plans NCHW16c tensors only where the kernels read them in place (AVX-512).
+BLOCKING = kernels.isa() == "avx512"
 
 
 def test_small_cnn():
@@ -210,16 +219,68 @@ def test_resnext_block():
     _no_tvm_convs(report, unpacked=1)  # the grouped 3x3: 4 channels per group
 
 
-def test_depthwise_separable_blocks():
+@pytest.mark.parametrize("blocking", ["1", "0"])
+def test_depthwise_separable_blocks(monkeypatch, blocking):
     """The thirteen depthwise 3x3 convs (stride 1 and 2) are calls of the depthwise
     kernel, each with its batch norm folded and the ReLU6 in the kernel's chain; the stem
     and the thirteen 1x1 convs are offloaded products with the ReLU6 in the kernel call.
     Calls of equal shapes share one PrimFunc (TVM deduplicates them): at 48x48 the last
-    spatial sizes repeat, 14 products in 10 PrimFuncs, 13 depthwise convs in 9."""
+    spatial sizes repeat, 14 products in 10 PrimFuncs, 13 depthwise convs in 9.
+    From the first 64-channel depthwise conv on (in 16-channel blocks, and the 1x1 convs
+    with 64 input channels or more) the tensors between the calls are NCHW16c: 5 of the
+    product PrimFuncs and 5 of the depthwise ones are the ``_layouts`` calls (the
+    64-channel depthwise conv reads the 32-channel conv's NCHW output; the last 1x1 conv
+    writes NCHW for the pooling). ``TIRBYOC_CONV_BLOCKED=0``: none."""
+    monkeypatch.setenv("TIRBYOC_CONV_BLOCKED", blocking)
     model = examples.mobilenet_torch(width=0.25, classes=10)
     report = _check(model, (1, 3, 48, 48), ["conv2d_bias_relu6"] * 10
                     + ["depthwise_conv2d_bias_relu6"] * 9 + ["dense_bias"])
-    _no_tvm_convs(report, depthwise=9)
+    on = BLOCKING and blocking == "1"
+    _no_tvm_convs(report, depthwise=9, blocked=5 * on, blocked_depthwise=5 * on)
+
+
+class _BlockedChain(torch.nn.Module):
+    """1x1, depthwise 3x3, 1x1 (each + batch norm + ReLU6), then a 1x1 conv whose input
+    is also added to its output (a shortcut)."""
+
+    def __init__(self, c=64):
+        super().__init__()
+        torch.manual_seed(5)
+
+        def unit(conv):
+            return torch.nn.Sequential(conv, torch.nn.BatchNorm2d(c), torch.nn.ReLU6())
+
+        self.pw1 = unit(torch.nn.Conv2d(c, c, 1))
+        self.dw = unit(torch.nn.Conv2d(c, c, 3, padding=1, groups=c))
+        self.pw2 = unit(torch.nn.Conv2d(c, c, 1))
+        self.pw3 = torch.nn.Conv2d(c, c, 1)
+        for m in self.modules():
+            if isinstance(m, torch.nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.5, 0.5)
+                m.running_var.uniform_(0.5, 2.0)
+        self.eval()
+
+    def forward(self, x):
+        c = self.pw2(self.dw(self.pw1(x)))
+        return self.pw3(c) + c
+
+
+@pytest.mark.skipif(not BLOCKING, reason="NCHW16c is planned where the AVX-512 paths run")
+def test_blocked_layout_is_planned_between_calls_only():
+    """The tensors NCHW16c are exactly those a blockable call writes and only blockable
+    calls read as their input: pw1's output (read by the depthwise conv) and the depthwise
+    conv's (read by pw2). pw2's output is read by pw3 and by the shortcut add (pw3's
+    residual): it stays NCHW, as do the model's input and output. So pw1 writes blocks,
+    the depthwise conv reads and writes them, pw2 reads them; pw3 is the plain packed
+    call. Numerics against PyTorch as every test here (and the same within 1e-5 of
+    max|y| as the all-NCHW compile)."""
+    model = _BlockedChain()
+    report = _check(model, (1, 64, 10, 12), ["conv2d_bias_relu6"] * 2
+                    + ["depthwise_conv2d_bias_relu6", "conv2d_bias_residual"])
+    _no_tvm_convs(report, depthwise=1, blocked=2, blocked_depthwise=1)
+    notes = sorted(r.detail for r in report.offloaded if "NCHW16c" in (r.detail or ""))
+    assert len(notes) == 3 and sum("NCHW16c input and output" in n for n in notes) == 1, \
+        notes
 
 
 class _Depthwise(torch.nn.Module):

@@ -553,3 +553,62 @@ def test_packed_wrapper_refuses_a_disagreeing_bias():
         kernels.conv2d(x, wt, groups=2, bias=b, epilogue=("bias", "relu"), padding=1))
     np.testing.assert_array_equal(kernels.conv2d(x, without, padding=1),
                                   kernels.conv2d(x, wt, groups=2, padding=1))
+
+
+@pytest.mark.parametrize("layouts", [("nchw16c", "nchw"), ("nchw", "nchw16c"),
+                                     ("nchw16c", "nchw16c")], ids=["x16", "y16", "both"])
+@pytest.mark.parametrize("case", [
+    (1, 32, 7, 9, 48, 1, 1, 0, ("bias", "relu6")),            # plain: read in place
+    (2, 64, 14, 14, 16, 1, 1, 0, ("bias", "residual", "relu")),
+    (1, 16, 9, 11, 32, 3, 2, 1, ("residual",)),               # x through an NCHW copy
+], ids=["plain", "plain-batch2-residual", "3x3-s2"])
+def test_blocked_layouts_equal_nchw_bit_for_bit(each_isa, case, layouts):
+    """tirbyoc_conv2d_f32_packed_layouts with x and/or y (and the residual) NCHW16c gives
+    the NCHW call's values, bit for bit, in the blocked order: in place where the direct
+    path runs (AVX-512), through NCHW copies elsewhere."""
+    n, c, h, w, oc, k, stride, pad, ops = case
+    rng = np.random.default_rng(oc)
+    x = rng.standard_normal((n, c, h, w)).astype(np.float32)
+    wt = rng.standard_normal((oc, c, k, k)).astype(np.float32)
+    bias = rng.standard_normal(oc).astype(np.float32) if "bias" in ops else None
+    size = out_size(h, w, k, k, (stride, stride), (pad, pad), (1, 1))
+    res = (rng.standard_normal((n, oc) + size).astype(np.float32)
+           if "residual" in ops else None)
+    packed = kernels.pack_conv2d_weight(wt, bias)
+    want = kernels.conv2d(x, packed, stride=stride, padding=pad, epilogue=ops, residual=res)
+    ref, tol = reference(x, wt, (stride,) * 2, (pad,) * 2, (1, 1), size, ops, bias, res)
+    assert np.all(np.abs(want - ref) <= tol)
+    lx, ly = layouts
+    blocked = ly == "nchw16c"
+    got = kernels.conv2d(kernels.to_nchw16c(x) if lx == "nchw16c" else x, packed,
+                         stride=stride, padding=pad, epilogue=ops,
+                         residual=kernels.to_nchw16c(res) if blocked and res is not None
+                         else res, layout_x=lx, layout_y=ly)
+    assert got.shape == ((n, oc // 16) + size + (16,) if blocked else want.shape)
+    got = kernels.from_nchw16c(got) if blocked else got
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+def test_blocked_layouts_refusals():
+    """Channels not in blocks of 16 (TIRBYOC_EINVAL), a chain the blocked store does not
+    take (TIRBYOC_EEPILOGUE: only residual, relu and relu6 after the bias), an unpacked
+    weight (the wrapper's ValueError), a 4-D array passed as NCHW16c."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((1, 16, 4, 4)).astype(np.float32)
+    packed = kernels.pack_conv2d_weight(rng.standard_normal((24, 16, 1, 1)).astype(np.float32))
+    with pytest.raises(RuntimeError, match="invalid"):
+        kernels.conv2d(x, packed, layout_y="nchw16c")  # 24 output channels
+    packed16 = kernels.pack_conv2d_weight(rng.standard_normal((16, 16, 1, 1)).astype(np.float32))
+    with pytest.raises(RuntimeError, match="epilogue"):
+        kernels.conv2d(x, packed16, epilogue=("silu",), layout_y="nchw16c")
+    got = kernels.conv2d(kernels.to_nchw16c(x), packed16, epilogue=("silu",),
+                         layout_x="nchw16c")  # an NCHW y takes any chain
+    np.testing.assert_allclose(got, kernels.conv2d(x, packed16, epilogue=("silu",)),
+                               rtol=0, atol=0)
+    with pytest.raises(ValueError, match="packed"):
+        kernels.conv2d(x, rng.standard_normal((16, 16, 1, 1)).astype(np.float32),
+                       layout_x="nchw16c")
+    with pytest.raises(ValueError, match="NCHW16c"):
+        kernels.conv2d(x, packed16, layout_x="nchw16c")
+    with pytest.raises(ValueError, match="layout_y"):
+        kernels.conv2d(x, packed16, layout_y="nhwc")

@@ -256,6 +256,8 @@ def draw_case(symbol, isa, seed, index, rng, fixed_layout):
         big = 2 * m * n * k >= PAR_FLOPS
     else:
         m, n, k, big = _draw_shape(rng)
+    if symbol.endswith("_layouts"):
+        m, n, k, big, extra = draw_blocked(rng, "depthwise" in symbol, m, extra)
 
     def pad():
         r = rng.random()
@@ -550,6 +552,88 @@ def draw_pool(rng, index):
     return c, g["oh"] * g["ow"], g["kh"] * g["kw"] if c else 0, taps >= POOL_PAR_TAPS, extra
 
 
+# tirbyoc_conv2d_f32_packed_layouts and tirbyoc_depthwise_conv2d_f32_layouts: the conv
+# and depthwise cases with their channels rounded up to multiples of 16 (NCHW16c blocks;
+# the conv in one group) and a random set of TIRBYOC_LAYOUT_* bits (Case.extra
+# "layouts"): x, y and the residual are the same buffers, read as [N, C / 16, H * W, 16]
+# where blocked. On AVX-512 the direct and channels-in-lanes paths read them in place,
+# elsewhere (and on a forced depthwise path) the calls convert through NCHW copies.
+def draw_blocked(rng, depthwise, m, extra):
+    """(m, n, k, big, extra) of a drawn conv (m: OC) or depthwise case made blockable."""
+    g = dict(extra)
+    g["c"] = -(-g["c"] // 16) * 16
+    taps = g["kh"] * g["kw"]
+    if depthwise:
+        g["groups"] = max(g["c"], 1)
+        m, k = g["c"], taps if g["c"] else 0
+        big = 2 * g["batch"] * m * g["oh"] * g["ow"] * taps >= DW_PAR_FLOPS
+    else:
+        g["groups"] = 1
+        m, k = -(-m // 16) * 16, g["c"] * taps
+        big = 2 * g["batch"] * m * g["oh"] * g["ow"] * k >= PAR_FLOPS
+    g["layouts"] = int(rng.integers(0, 4))
+    return m, g["oh"] * g["ow"], k, big, tuple(g.items())
+
+
+class _Logical:
+    """An NCHW16c buffer's values as the NCHW [N * C, H * W] matrix the references read."""
+
+    def __init__(self, buf, batch, channels):
+        hw = buf.view.shape[1] if buf.view.ndim == 2 else 0
+        self.view = from_blocked(buf.view, batch, channels, hw)
+
+
+def from_blocked(a, batch, channels, hw):
+    """[N * C, H * W] read as [N, C / 16, H * W, 16], back to NCHW order."""
+    return (np.asarray(a).reshape(batch, channels // 16, hw, 16).transpose(0, 1, 3, 2)
+            .reshape(batch * channels, hw))
+
+
+def to_blocked(a, batch, channels, hw):
+    """The NCHW [N * C, H * W] values in NCHW16c order, as [N * C, H * W]."""
+    return (np.asarray(a).reshape(batch, channels // 16, 16, hw).transpose(0, 1, 3, 2)
+            .reshape(batch * channels, hw))
+
+
+def blocked_expected(base):
+    """``base`` (a conv reference) for a case's TIRBYOC_LAYOUT_* bits: the blocked inputs
+    read in NCHW order, the expected output (and its tolerance) put in NCHW16c order."""
+    def expected(ops, groups):
+        c, g = ops.case, dict(ops.case.extra)
+        x, wt, bias, res, y, names = ops.conv
+        bits, p = g["layouts"], g["oh"] * g["ow"]
+        if bits & 1 and x.view.size:
+            x = _Logical(x, g["batch"], g["c"])
+        if bits & 2 and res is not None and res.view.size:
+            res = _Logical(res, g["batch"], c.m)
+        view = _ConvView(ops, (x, wt, bias, res, y, names))
+        v, tol = base(view, groups)
+        if bits & 2 and np.size(v):
+            v = to_blocked(v, g["batch"], c.m, p)
+            if np.ndim(tol) == 2:
+                tol = to_blocked(tol, g["batch"], c.m, p)
+        return v, tol
+    return expected
+
+
+class _ConvView:
+    """``ops`` with its conv tensors replaced (what blocked_expected's references read)."""
+
+    def __init__(self, ops, conv):
+        self._ops, self.conv = ops, conv
+
+    def __getattr__(self, name):
+        return getattr(self._ops, name)
+
+
+def blocked_args(args):
+    """The arguments of a ``_layouts`` call: the case's layout bits, then ``args``'s."""
+    def make(ops):
+        bits = dict(ops.case.extra)["layouts"]
+        return [Arg("layouts", bits, invalid=(4, -1, 2**40))] + args(ops)
+    return make
+
+
 # --- buffers --------------------------------------------------------------------
 
 GUARD = 32  # floats before and after every buffer (a multiple of 16: keeps 64-byte phase)
@@ -753,7 +837,9 @@ class Operands:
         n_img, p = g["batch"], g["oh"] * g["ow"]
         x = self._input("x", n_img * g["c"], g["h"] * g["w"], g["h"] * g["w"], c.offsets[0])
         wt = self._input("w", c.m, c.k, c.k, c.offsets[1])
-        ops = [str(o) for o in self.rng.choice(CHAIN_UNARY, size=int(self.rng.integers(0, 3)))]
+        # (a blocked output takes the chain's residual, relu and relu6 only)
+        unary = ("relu", "relu6") if g.get("layouts", 0) & 2 else CHAIN_UNARY
+        ops = [str(o) for o in self.rng.choice(unary, size=int(self.rng.integers(0, 3)))]
         if self.rng.random() < 0.33:
             ops.insert(int(self.rng.integers(0, len(ops) + 1)), "residual")
         if c.bias:
@@ -1595,6 +1681,10 @@ FAMILIES = (
            winograd_pack_expected, output="wino_packed_out"),
     # the conv's reference with groups = C
     Family(r"tirbyoc_depthwise_conv2d_f32", depthwise_args, conv_expected, output="y"),
+    Family(r"tirbyoc_conv2d_f32_packed_layouts", blocked_args(conv_packed_args),
+           blocked_expected(conv_expected), output="y"),
+    Family(r"tirbyoc_depthwise_conv2d_f32_layouts", blocked_args(depthwise_args),
+           blocked_expected(conv_expected), output="y"),
     Family(r"tirbyoc_max_pool2d_f32", pool_args, pool_expected, output="y"),
 )
 # Exported functions that are not kernels, and where they are exercised.

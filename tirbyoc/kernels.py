@@ -604,8 +604,54 @@ def _conv_operands(x, kh, kw, oc, geometry, out_size, weight, bias, residual, ou
     return (sh, sw, pt, pl, dh, dw, oh, ow), out
 
 
+LAYOUTS = ("nchw", "nchw16c")
+
+
+def to_nchw16c(x):
+    """[N, C, H, W] as NCHW16c, [N, C / 16, H, W, 16] (16 divides C), a new array."""
+    n, c, h, w = x.shape
+    if c % 16:
+        raise ValueError(f"NCHW16c needs channels in blocks of 16, got {c}")
+    return np.ascontiguousarray(x.reshape(n, c // 16, 16, h, w).transpose(0, 1, 3, 4, 2))
+
+
+def from_nchw16c(x):
+    """[N, C / 16, H, W, 16] back to [N, C, H, W], a new array."""
+    n, cb, h, w, _ = x.shape
+    return np.ascontiguousarray(x.transpose(0, 1, 4, 2, 3).reshape(n, cb * 16, h, w))
+
+
+def _layout_bits(layout_x, layout_y):
+    """The kernels' TIRBYOC_LAYOUT_* bits for ``layout_x`` and ``layout_y`` (each one of
+    :data:`LAYOUTS`)."""
+    for name, lay in (("layout_x", layout_x), ("layout_y", layout_y)):
+        if lay not in LAYOUTS:
+            raise ValueError(f"{name} must be one of {LAYOUTS}, got {lay!r}")
+    return (1 if layout_x == "nchw16c" else 0) | (2 if layout_y == "nchw16c" else 0)
+
+
+def _nchw_view(a, name):
+    """An NCHW16c array [N, C / 16, H, W, 16] seen as [N, C, H, W] (the same memory:
+    the shape checks and pointers of the NCHW calls apply to it)."""
+    if a is None:
+        return None
+    if a.ndim != 5 or a.shape[4] != 16 or not a.flags.c_contiguous:
+        raise ValueError(f"{name} in NCHW16c must be a C-contiguous [N, C / 16, H, W, 16], "
+                         f"got {a.shape}")
+    n, cb, h, w, _ = a.shape
+    return a.reshape(n, cb * 16, h, w)
+
+
+def _blocked_out(out, given, bits):
+    """The output as the caller sees it: NCHW16c (5-D) when bit 2 is set."""
+    if not bits & 2 or given is not None:
+        return given if given is not None else out
+    n, c, h, w = out.shape
+    return out.reshape(n, c // 16, h, w, 16)
+
+
 def conv2d(x, weight, *, stride=1, padding=0, dilation=1, groups=1, epilogue=(), bias=None,
-           residual=None, out_size=None, out=None):
+           residual=None, out_size=None, out=None, layout_x="nchw", layout_y="nchw"):
     """``chain(conv2d(x, weight))`` via ``tirbyoc_conv2d_f32`` (NCHW, OIHW).
 
     ``x``: float32 [batch, C, H, W]; ``weight``: [OC, C / groups, KH, KW]; both
@@ -617,7 +663,18 @@ def conv2d(x, weight, *, stride=1, padding=0, dilation=1, groups=1, epilogue=(),
     ``residual``: shaped like the output. Returns ``out`` [batch, OC, OH, OW].
     ``weight`` may be a :class:`PackedConv2dWeight` (``groups`` and the bias are then
     its own; ``epilogue`` starts with "bias" if and only if it holds one).
+    ``layout_x`` / ``layout_y``: "nchw16c" passes ``x`` / the output and ``residual``
+    as [N, C / 16, H, W, 16] (:func:`to_nchw16c`; a packed, non-Winograd weight only),
+    through ``tirbyoc_conv2d_f32_packed_layouts``.
     """
+    bits = _layout_bits(layout_x, layout_y)
+    if bits:
+        if not isinstance(weight, PackedConv2dWeight) or weight.winograd:
+            raise ValueError("NCHW16c layouts take a packed (non-Winograd) weight")
+        given = out
+        x = _nchw_view(x, "x") if bits & 1 else x
+        if bits & 2:
+            residual, out = _nchw_view(residual, "residual"), _nchw_view(out, "out")
     packed = weight if isinstance(weight, PackedConv2dWeight) else None
     if packed is not None:
         if bias is not None or (groups != 1 and groups != packed.groups):
@@ -649,6 +706,11 @@ def conv2d(x, weight, *, stride=1, padding=0, dilation=1, groups=1, epilogue=(),
             batch, c, h, w, _float_ptr(x), oc, _float_ptr(weight), pt, pl, oh, ow,
             encode_epilogue(epilogue), _float_ptr(residual), _float_ptr(out)))
         return out
+    if bits:
+        _check("tirbyoc_conv2d_f32_packed_layouts", lib.tirbyoc_conv2d_f32_packed_layouts(
+            bits, batch, c, h, w, _float_ptr(x), oc, groups, kh, kw, _float_ptr(weight),
+            *dims, encode_epilogue(epilogue), _float_ptr(residual), _float_ptr(out)))
+        return _blocked_out(out, given, bits)
     if packed is not None:
         _check("tirbyoc_conv2d_f32_packed", lib.tirbyoc_conv2d_f32_packed(
             batch, c, h, w, _float_ptr(x), oc, groups, kh, kw, _float_ptr(weight), *dims,
@@ -661,14 +723,21 @@ def conv2d(x, weight, *, stride=1, padding=0, dilation=1, groups=1, epilogue=(),
 
 
 def depthwise_conv2d(x, weight, *, stride=1, padding=0, dilation=1, epilogue=(), bias=None,
-                     residual=None, out_size=None, out=None):
+                     residual=None, out_size=None, out=None, layout_x="nchw",
+                     layout_y="nchw"):
     """``chain(depthwise_conv2d(x, weight))`` via ``tirbyoc_depthwise_conv2d_f32``: a
     conv with one filter per channel (PyTorch's ``groups`` = C = OC), NCHW.
 
     ``x``: float32 [batch, C, H, W]; ``weight``: [C, 1, KH, KW]; both C-contiguous.
     ``stride``, ``padding``, ``dilation``, ``out_size``, ``epilogue``, ``bias`` [C] and
     ``residual`` as for :func:`conv2d`. Returns ``out`` [batch, C, OH, OW].
+    ``layout_x``, ``layout_y``: as for :func:`conv2d`
+    (``tirbyoc_depthwise_conv2d_f32_layouts``).
     """
+    bits, given = _layout_bits(layout_x, layout_y), out
+    x = _nchw_view(x, "x") if bits & 1 else x
+    if bits & 2:
+        residual, out = _nchw_view(residual, "residual"), _nchw_view(out, "out")
     geometry = _conv_geometry(stride, padding, dilation)
     if x.ndim != 4 or weight.ndim != 4 or weight.shape[:2] != (x.shape[1], 1):
         raise ValueError(f"x must be [N, C, H, W] and weight [C, 1, KH, KW], got {x.shape} "
@@ -677,10 +746,10 @@ def depthwise_conv2d(x, weight, *, stride=1, padding=0, dilation=1, epilogue=(),
     _, _, kh, kw = weight.shape
     dims, out = _conv_operands(x, kh, kw, c, geometry, out_size, weight, bias, residual, out)
     _, lib = load()
-    _check("tirbyoc_depthwise_conv2d_f32", lib.tirbyoc_depthwise_conv2d_f32(
-        batch, c, h, w, _float_ptr(x), kh, kw, _float_ptr(weight), *dims,
+    _check("tirbyoc_depthwise_conv2d_f32_layouts", lib.tirbyoc_depthwise_conv2d_f32_layouts(
+        bits, batch, c, h, w, _float_ptr(x), kh, kw, _float_ptr(weight), *dims,
         encode_epilogue(epilogue), _float_ptr(bias), _float_ptr(residual), _float_ptr(out)))
-    return out
+    return _blocked_out(out, given, bits)
 
 
 def max_pool2d(x, kernel_size, *, stride=None, padding=0, dilation=1, ceil_mode=False,

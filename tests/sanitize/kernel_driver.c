@@ -1604,6 +1604,136 @@ static void conv_cases(uint64_t *rng, int threaded)
     conv_packed_errors();
 }
 
+/* ---- NCHW16c: tirbyoc_conv2d_f32_packed_layouts, tirbyoc_depthwise_conv2d_f32_layouts ---- */
+
+/* [n, c, hw] NCHW into [n, c / 16, hw, 16] (to_blocked), or back. */
+static void relayout16(const float *src, float *dst, int64_t n, int64_t c, int64_t hw,
+                       int to_blocked)
+{
+    int64_t b, ch, t;
+    for (b = 0; b < n; ++b)
+        for (ch = 0; ch < c; ++ch)
+            for (t = 0; t < hw; ++t) {
+                const size_t plain = (size_t)((b * c + ch) * hw + t);
+                const size_t blk = (size_t)((b * c + ch / 16 * 16) * hw + t * 16 + ch % 16);
+                if (to_blocked)
+                    dst[blk] = src[plain];
+                else
+                    dst[plain] = src[blk];
+            }
+}
+
+/* t's call (already checked against the reference, its result in t->y) with x and/or y
+ * and the residual NCHW16c, for each layout set: the same values in the blocked order
+ * (bit for bit, or NaN where y has one), each operand in a block of its own. A chain
+ * the blocked y does not take (anything but residual, relu and relu6 after the bias)
+ * gives TIRBYOC_EEPILOGUE and writes nothing. `depthwise`: the depthwise call, else
+ * the packed conv (its weight and bias packed here). */
+static void blocked_case(conv_test_t *t, int depthwise)
+{
+    const conv_call_t *a = &t->a;
+    const char *name = depthwise ? "tirbyoc_depthwise_conv2d_f32_layouts"
+                                 : "tirbyoc_conv2d_f32_packed_layouts";
+    const int has_bias = (a->ops & 15) == TIRBYOC_EPI_BIAS;
+    const int64_t k = a->c / a->gr * a->kh * a->kw, p = a->oh * a->ow;
+    const size_t nx = t->bx.n, ny = t->by.n;
+    int64_t rest = has_bias ? (int64_t)((uint64_t)a->ops >> 4) : a->ops, layouts;
+    int y_ok = 1;
+    buf_t bx, br, by, bp;
+    float *xb, *rb, *yb, *pk = NULL, *back;
+    size_t q;
+    for (; rest != 0; rest = (int64_t)((uint64_t)rest >> 4))
+        y_ok &= (rest & 15) == TIRBYOC_EPI_RESIDUAL || (rest & 15) == TIRBYOC_EPI_RELU ||
+                (rest & 15) == TIRBYOC_EPI_RELU6;
+    xb = buf_alloc(&bx, nx, 1);
+    rb = buf_alloc(&br, t->br.n, 2);
+    yb = buf_alloc(&by, ny, 3);
+    back = (float *)malloc((ny > 0 ? ny : 1) * sizeof(float));
+    if (!depthwise) {
+        const int64_t size = tirbyoc_conv2d_packed_size_f32(a->oc, a->gr, k, has_bias);
+        pk = buf_alloc(&bp, (size_t)(size > 0 ? size : 0), 0);
+        check(tirbyoc_pack_conv2d_weight_f32(a->oc, a->gr, k, a->wt,
+                                             has_bias ? a->bias : NULL, pk) == TIRBYOC_OK,
+              "status", "tirbyoc_pack_conv2d_weight_f32", a->oc, a->gr, k, NULL);
+    }
+    for (layouts = 1; layouts <= 3; ++layouts) {
+        const float *x = layouts & 1 ? xb : a->x;
+        const float *res = layouts & 2 ? (a->res != NULL ? rb : NULL) : a->res;
+        float *y = layouts & 2 ? yb : back;
+        const int32_t want = layouts & 2 && !y_ok ? TIRBYOC_EEPILOGUE : TIRBYOC_OK;
+        int32_t st;
+        int same = 1;
+        relayout16(a->x, xb, a->n, a->c, a->h * a->w, 1);
+        if (a->res != NULL)
+            relayout16(a->res, rb, a->n, a->oc, p, 1);
+        for (q = 0; q < ny; ++q)
+            y[q] = UNWRITTEN;
+        st = depthwise ? tirbyoc_depthwise_conv2d_f32_layouts(
+                             layouts, a->n, a->c, a->h, a->w, x, a->kh, a->kw, a->wt, a->sh,
+                             a->sw, a->pt, a->pl, a->dh, a->dw, a->oh, a->ow, a->ops,
+                             a->bias, res, y)
+                       : tirbyoc_conv2d_f32_packed_layouts(
+                             layouts, a->n, a->c, a->h, a->w, x, a->oc, a->gr, a->kh, a->kw,
+                             pk, a->sh, a->sw, a->pt, a->pl, a->dh, a->dw, a->oh, a->ow,
+                             a->ops, res, y);
+        check(st == want, "status", name, a->oc, p, k, NULL);
+        if (st != TIRBYOC_OK) {
+            for (q = 0; q < ny; ++q)
+                same &= to_bits(y[q]) == to_bits(UNWRITTEN);
+            check(same, "wrote y on an error", name, a->oc, p, k, NULL);
+            continue;
+        }
+        if (layouts & 2)
+            relayout16(yb, back, a->n, a->oc, p, 0);
+        for (q = 0; q < ny; ++q)
+            same &= to_bits(back[q]) == to_bits(t->y[q]) || (t->y[q] != t->y[q] &&
+                                                              back[q] != back[q]);
+        check(same, "differs from the NCHW call", name, a->oc, p, k, NULL);
+    }
+    free(back);
+    buf_free(&bx);
+    buf_free(&br);
+    buf_free(&by);
+    if (!depthwise)
+        buf_free(&bp);
+}
+
+static void blocked_cases(uint64_t *rng, int threaded)
+{
+    static const int64_t shapes[][14] = {
+        /* depthwise, n, c, h, w, oc, kh, kw, sh, sw, pt, pl, groups (conv) */
+        {0, 1, 32, 7, 9, 48, 1, 1, 1, 1, 0, 0, 1},  /* plain: in place */
+        {0, 2, 64, 14, 14, 16, 1, 1, 1, 1, 0, 0, 1},
+        {0, 1, 16, 9, 11, 32, 3, 3, 2, 2, 1, 1, 1},  /* blocked x through a copy */
+        {0, 1, 32, 6, 6, 32, 1, 1, 1, 1, 0, 0, 2},   /* in groups: through copies */
+        {1, 1, 32, 9, 9, 32, 3, 3, 1, 1, 1, 1, 0},
+        {1, 2, 48, 13, 11, 48, 3, 3, 2, 2, 1, 1, 0},
+        {1, 1, 16, 12, 12, 16, 5, 5, 1, 1, 2, 2, 0},
+        {1, 1, 16, 4, 4, 16, 0, 3, 1, 1, 1, 1, 0},   /* no taps: the chain on zeros */
+    };
+    static const int64_t chains[] = {
+        0, TIRBYOC_EPI_BIAS | TIRBYOC_EPI_RELU6 << 4,
+        TIRBYOC_EPI_BIAS | TIRBYOC_EPI_RESIDUAL << 4 | TIRBYOC_EPI_RELU << 8,
+        TIRBYOC_EPI_RESIDUAL | TIRBYOC_EPI_SILU << 4,  /* refused with a blocked y */
+    };
+    size_t si, ci;
+    for (si = 0; si < sizeof(shapes) / sizeof(shapes[0]); ++si)
+        for (ci = 0; ci < sizeof(chains) / sizeof(chains[0]); ++ci) {
+            const int64_t *g = shapes[si];
+            const int dwc = (int)g[0];
+            conv_test_t t;
+            if (threaded && si % 2)
+                continue;
+            conv_test_init(&t, rng, g[1], g[2], g[3], g[4], g[5], dwc ? g[2] : g[12], g[6],
+                           g[7], g[8], g[9], g[10], g[11], 1, 1, chains[ci],
+                           (int)((si + ci) % 3 == 0));
+            if (conv_test_run(dwc ? "tirbyoc_depthwise_conv2d_f32" : "tirbyoc_conv2d_f32",
+                              dwc ? call_depthwise : call_conv2d, &t))
+                blocked_case(&t, dwc);
+            conv_test_free(&t);
+        }
+}
+
 /* ---- tirbyoc_depthwise_conv2d_f32 ---- */
 
 /* One depthwise conv against the reference (conv_test_run, a conv in C
@@ -1815,6 +1945,7 @@ static void matmul_chains(uint64_t *rng, int threaded)
     attention_cases(rng, threaded);
     conv_cases(rng, threaded);
     dw_cases(rng, threaded);
+    blocked_cases(rng, threaded);
     pool_cases(rng, threaded);
     if (threaded)
         return;
@@ -1885,8 +2016,8 @@ int main(int argc, char **argv)
     }
     /* KERNELS, and the 2 dense pack functions, matmul, unary, softmax, attention, conv2d,
      * conv2d_f32_packed, pack_conv2d_weight, conv2d_winograd, pack_conv2d_winograd_weight,
-     * depthwise_conv2d and max_pool2d */
+     * depthwise_conv2d, the two NCHW16c calls and max_pool2d */
     printf("kernel_driver: mode=%s isas=%s kernels=%d checks=%ld failures=%ld\n", mode, isas,
-           N_KERNELS + 13, n_checks, n_failures);
+           N_KERNELS + 15, n_checks, n_failures);
     return n_failures == 0 ? 0 : 1;
 }
