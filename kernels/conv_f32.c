@@ -697,21 +697,43 @@ void tb_relayout16(const float *src, float *dst, int64_t batch, int64_t c,
         }
 }
 
-int tb_relayout16_alloc(const float **src, int64_t blocked, int64_t batch,
-                        int64_t c, int64_t hw, float **copy, int64_t *count)
+int tb_nchw_copies_open(tb_nchw_copies *t, int64_t layouts, int64_t batch,
+                        int64_t c, int64_t hw, int64_t oc, int64_t p,
+                        const float **x, const float **res, float **y)
 {
-    *copy = NULL;
-    *count = batch * c * hw;
-    if (!blocked || (src != NULL && *src == NULL) || *count == 0)
-        return 1;
-    *copy = (float *)malloc((size_t)*count * sizeof(float));
-    if (*copy == NULL)
-        return 0;
-    if (src != NULL) {
-        tb_relayout16(*src, *copy, batch, c, hw, 0);
-        *src = *copy;
+    const size_t nx = (size_t)(batch * c * hw), ny = (size_t)(batch * oc * p);
+    t->x = t->res = t->y = NULL;
+    if ((layouts & TIRBYOC_LAYOUT_X16) && *x != NULL && nx > 0) {
+        if ((t->x = (float *)malloc(nx * sizeof(float))) == NULL)
+            return 0;
+        tb_relayout16(*x, t->x, batch, c, hw, 0);
+        *x = t->x;
+    }
+    if ((layouts & TIRBYOC_LAYOUT_Y16) && ny > 0) {
+        t->y = (float *)malloc(ny * sizeof(float));
+        t->res = *res != NULL ? (float *)malloc(ny * sizeof(float)) : NULL;
+        if (t->y == NULL || (*res != NULL && t->res == NULL)) {
+            tb_nchw_copies_close(t, TIRBYOC_ENOMEM, batch, oc, p, NULL);
+            return 0;
+        }
+        if (*res != NULL) {
+            tb_relayout16(*res, t->res, batch, oc, p, 0);
+            *res = t->res;
+        }
+        *y = t->y;
     }
     return 1;
+}
+
+int32_t tb_nchw_copies_close(tb_nchw_copies *t, int32_t st, int64_t batch,
+                             int64_t oc, int64_t p, float *y)
+{
+    if (st == TIRBYOC_OK && t->y != NULL)
+        tb_relayout16(t->y, y, batch, oc, p, 1);
+    free(t->x);
+    free(t->res);
+    free(t->y);
+    return st;
 }
 
 /* Whether the n sizes are all in [0, CONV_DIM_MAX) and each product of the
@@ -870,29 +892,15 @@ static int32_t conv2d(int64_t batch, int64_t c, int64_t h, int64_t w,
     }
     if (layouts != 0) {
         /* NCHW16c where the direct path declined: through NCHW copies */
-        float *xt = NULL, *rt = NULL, *yt = NULL;
+        tb_nchw_copies cp;
         const float *rin = j.chain.residual;
-        int64_t xn, yn;
-        if (!tb_relayout16_alloc(&x, layouts & TIRBYOC_LAYOUT_X16, batch, c,
-                                 h * w, &xt, &xn) ||
-            !tb_relayout16_alloc(&rin, layouts & TIRBYOC_LAYOUT_Y16, batch, oc,
-                                 j.p, &rt, &yn) ||
-            !tb_relayout16_alloc(NULL, layouts & TIRBYOC_LAYOUT_Y16, batch, oc,
-                                 j.p, &yt, &yn)) {
-            free(xt);
-            free(rt);
+        float *yt = y;
+        if (!tb_nchw_copies_open(&cp, layouts, batch, c, h * w, oc, j.p, &x, &rin, &yt))
             return TIRBYOC_ENOMEM;
-        }
         st = conv2d(batch, c, h, w, x, oc, groups, kh, kw, weight, packed,
                     stride_h, stride_w, pad_top, pad_left, dilation_h,
-                    dilation_w, oh, ow, epilogue, bias, rin,
-                    yt != NULL ? yt : y, 0);
-        if (st == TIRBYOC_OK && yt != NULL)
-            tb_relayout16(yt, y, batch, oc, j.p, 1);
-        free(xt);
-        free(rt);
-        free(yt);
-        return st;
+                    dilation_w, oh, ow, epilogue, bias, rin, yt, 0);
+        return tb_nchw_copies_close(&cp, st, batch, oc, j.p, y);
     }
 
     /* Pixel blocks of about equal width in whole panels, at most nc wide.

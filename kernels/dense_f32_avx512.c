@@ -195,6 +195,16 @@ typedef void (*tile_fn)(int64_t, const float *, const float *, int64_t,
                         float *, int64_t, int, int, const tb_chain *, int64_t,
                         int64_t);
 
+/* ind (A's rows 1 float apart) and ind16 (16 apart: NCHW16c pixels) */
+#define IND_FN(NAME, PS, MR, NV)                                              \
+    static void NAME##_##MR##_##NV(int64_t kc, int64_t off,                   \
+                                   const float *const *kp, const float *wp,   \
+                                   int64_t wps, float *c, int64_t ldc, int nr,\
+                                   int flags)                                 \
+    {                                                                         \
+        tile(MR, NV, 1, 0, PS, 0, off, kc, NULL, kp, wp, wps, c, ldc, nr,    \
+             flags, NULL, 0, 0);                                              \
+    }
 #define TILE_FN(MR, NV)                                                       \
     static void tile_##MR##_##NV(int64_t kc, const float *ap,                 \
                                  const float *wp, int64_t wps, float *c,      \
@@ -204,22 +214,7 @@ typedef void (*tile_fn)(int64_t, const float *, const float *, int64_t,
         tile(MR, NV, 0, 0, 1, 0, 0, kc, ap, NULL, wp, wps, c, ldc, nr,       \
              flags, ch, ci, cj);                                              \
     }                                                                         \
-    static void ind_##MR##_##NV(int64_t kc, int64_t off,                      \
-                                const float *const *kp, const float *wp,      \
-                                int64_t wps, float *c, int64_t ldc, int nr,   \
-                                int flags)                                    \
-    {                                                                         \
-        tile(MR, NV, 1, 0, 1, 0, off, kc, NULL, kp, wp, wps, c, ldc, nr,     \
-             flags, NULL, 0, 0);                                              \
-    }                                                                         \
-    static void ind16_##MR##_##NV(int64_t kc, int64_t off,                    \
-                                  const float *const *kp, const float *wp,    \
-                                  int64_t wps, float *c, int64_t ldc, int nr, \
-                                  int flags)                                  \
-    {                                                                         \
-        tile(MR, NV, 1, 0, 16, 0, off, kc, NULL, kp, wp, wps, c, ldc, nr,    \
-             flags, NULL, 0, 0);                                              \
-    }
+    IND_FN(ind, 1, MR, NV) IND_FN(ind16, 16, MR, NV)
 #define TILE_FNS(MR) TILE_FN(MR, 1) TILE_FN(MR, 2)
 TILE_FNS(1) TILE_FNS(2) TILE_FNS(3) TILE_FNS(4) TILE_FNS(5) TILE_FNS(6)
 TILE_FNS(7) TILE_FNS(8) TILE_FNS(9) TILE_FNS(10) TILE_FNS(11) TILE_FNS(12)

@@ -196,13 +196,23 @@ TB_INTERNAL int32_t tb_layouts_check(int64_t layouts, int64_t c, int64_t oc,
  * back; 16 | c. */
 TB_INTERNAL void tb_relayout16(const float *src, float *dst, int64_t batch,
                                int64_t c, int64_t hw, int to_blocked);
-/* The portable route for an NCHW16c tensor (blocked != 0) of *count =
- * batch * c * hw floats: *copy a malloc'd NCHW buffer (else NULL), which
- * src (if not NULL and *src not NULL) is converted into and then points to.
- * 0 if the allocation failed. */
-TB_INTERNAL int tb_relayout16_alloc(const float **src, int64_t blocked,
+/* The portable route for NCHW16c tensors (layouts), around a call without
+ * them: open points *x (an x of [batch, c, hw]) and *res (NULL, or a
+ * residual of [batch, oc, p]) at NCHW copies of the blocked ones, and *y at
+ * an NCHW buffer for the call's output when y is blocked (malloc'd, in t);
+ * 0 if memory ran out (nothing kept). close, given the call's status st,
+ * converts that output into the caller's y (st TIRBYOC_OK), frees the
+ * copies and returns st. */
+typedef struct {
+    float *x, *res, *y;
+} tb_nchw_copies;
+TB_INTERNAL int tb_nchw_copies_open(tb_nchw_copies *t, int64_t layouts,
                                     int64_t batch, int64_t c, int64_t hw,
-                                    float **copy, int64_t *count);
+                                    int64_t oc, int64_t p, const float **x,
+                                    const float **res, float **y);
+TB_INTERNAL int32_t tb_nchw_copies_close(tb_nchw_copies *t, int32_t st,
+                                         int64_t batch, int64_t oc, int64_t p,
+                                         float *y);
 typedef void (*tb_conv_out16_fn)(const float *ct, int64_t ldc, int64_t m,
                                  int64_t n, float *y, const float *res,
                                  int64_t ldy, int64_t ops);

@@ -1436,43 +1436,6 @@ int32_t tirbyoc_depthwise_conv2d_f32(int64_t batch, int64_t c, int64_t h,
         pad_left, dilation_h, dilation_w, oh, ow, epilogue, bias, residual, y);
 }
 
-/* Blocked tensors where the channels-in-lanes path does not run: through
- * NCHW copies, the call without layouts. */
-static int32_t dw_blocked_fallback(int64_t layouts, int64_t batch, int64_t c,
-                                   int64_t h, int64_t w, const float *x,
-                                   int64_t kh, int64_t kw, const float *weight,
-                                   int64_t stride_h, int64_t stride_w,
-                                   int64_t pad_top, int64_t pad_left,
-                                   int64_t dilation_h, int64_t dilation_w,
-                                   int64_t oh, int64_t ow, int64_t epilogue,
-                                   const float *bias, const float *residual,
-                                   float *y)
-{
-    float *xt = NULL, *rt = NULL, *yt = NULL;
-    int64_t xn, yn;
-    int32_t st;
-    if (!tb_relayout16_alloc(&x, layouts & TIRBYOC_LAYOUT_X16, batch, c, h * w,
-                             &xt, &xn) ||
-        !tb_relayout16_alloc(&residual, layouts & TIRBYOC_LAYOUT_Y16, batch, c,
-                             oh * ow, &rt, &yn) ||
-        !tb_relayout16_alloc(NULL, layouts & TIRBYOC_LAYOUT_Y16, batch, c,
-                             oh * ow, &yt, &yn)) {
-        free(xt);
-        free(rt);
-        return TIRBYOC_ENOMEM;
-    }
-    st = tirbyoc_depthwise_conv2d_f32_layouts(
-        0, batch, c, h, w, x, kh, kw, weight, stride_h, stride_w, pad_top,
-        pad_left, dilation_h, dilation_w, oh, ow, epilogue, bias, residual,
-        yt != NULL ? yt : y);
-    if (st == TIRBYOC_OK && yt != NULL)
-        tb_relayout16(yt, y, batch, c, oh * ow, 1);
-    free(xt);
-    free(rt);
-    free(yt);
-    return st;
-}
-
 int32_t tirbyoc_depthwise_conv2d_f32_layouts(
     int64_t layouts, int64_t batch, int64_t c, int64_t h, int64_t w,
     const float *x, int64_t kh, int64_t kw, const float *weight,
@@ -1543,12 +1506,7 @@ int32_t tirbyoc_depthwise_conv2d_f32_layouts(
     }
     j.rest = ops;
 
-    if (layouts != 0 && j.ntaps == 0)
-        return dw_blocked_fallback(layouts, batch, c, h, w, x, kh, kw, weight,
-                                   stride_h, stride_w, pad_top, pad_left,
-                                   dilation_h, dilation_w, oh, ow, epilogue,
-                                   bias, residual, y);
-    if (j.ntaps == 0) {
+    if (j.ntaps == 0 && layouts == 0) {
         /* an empty sum: the chain on zeros */
         int64_t n, ch, t;
         const int64_t p = oh * ow;
@@ -1596,15 +1554,23 @@ int32_t tirbyoc_depthwise_conv2d_f32_layouts(
     /* TIRBYOC_DW_PATH=planes, channels or scalar takes that path wherever it
      * can run (tests); unset, the call chooses */
     env = getenv("TIRBYOC_DW_PATH");
-    if (c16_rows(&j, want, env) > 0) {
+    if (j.ntaps > 0 && c16_rows(&j, want, env) > 0) {
         tb_units(dw_unit, &j, j.units, want);
         return TIRBYOC_OK;
     }
-    if (layouts != 0)
-        return dw_blocked_fallback(layouts, batch, c, h, w, x, kh, kw, weight,
-                                   stride_h, stride_w, pad_top, pad_left,
-                                   dilation_h, dilation_w, oh, ow, epilogue,
-                                   bias, residual, y);
+    if (layouts != 0) {
+        /* blocked tensors off the channels-in-lanes path (or without taps):
+         * through NCHW copies, the call without layouts */
+        tb_nchw_copies cp;
+        const float *rin = j.residual;
+        float *yt = y;
+        if (!tb_nchw_copies_open(&cp, layouts, batch, c, h * w, c, oh * ow, &x, &rin, &yt))
+            return TIRBYOC_ENOMEM;
+        st = tirbyoc_depthwise_conv2d_f32_layouts(
+            0, batch, c, h, w, x, kh, kw, weight, stride_h, stride_w, pad_top, pad_left,
+            dilation_h, dilation_w, oh, ow, epilogue, bias, rin, yt);
+        return tb_nchw_copies_close(&cp, st, batch, c, oh * ow, y);
+    }
 
     /* Output rows per unit: a window of about DW_WINDOW_FLOATS, fewer when the
      * planes are too few to keep the threads busy. */

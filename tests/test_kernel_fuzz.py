@@ -585,14 +585,14 @@ class _Logical:
 
 def from_blocked(a, batch, channels, hw):
     """[N * C, H * W] read as [N, C / 16, H * W, 16], back to NCHW order."""
-    return (np.asarray(a).reshape(batch, channels // 16, hw, 16).transpose(0, 1, 3, 2)
-            .reshape(batch * channels, hw))
+    return kernels.from_nchw16c(np.asarray(a).reshape(batch, channels // 16, hw, 1, 16)
+                                ).reshape(batch * channels, hw)
 
 
 def to_blocked(a, batch, channels, hw):
     """The NCHW [N * C, H * W] values in NCHW16c order, as [N * C, H * W]."""
-    return (np.asarray(a).reshape(batch, channels // 16, 16, hw).transpose(0, 1, 3, 2)
-            .reshape(batch * channels, hw))
+    return kernels.to_nchw16c(np.asarray(a).reshape(batch, channels, hw, 1)
+                              ).reshape(batch * channels, hw)
 
 
 def blocked_expected(base):

@@ -69,6 +69,7 @@ constant, or a symbolic channel or spatial size keep TVM's ``conv2d``.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -456,8 +457,6 @@ def plan_layouts(b: Bindings, plans) -> None:
     the function's inputs and results included, stays NCHW, so no conversion is ever
     added. Only where the kernels run their AVX-512 paths (else the calls would convert
     through NCHW copies): ``TIRBYOC_CONV_BLOCKED=0`` keeps everything NCHW."""
-    import os
-
     from . import kernels
 
     if os.environ.get("TIRBYOC_CONV_BLOCKED", "1") == "0" or kernels.isa() != "avx512":
