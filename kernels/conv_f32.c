@@ -443,6 +443,9 @@ static void direct_unit(const conv_job_t *j, int64_t n, int64_t gi,
             const int nr = (int)min_i64(isa->nr, ob - c0);
             const float *wp = wbuf;
             int64_t wps = kc * 16;
+            /* the next block of panels, as wide as this one, streams
+             * into L2 during one tile of this block */
+            const int pf_next = j->wpk != NULL && ob - c0 - nr >= nr;
             if (j->wpk != NULL) {
                 wp = packed_panel(j, oc0 + c0) + pc * 16;
                 wps = 16 * j->kt;
@@ -460,7 +463,8 @@ static void direct_unit(const conv_job_t *j, int64_t n, int64_t gi,
                                scratch + t * mr * ldc + c0, ldc, m, nr,
                                flags | (t == 0 && j->wpk != NULL
                                             ? TB_PREFETCH_W
-                                            : 0),
+                                            : 0) |
+                                   (t == (tiles > 1) && pf_next ? TB_PREFETCH_NEXT : 0),
                                split, j->wv - ow);
             }
         }

@@ -129,6 +129,12 @@ ALWAYS_INLINE void tile(const int MR, const int NV, const int IND,
                 _mm_prefetch((const char *)(w1 + (p + X_PF) * 16),
                              _MM_HINT_T0);
         }
+        if (flags & TB_PREFETCH_NEXT) {
+            _mm_prefetch((const char *)(w0 + NV * wps + p * 16), _MM_HINT_T1);
+            if (NV == 2)
+                _mm_prefetch((const char *)(w1 + NV * wps + p * 16),
+                             _MM_HINT_T1);
+        }
         const float *restrict ar = IND ? kp[p] + off * PS : ap + p * MR;
         const float *restrict ar2 = SPLIT > 0 ? ar + skip : ar;
         if (IND) {

@@ -54,6 +54,10 @@ TB_INTERNAL int tb_chain_length(int64_t ops, int *uses_bias,
 #define TB_LAST 2       /* last K block: apply the epilogue chain */
 #define TB_PREFETCH_W 4 /* W is not in cache yet (first pass over a
                            pre-packed block): prefetch it ahead */
+#define TB_PREFETCH_NEXT 8 /* the panels after this tile's (NV * wps floats
+                              on from each; the caller vouches that they
+                              exist) are not in cache yet: fetch them into
+                              L2 meanwhile, one line each per k step */
 
 /* Upper bounds over all instruction sets (they size the scratch buffers). */
 #define TB_MR_MAX 16
@@ -166,7 +170,8 @@ typedef void (*tb_conv_gather_fn)(const tb_conv_geom *g, const float *img,
  * conv_tile: C[0:mr, 0:nr] (+)= A @ Wp as the micro-kernel, with A read in
  * place: A[i][p] = kp[p][off + i] (rows are output pixels, columns output
  * channels), or kp[p][off + skip + i] for rows i >= split when
- * 0 < split < mr; flags: TB_ACCUMULATE and TB_PREFETCH_W only, no chain.
+ * 0 < split < mr; flags: TB_ACCUMULATE, TB_PREFETCH_W and TB_PREFETCH_NEXT
+ * only, no chain.
  * conv_out: y[o * ldy + t] = ct[t * ldc + o] for o < m, t < n <= 16, with
  * the chain ch (if not NULL) applied as to outputs at row ci + o, column
  * cj + t of its matrix.
