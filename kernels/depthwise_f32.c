@@ -130,7 +130,8 @@ typedef struct {
     int c16;
     int64_t vw;         /* window columns: (OW - 1) * sw + (KW - 1) * dw + 1 */
     int64_t nblk;       /* blocks of 16 channels */
-    int64_t c16_wts, c16_tb; /* offsets in the scratch of the weights, sums */
+    int64_t c16_rp, c16_wts, c16_tb; /* offsets in the scratch of the tap
+                                        rows, the weights, the sums */
     int c16_npre;       /* pre[] operations before the first residual (all of
                            them with a blocked y) */
     int xb, yb;         /* x, y (and the residual) are NCHW16c */
@@ -838,6 +839,12 @@ static void fallback_avx512(const dw_job *j, const dw_span *s, int64_t n,
  * channels' weights of a tap in one register. The sums go to a staging
  * area, pixel by pixel, which is transposed back 16 pixels at a time into
  * the channels' rows, with the in-register operations, as they are stored.
+ * An NCHW16c x needs no window: its rows are read in place, a row of zeros
+ * stands for the rows above and below the image, and the pixels whose taps
+ * reach into the side padding are summed one at a time, with a zero vector
+ * for each such tap (as the window's zero pixels; ORT's NCHWc depthwise
+ * kernel reads its input in place likewise: the window's copy was half of
+ * a stride-2 layer's time). A blocked y takes the sums directly.
  * Each output goes through the same operations as on the plane path
  * (product of tap 0, FMAs in (r, s) order, + bias, ...): the same bits.
  */
@@ -865,17 +872,6 @@ static void c16_fill(const dw_job *j, const float *img, int64_t nc, int64_t ihs,
             for (v = zr; v < vw; ++v)
                 _mm512_store_ps(row + v * 16, zero);
         }
-    }
-    if (j->xb) {
-        /* NCHW16c: each pixel's 16 channels are a vector already */
-        const int64_t lo = max_i64(0, -pl), hi = min_i64(w, vw - pl);
-        for (ih = ha; ih < hb; ++ih) {
-            float *d = win + ((ih - ihs) * vw + pl) * 16;
-            const float *src = img + ih * w * 16;
-            for (iw = lo; iw < hi; ++iw)
-                _mm512_store_ps(d + iw * 16, _mm512_loadu_ps(src + iw * 16));
-        }
-        return;
     }
     /* the image's rows [ha, hb): contiguous pixels of each channel */
     ih = ha;
@@ -936,13 +932,16 @@ static void c16_fill(const dw_job *j, const float *img, int64_t nc, int64_t ihs,
 /* Sums of P output pixels from (li, jx) of the unit into the staging area
  * tb (16 floats per pixel, pixel li * OW + jx + p; a blocked y itself, res
  * its residual at the same offsets); K: a K x K filter known here (0:
- * j->kh x j->kw), with its weights in wk, else in wts. */
-DW_INLINE void c16_px(const int P, const int K, const dw_job *j,
-                      const float *win, const float *wts, const __m512 *wk,
-                      __m512 bias, int64_t li, int64_t jx, float *tb,
-                      const float *res)
+ * j->kh x j->kw), with its weights in wk, else in wts. Tap row r of the
+ * pixels is rp[r], window column v of it at rp[r] + (v - off) * 16: the
+ * window's row (off 0), or an NCHW16c image's row or a row of zeros (off
+ * j->pl). EDGE (P 1): columns v - off outside [0, w) read as zeros. */
+DW_INLINE void c16_px(const int P, const int K, const int EDGE, const dw_job *j,
+                      const float *const *rp, int64_t off, const float *wts,
+                      const __m512 *wk, __m512 bias, int64_t li, int64_t jx,
+                      float *tb, const float *res)
 {
-    const int64_t kh = K ? K : j->kh, kw = K ? K : j->kw, vw = j->vw;
+    const int64_t kh = K ? K : j->kh, kw = K ? K : j->kw;
     const int64_t sw16 = j->sw * 16;
     __m512 acc[8];
     int64_t r, e;
@@ -951,14 +950,17 @@ DW_INLINE void c16_px(const int P, const int K, const dw_job *j,
         acc[p] = _mm512_setzero_ps();
 #pragma GCC unroll 7
     for (r = 0; r < kh; ++r) {
-        const float *rowp = win + ((li * j->sh + r * j->dh) * vw + jx * j->sw) * 16;
+        const float *rowp = rp[r] + (jx * j->sw - off) * 16;
 #pragma GCC unroll 7
         for (e = 0; e < kw; ++e) {
             const float *b = rowp + e * j->dw * 16;
+            const int64_t col = jx * j->sw + e * j->dw - off;
             const __m512 wv = K ? wk[r * K + e] : _mm512_load_ps(wts + (r * kw + e) * 16);
 #pragma GCC unroll 8
             for (p = 0; p < P; ++p) {
-                const __m512 xv = _mm512_load_ps(b + p * sw16);
+                const __m512 xv = EDGE && (col < 0 || col >= j->w)
+                                      ? _mm512_setzero_ps()
+                                      : _mm512_loadu_ps(b + p * sw16);
                 acc[p] = r == 0 && e == 0 ? _mm512_mul_ps(xv, wv)
                                           : _mm512_fmadd_ps(xv, wv, acc[p]);
             }
@@ -992,29 +994,55 @@ DW_INLINE void c16_px(const int P, const int K, const dw_job *j,
         _mm512_storeu_ps(tb + (li * j->ow + jx + p) * 16, acc[p]);
 }
 
+/* The unit's sums, row by row: from the window win (img NULL), or read in
+ * place from the rows of NCHW16c image plane img (the unit's first input
+ * row ih0, zero rows at win, the edge columns one pixel at a time). rpk:
+ * room for kh row pointers (K 0). */
 DW_INLINE void c16_sums(const int K, const dw_job *j, const float *win,
+                        const float *img, int64_t ih0, const float **rpk,
                         const float *wts, int64_t rows, float *tb,
                         const float *res)
 {
+    const int64_t kh = K ? K : j->kh, kw = K ? K : j->kw, ow = j->ow;
+    const float *rpc[K ? K : 1];
+    const float **rp = K ? rpc : rpk;
+    const int64_t off = img != NULL ? j->pl : 0;
     const __m512 bias = _mm512_load_ps(wts + j->ntaps * 16);
     __m512 wk[K ? K * K : 1];
-    int64_t li, jx;
+    /* the pixels whose taps all lie in the image's columns: [lo, hi) */
+    int64_t lo = 0, hi = ow, li, jx, r;
     int t;
     for (t = 0; t < K * K; ++t)
         wk[t] = _mm512_load_ps(wts + t * 16);
+    if (img != NULL) {
+        const int64_t last = j->w - 1 + j->pl - (kw - 1) * j->dw;
+        lo = j->pl > 0 ? min_i64(ow, cdiv(j->pl, j->sw)) : 0;
+        hi = max_i64(lo, last < 0 ? 0 : min_i64(ow, last / j->sw + 1));
+    }
     for (li = 0; li < rows; ++li) {
-        for (jx = 0; jx + 8 <= j->ow; jx += 8)
-            c16_px(8, K, j, win, wts, wk, bias, li, jx, tb, res);
-        if (jx + 4 <= j->ow) {
-            c16_px(4, K, j, win, wts, wk, bias, li, jx, tb, res);
+        for (r = 0; r < kh; ++r) {
+            const int64_t u = li * j->sh + r * j->dh, ih = ih0 + u;
+            rp[r] = img == NULL ? win + u * j->vw * 16
+                    : ih >= 0 && ih < j->h ? img + ih * j->w * 16 : win;
+        }
+        for (jx = 0; jx < lo; ++jx)
+            c16_px(1, K, 1, j, rp, off, wts, wk, bias, li, jx, tb, res);
+        for (; jx + 8 <= hi; jx += 8)
+            c16_px(8, K, 0, j, rp, off, wts, wk, bias, li, jx, tb, res);
+        if (jx + 4 <= hi) {
+            c16_px(4, K, 0, j, rp, off, wts, wk, bias, li, jx, tb, res);
             jx += 4;
         }
-        if (jx + 2 <= j->ow) {
-            c16_px(2, K, j, win, wts, wk, bias, li, jx, tb, res);
+        if (jx + 2 <= hi) {
+            c16_px(2, K, 0, j, rp, off, wts, wk, bias, li, jx, tb, res);
             jx += 2;
         }
-        if (jx < j->ow)
-            c16_px(1, K, j, win, wts, wk, bias, li, jx, tb, res);
+        if (jx < hi) {
+            c16_px(1, K, 0, j, rp, off, wts, wk, bias, li, jx, tb, res);
+            ++jx;
+        }
+        for (; jx < ow; ++jx)
+            c16_px(1, K, 1, j, rp, off, wts, wk, bias, li, jx, tb, res);
     }
 }
 
@@ -1038,14 +1066,25 @@ static void c16_unit(const dw_job *j, int64_t n, int64_t c0, int64_t i0,
             wts[t * 16 + l] = l < nc ? j->wt[(c0 + l) * j->ntaps + t] : 0.0f;
     for (l = 0; l < 16; ++l) /* then the biases */
         wts[j->ntaps * 16 + l] = l < nc && j->has_bias ? j->bias[c0 + l] : 0.0f;
-    c16_fill(j, hw > 0 ? j->x + (n * j->c + c0) * hw : NULL, nc,
-             i0 * j->sh - j->pt, rin, win, tb);
+    const float **rp = (const float **)(void *)(scratch + j->c16_rp);
+    const float *img = hw > 0 ? j->x + (n * j->c + c0) * hw : NULL;
+    const int64_t ih0 = i0 * j->sh - j->pt;
+    if (j->xb && img != NULL) {
+        /* NCHW16c: read in place, through a row of zeros where the taps
+         * leave the image's rows */
+        if (ih0 < 0 || ih0 + rin > j->h)
+            for (t = 0; t < j->vw - min_i64(j->pl, 0); ++t)
+                _mm512_store_ps(win + t * 16, _mm512_setzero_ps());
+    } else {
+        c16_fill(j, img, nc, ih0, rin, win, tb);
+        img = NULL;
+    }
     if (j->kh == 3 && j->kw == 3)
-        c16_sums(3, j, win, wts, rows, out, res);
+        c16_sums(3, j, win, img, ih0, rp, wts, rows, out, res);
     else if (j->kh == 5 && j->kw == 5)
-        c16_sums(5, j, win, wts, rows, out, res);
+        c16_sums(5, j, win, img, ih0, rp, wts, rows, out, res);
     else
-        c16_sums(0, j, win, wts, rows, out, res);
+        c16_sums(0, j, win, img, ih0, rp, wts, rows, out, res);
     if (j->yb)
         return; /* the chain is done (no operation is left for after it) */
     /* the operations from the first residual on, per channel */
@@ -1387,7 +1426,8 @@ static int64_t c16_rows(dw_job *j, int want, const char *env)
     /* floats: the window's rows, the weights, the staging area */
     per_row = 16.0 * ((double)j->sh * (double)j->vw + (double)j->ow);
     fixed = 16.0 * (((double)(j->kh - 1) * (double)j->dh + 1 - (double)j->sh) *
-                        (double)j->vw + (double)j->ntaps + 17) + 64;
+                        (double)j->vw + (double)j->ntaps + 17 +
+                    (double)max_i64(0, -j->pl)) + 2.0 * (double)j->kh + 80;
     rmax = ((double)DW_C16_FLOATS - fixed) / per_row;
     if (rmax < 1) {
         rmax = ((double)TB_SCRATCH_FLOATS - fixed) / per_row;
@@ -1398,7 +1438,11 @@ static int64_t c16_rows(dw_job *j, int want, const char *env)
     j->nblk = cdiv(j->c, 16);
     split_rows(j, rmax >= (double)j->oh ? j->oh : (int64_t)rmax, j->batch * j->nblk, want);
     j->c16 = 1;
-    j->c16_wts = cdiv(((j->rows - 1) * j->sh + (j->kh - 1) * j->dh + 1) * j->vw * 16, 16) * 16;
+    /* the window, or an NCHW16c x's row of zeros (columns from -pl on when
+     * the padding crops) */
+    j->c16_rp = cdiv(max_i64(((j->rows - 1) * j->sh + (j->kh - 1) * j->dh + 1) * j->vw,
+                             j->vw - min_i64(j->pl, 0)) * 16, 16) * 16;
+    j->c16_wts = j->c16_rp + cdiv(2 * j->kh, 16) * 16;
     j->c16_tb = j->c16_wts + (j->ntaps + 1) * 16;
     for (j->c16_npre = 0; j->c16_npre < j->npre &&
                           (j->yb || j->pre[j->c16_npre] != TIRBYOC_EPI_RESIDUAL);)

@@ -278,29 +278,35 @@ def test_equals_the_grouped_conv_kernel():
 @pytest.mark.parametrize("layouts", [("nchw16c", "nchw"), ("nchw", "nchw16c"),
                                      ("nchw16c", "nchw16c")], ids=["x16", "y16", "both"])
 @pytest.mark.parametrize("case", [
-    (1, 32, 14, 14, 3, 1, 1, ("bias", "relu6")),
-    (2, 48, 13, 11, 3, 2, 1, ("bias", "residual", "relu")),
-    (1, 16, 12, 12, 5, 1, 2, ("residual", "relu6")),
-], ids=["3x3", "s2-batch2-residual", "5x5"])
+    (1, 32, 14, 14, (3, 3), 1, 1, 1, ("bias", "relu6")),
+    (2, 48, 13, 11, (3, 3), 2, 1, 1, ("bias", "residual", "relu")),
+    (1, 16, 12, 12, (5, 5), 1, 2, 1, ("residual", "relu6")),
+    (1, 32, 11, 19, (3, 3), (1, 2), (2, 3), 2, ("bias", "relu")),
+    (1, 16, 9, 10, (2, 4), (2, 3), (1, 2), (2, 1), ("bias",)),
+    (1, 16, 3, 2, (7, 7), 1, 3, 1, ("bias", "relu6")),
+    (1, 16, 8, 37, (3, 3), 4, 0, 1, ()),
+], ids=["3x3", "s2-batch2-residual", "5x5", "dilated", "2x4", "7x7-tiny", "s4-unpadded"])
 def test_blocked_layouts_equal_nchw_bit_for_bit(each_path, case, layouts):
     """tirbyoc_depthwise_conv2d_f32_layouts with x and/or y (and the residual) NCHW16c
     gives the NCHW call's values, bit for bit, in the blocked order, on every path asked
-    for (the channels-in-lanes path reads and writes the blocks in place; the others, and
-    ISAs without it, go through NCHW copies)."""
-    n, c, h, w, k, stride, pad, ops = case
-    rng = np.random.default_rng(c)
+    for (the channels-in-lanes path reads a blocked x in place, edges and padding rows
+    included, and writes a blocked y in place; the others, and ISAs without it, go through
+    NCHW copies)."""
+    n, c, h, w, (kh, kw), stride, pad, dil, ops = case
+    rng = np.random.default_rng(c + h)
     x = rng.standard_normal((n, c, h, w)).astype(np.float32)
-    wt = rng.standard_normal((c, 1, k, k)).astype(np.float32)
+    wt = rng.standard_normal((c, 1, kh, kw)).astype(np.float32)
     bias = rng.standard_normal(c).astype(np.float32) if "bias" in ops else None
-    size = out_size(h, w, k, k, (stride, stride), (pad, pad), (1, 1))
+    two = lambda v: v if isinstance(v, tuple) else (v, v)  # noqa: E731
+    size = out_size(h, w, kh, kw, two(stride), two(pad), two(dil))
     res = rng.standard_normal((n, c) + size).astype(np.float32) if "residual" in ops else None
-    want = kernels.depthwise_conv2d(x, wt, stride=stride, padding=pad, epilogue=ops,
-                                    bias=bias, residual=res)
+    want = kernels.depthwise_conv2d(x, wt, stride=stride, padding=pad, dilation=dil,
+                                    epilogue=ops, bias=bias, residual=res)
     lx, ly = layouts
     blocked = ly == "nchw16c"
     got = kernels.depthwise_conv2d(
         kernels.to_nchw16c(x) if lx == "nchw16c" else x, wt, stride=stride, padding=pad,
-        epilogue=ops, bias=bias,
+        dilation=dil, epilogue=ops, bias=bias,
         residual=kernels.to_nchw16c(res) if blocked and res is not None else res,
         layout_x=lx, layout_y=ly)
     got = kernels.from_nchw16c(got) if blocked else got
