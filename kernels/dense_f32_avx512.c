@@ -89,17 +89,49 @@ ALWAYS_INLINE int64_t lead_ops(const int N, const tb_chain *ch, __m512 *r,
 
 /* ---- micro-kernel ---- */
 
+/* The NCHW16c store of a tile (Y16): row i's vector v goes to
+ * y[v * ldy + i * 16], through the chain ops (RESIDUAL, RELU and RELU6
+ * only; the residual read at y's offsets in res), as conv_out16 does. */
+ALWAYS_INLINE void store16(const int MR, const int NV, const __m512 *acc0,
+                           const __m512 *acc1, float *y, int64_t ldy,
+                           const float *res, int64_t ops)
+{
+    const __m512 zero = _mm512_setzero_ps(), six = _mm512_set1_ps(6.0f);
+    int i, v;
+#pragma GCC unroll 16
+    for (i = 0; i < MR; ++i)
+#pragma GCC unroll 2
+        for (v = 0; v < NV; ++v) {
+            __m512 x = v == 0 ? acc0[i] : acc1[i];
+            int64_t o;
+            for (o = ops; o != 0; o = (int64_t)((uint64_t)o >> 4)) {
+                const int op = (int)(o & 15);
+                if (op == TIRBYOC_EPI_RESIDUAL)
+                    x = _mm512_add_ps(x, _mm512_loadu_ps(res + v * ldy + i * 16));
+                else {
+                    x = _mm512_max_ps(zero, x);
+                    if (op == TIRBYOC_EPI_RELU6)
+                        x = _mm512_min_ps(six, x);
+                }
+            }
+            _mm512_storeu_ps(y + v * ldy + i * 16, x);
+        }
+}
+
 /* IND: A is read in place, row i of k step p at kp[p][(off + i) * PS], or
  * at kp[p][off + skip + i] for rows i >= SPLIT when SPLIT > 0 (PS 1 then;
  * the convolution's direct path, tb_conv_tile_fn: PS 16 reads pixels of
- * an NCHW16c image); else packed, ap[p * MR + i]. */
+ * an NCHW16c image); else packed, ap[p * MR + i]. Y16: one K block whose
+ * sums go to an NCHW16c y at c (store16, ldc its block stride, res and ops
+ * its chain), not to the tile C. */
 ALWAYS_INLINE void tile(const int MR, const int NV, const int IND,
                         const int SPLIT, const int PS, int64_t skip,
                         int64_t off, int64_t kc,
                         const float *restrict ap, const float *const *kp,
                         const float *restrict wp, int64_t wps,
                         float *restrict c, int64_t ldc, int nr, int flags,
-                        const tb_chain *ch, int64_t ci, int64_t cj)
+                        const tb_chain *ch, int64_t ci, int64_t cj,
+                        const int Y16, const float *res, int64_t ops16)
 {
     __m512 acc0[X_MR], acc1[X_MR];
     const float *restrict w0 = wp;
@@ -114,9 +146,10 @@ ALWAYS_INLINE void tile(const int MR, const int NV, const int IND,
         acc0[i] = _mm512_setzero_ps();
         acc1[i] = _mm512_setzero_ps();
         /* C is only needed after the loop: fetch it meanwhile. */
-        _mm_prefetch((const char *)(c + i * ldc), _MM_HINT_T0);
+        _mm_prefetch((const char *)(c + (Y16 ? i * 16 : i * ldc)), _MM_HINT_T0);
         if (NV == 2)
-            _mm_prefetch((const char *)(c + i * ldc + 16), _MM_HINT_T0);
+            _mm_prefetch((const char *)(c + (Y16 ? ldc + i * 16 : i * ldc + 16)),
+                         _MM_HINT_T0);
     }
 #pragma GCC unroll 4
     for (p = 0; p < kc; ++p) {
@@ -153,6 +186,10 @@ ALWAYS_INLINE void tile(const int MR, const int NV, const int IND,
             if (NV == 2)
                 acc1[i] = _mm512_fmadd_ps(x, b1, acc1[i]);
         }
+    }
+    if (Y16) {
+        store16(MR, NV, acc0, acc1, c, ldc, res, ops16);
+        return;
     }
     if (flags & TB_ACCUMULATE) {
 #pragma GCC unroll 16
@@ -209,7 +246,17 @@ typedef void (*tile_fn)(int64_t, const float *, const float *, int64_t,
                                    int flags)                                 \
     {                                                                         \
         tile(MR, NV, 1, 0, PS, 0, off, kc, NULL, kp, wp, wps, c, ldc, nr,    \
-             flags, NULL, 0, 0);                                              \
+             flags, NULL, 0, 0, 0, NULL, 0);                                  \
+    }
+/* ind16y: ind16 storing into an NCHW16c y (tb_conv_tile16y_fn) */
+#define IND16Y_FN(MR, NV)                                                     \
+    static void ind16y_##MR##_##NV(int64_t kc, int64_t off,                   \
+                                   const float *const *kp, const float *wp,   \
+                                   int64_t wps, float *y, const float *res,   \
+                                   int64_t ldy, int flags, int64_t ops)       \
+    {                                                                         \
+        tile(MR, NV, 1, 0, 16, 0, off, kc, NULL, kp, wp, wps, y, ldy, NV * 16,\
+             flags, NULL, 0, 0, 1, res, ops);                                 \
     }
 #define TILE_FN(MR, NV)                                                       \
     static void tile_##MR##_##NV(int64_t kc, const float *ap,                 \
@@ -218,9 +265,9 @@ typedef void (*tile_fn)(int64_t, const float *, const float *, int64_t,
                                  const tb_chain *ch, int64_t ci, int64_t cj)  \
     {                                                                         \
         tile(MR, NV, 0, 0, 1, 0, 0, kc, ap, NULL, wp, wps, c, ldc, nr,       \
-             flags, ch, ci, cj);                                              \
+             flags, ch, ci, cj, 0, NULL, 0);                                  \
     }                                                                         \
-    IND_FN(ind, 1, MR, NV) IND_FN(ind16, 16, MR, NV)
+    IND_FN(ind, 1, MR, NV) IND_FN(ind16, 16, MR, NV) IND16Y_FN(MR, NV)
 #define TILE_FNS(MR) TILE_FN(MR, 1) TILE_FN(MR, 2)
 TILE_FNS(1) TILE_FNS(2) TILE_FNS(3) TILE_FNS(4) TILE_FNS(5) TILE_FNS(6)
 TILE_FNS(7) TILE_FNS(8) TILE_FNS(9) TILE_FNS(10) TILE_FNS(11) TILE_FNS(12)
@@ -252,6 +299,18 @@ static const ind_fn inds16[2][X_MR + 1] = {
      ind16_13_2, ind16_14_2},
 };
 
+typedef void (*ind16y_fn)(int64_t, int64_t, const float *const *,
+                          const float *, int64_t, float *, const float *,
+                          int64_t, int, int64_t);
+static const ind16y_fn inds16y[2][X_MR + 1] = {
+    {NULL, ind16y_1_1, ind16y_2_1, ind16y_3_1, ind16y_4_1, ind16y_5_1,
+     ind16y_6_1, ind16y_7_1, ind16y_8_1, ind16y_9_1, ind16y_10_1, ind16y_11_1,
+     ind16y_12_1, ind16y_13_1, ind16y_14_1},
+    {NULL, ind16y_1_2, ind16y_2_2, ind16y_3_2, ind16y_4_2, ind16y_5_2,
+     ind16y_6_2, ind16y_7_2, ind16y_8_2, ind16y_9_2, ind16y_10_2, ind16y_11_2,
+     ind16y_12_2, ind16y_13_2, ind16y_14_2},
+};
+
 /* Full tiles whose rows span two output rows: rows >= S skip the virtual
  * row's padding. */
 #define SPLIT_FN(S, NV)                                                       \
@@ -261,7 +320,7 @@ static const ind_fn inds16[2][X_MR + 1] = {
                                  int flags)                                   \
     {                                                                         \
         tile(X_MR, NV, 1, S, 1, skip, off, kc, NULL, kp, wp, wps, c, ldc,    \
-             nr, flags, NULL, 0, 0);                                          \
+             nr, flags, NULL, 0, 0, 0, NULL, 0);                              \
     }
 #define SPLIT_FNS(S) SPLIT_FN(S, 1) SPLIT_FN(S, 2)
 SPLIT_FNS(1) SPLIT_FNS(2) SPLIT_FNS(3) SPLIT_FNS(4) SPLIT_FNS(5) SPLIT_FNS(6)
@@ -423,6 +482,15 @@ static void conv_out(const float *ct, int64_t ldc, int64_t m, int64_t n,
         out_blocks(0, ct, ldc, m, n, y, ldy, ch, ci, cj);
     else
         out_blocks(1, ct, ldc, m, n, y, ldy, ch, ci, cj);
+}
+
+/* tb_conv_tile16y_fn */
+static void conv_tile16y(int64_t kc, const float *const *kp, int64_t off,
+                         const float *wp, int64_t wps, float *y,
+                         const float *res, int64_t ldy, int mr, int nr,
+                         int flags, int64_t ops)
+{
+    inds16y[nr > 16][mr](kc, off, kp, wp, wps, y, res, ldy, flags, ops);
 }
 
 /* tb_conv_out16_fn: each pixel's 16 channels of a block are one vector of
@@ -935,4 +1003,5 @@ const tb_isa tb_isa_avx512 = {
     nt_direct, X_DJ, 16 * X_DV,
     tb_chain_block, tb_unary_row, tb_softmax_row, tb_attn_row, tb_conv_gather,
     conv_tile, conv_out, tb_wino_in, tb_wino_out, conv_tile16, conv_out16,
+    conv_tile16y,
 };

@@ -221,6 +221,14 @@ TB_INTERNAL int32_t tb_nchw_copies_close(tb_nchw_copies *t, int32_t st,
 typedef void (*tb_conv_out16_fn)(const float *ct, int64_t ldc, int64_t m,
                                  int64_t n, float *y, const float *res,
                                  int64_t ldy, int64_t ops);
+/* conv_tile16 over one whole K block (flags: TB_PREFETCH_W and
+ * TB_PREFETCH_NEXT only) storing its tile as conv_out16 would the sums: row
+ * i's channels [16 v, 16 v + 16) at y[v * ldy + i * 16], through ops (res
+ * at y's offsets); 16 | nr. */
+typedef void (*tb_conv_tile16y_fn)(int64_t kc, const float *const *kp,
+                                   int64_t off, const float *wp, int64_t wps,
+                                   float *y, const float *res, int64_t ldy,
+                                   int mr, int nr, int flags, int64_t ops);
 
 /*
  * The Winograd convolution F(4x4, 3x3) (conv_winograd_f32.c,
@@ -271,6 +279,7 @@ typedef struct tb_isa {
     tb_wino_out_fn wino_out;
     tb_conv_tile_fn conv_tile16; /* or NULL */
     tb_conv_out16_fn conv_out16; /* or NULL */
+    tb_conv_tile16y_fn conv_tile16y; /* or NULL */
 } tb_isa;
 
 TB_INTERNAL extern const tb_isa tb_isa_generic;

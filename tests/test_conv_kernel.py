@@ -561,11 +561,14 @@ def test_packed_wrapper_refuses_a_disagreeing_bias():
     (1, 32, 7, 9, 48, 1, 1, 0, ("bias", "relu6")),            # plain: read in place
     (2, 64, 14, 14, 16, 1, 1, 0, ("bias", "residual", "relu")),
     (1, 16, 9, 11, 32, 3, 2, 1, ("residual",)),               # x through an NCHW copy
-], ids=["plain", "plain-batch2-residual", "3x3-s2"])
+    (1, 576, 3, 5, 80, 1, 1, 0, ("bias", "residual", "relu6")),  # two K blocks
+    (1, 64, 23, 29, 96, 1, 1, 0, ("relu",)),                  # many tiles, odd edges
+], ids=["plain", "plain-batch2-residual", "3x3-s2", "two-k-blocks", "23x29"])
 def test_blocked_layouts_equal_nchw_bit_for_bit(each_isa, case, layouts):
     """tirbyoc_conv2d_f32_packed_layouts with x and/or y (and the residual) NCHW16c gives
     the NCHW call's values, bit for bit, in the blocked order: in place where the direct
-    path runs (AVX-512), through NCHW copies elsewhere."""
+    path runs (AVX-512; with both blocked and one K block, each tile stores into y
+    itself), through NCHW copies elsewhere."""
     n, c, h, w, oc, k, stride, pad, ops = case
     rng = np.random.default_rng(oc)
     x = rng.standard_normal((n, c, h, w)).astype(np.float32)
