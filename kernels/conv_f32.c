@@ -412,6 +412,29 @@ static void direct_prep(void *arg, int64_t u, float *scratch)
     }
 }
 
+/* The NCHW16c store of the sums of tile pixels [qa, qb) (pixel-major from
+ * s, ldc floats apart; m channels from the block at y, res): each pixel's
+ * 16 channels of a block are one vector, stored whole. With runs the tile
+ * pixels are the real ones; else only the virtual rows' real pixels. */
+static void direct_out16(const conv_job_t *j, const float *s, int64_t ldc,
+                         int64_t m, int64_t qa, int64_t qb, float *y,
+                         const float *res, int64_t ops)
+{
+    const int64_t ow = j->g.ow;
+    int64_t q = qa;
+    while (q < qb) {
+        const int64_t oh = j->runs ? 0 : q / j->wv, vw = j->runs ? q : q % j->wv;
+        const int64_t end = j->runs ? qb : min_i64(qb, (oh + 1) * j->wv);
+        if (j->runs || vw < ow) {
+            const int64_t len = j->runs ? qb - q : min_i64(end, oh * j->wv + ow) - q;
+            const int64_t px = j->runs ? q : oh * ow + vw;
+            j->isa->conv_out16(s + (q - qa) * ldc, ldc, m, len, y + px * 16,
+                               res != NULL ? res + px * 16 : NULL, j->p * 16, ops);
+        }
+        q = end;
+    }
+}
+
 /* Unit: image n, group gi, output channels [o0, o0 + ob) of the group
  * (o0 a multiple of 16), tile pixels [q0, q1): real pixels when j->runs,
  * else virtual ones. */
@@ -435,9 +458,11 @@ static void direct_unit(const conv_job_t *j, int64_t n, int64_t gi,
      * itself (no scratch, no conv_out16 pass; MobileNet's 1x1 conv of 32
      * channels at 112 x 112, NCHW16c: 151 -> 133 us) */
     const int fused = j->xb && j->yb && kblocks == 1 && isa->conv_tile16y != NULL;
-    int64_t kb, c0, t, q;
+    const float *res16; /* an NCHW16c residual at the unit's first channel */
+    int64_t kb, c0, t, q, b16;
     if (ch.residual != NULL)
         ch.residual += n * j->oc * j->p;
+    res16 = ch.residual != NULL ? ch.residual + oc0 * j->p : NULL;
     for (kb = 0; kb < kblocks; ++kb) {
         const int64_t pc = tb_kblock_start(j->kt, kblocks, kb);
         const int64_t kc = tb_kblock_start(j->kt, kblocks, kb + 1) - pc;
@@ -467,41 +492,34 @@ static void direct_unit(const conv_job_t *j, int64_t n, int64_t gi,
                                (t == (tiles > 1) && pf_next ? TB_PREFETCH_NEXT : 0);
                 if (fused)
                     isa->conv_tile16y(kc, kp, va, wp, wps, y + c0 * j->p + qa * 16,
-                                      ch.residual != NULL
-                                          ? ch.residual + (oc0 + c0) * j->p + qa * 16
-                                          : NULL,
+                                      res16 != NULL ? res16 + c0 * j->p + qa * 16 : NULL,
                                       j->p * 16, m, nr, pf, ch.ops);
-                else
+                else {
+                    if (j->yb && kblocks == 1 && j->runs)
+                        /* the tile's output lines: fetched while it computes */
+                        for (q = qa; q < qa + m; ++q)
+                            for (b16 = 0; b16 < nr; b16 += 16)
+                                __builtin_prefetch(y + (c0 + b16) * j->p + q * 16, 1, 3);
                     (j->xb ? isa->conv_tile16 : isa->conv_tile)(
                         kc, kp, va, wp, wps, scratch + t * mr * ldc + c0, ldc, m, nr,
                         flags | pf, split, j->wv - ow);
+                    /* one K block: the tile's sums are final, and stored into an
+                     * NCHW16c y while in L1, its lines fetched during the tile
+                     * (after the whole unit the sums came back from L2, into cold
+                     * lines: MobileNet's stem, 3x3/2 into 32 channels, its output
+                     * cold, 100 -> 89 us) */
+                    if (j->yb && kblocks == 1)
+                        direct_out16(j, scratch + t * mr * ldc + c0, ldc, nr, qa,
+                                     qa + m, y + c0 * j->p,
+                                     res16 != NULL ? res16 + c0 * j->p : NULL, ch.ops);
+                }
             }
         }
     }
-    if (fused)
-        return;
     if (j->yb) {
-        /* NCHW16c: each pixel's channels of a block are one vector of the
-         * sums, stored whole; pixel px of the unit's first block at
-         * y + px * 16 (its offset is y's: oc0 is a multiple of 16) */
-        const float *res = ch.residual != NULL ? ch.residual + oc0 * j->p : NULL;
-        for (t = 0; t < tiles; ++t) {
-            const int64_t qa = q0 + t * mr, qb = min_i64(q1, qa + mr);
-            q = qa;
-            while (q < qb) {
-                /* runs: real pixels; else the virtual row's real ones */
-                const int64_t oh = j->runs ? 0 : q / j->wv, vw = j->runs ? q : q % j->wv;
-                const int64_t end = j->runs ? qb : min_i64(qb, (oh + 1) * j->wv);
-                if (j->runs || vw < ow) {
-                    const int64_t len = j->runs ? qb - q : min_i64(end, oh * j->wv + ow) - q;
-                    const int64_t px = j->runs ? q : oh * ow + vw;
-                    isa->conv_out16(scratch + (t * mr + q - qa) * ldc, ldc, ob, len,
-                                    y + px * 16, res != NULL ? res + px * 16 : NULL,
-                                    j->p * 16, ch.ops);
-                }
-                q = end;
-            }
-        }
+        for (t = 0; kblocks > 1 && t < tiles; ++t)
+            direct_out16(j, scratch + t * mr * ldc, ldc, ob, q0 + t * mr,
+                         min_i64(q1, q0 + (t + 1) * mr), y, res16, ch.ops);
         return;
     }
     if (j->runs) {

@@ -150,9 +150,15 @@ _TO_OIHW = {"OIHW": (0, 1, 2, 3), "OHWI": (0, 3, 1, 2), "HWIO": (3, 2, 0, 1)}
 _NHWC_TO_NCHW, _NCHW_TO_NHWC = (0, 3, 1, 2), (0, 2, 3, 1)
 # Bits of the kernels' tirbyoc_layout (tirbyoc_kernels.h): x, y (and residual) NCHW16c.
 _X16, _Y16 = 1, 2
-# A 1x1 conv takes NCHW16c tensors from this many input channels (measured: at 32, its
-# tiles over 16-float pixels cost more than the transposes they save).
+# A 1x1 conv reads an NCHW16c x that its output does not follow into blocks from this
+# many input channels (measured: at 32, its tiles over 16-float pixels, their sums then
+# stored through the scratch, cost more than the transposes they save; with a blocked
+# output too, each tile stores into it directly: MobileNet's 32 -> 64 conv at 112 x 112
+# 133 us against 137 us NCHW).
 BLOCKED_MIN_CHANNELS = 64
+# Strides the kernels' direct path takes (conv_f32.c, CONV_DIRECT_STRIDE_MAX): a conv
+# writing an NCHW16c output runs there.
+BLOCKED_STRIDE_MAX = 4
 
 
 def _plan(b: Bindings, var, call, residuals=True, batch_norms=True):
@@ -433,30 +439,39 @@ def _emit(bb, x, weight, residual, plan: _Plan, out_ty, funcs):
     return bb.emit(R.call_tir(funcs[key], args, out_ty))
 
 
-def _blockable(plan: _Plan) -> bool:
-    """Whether ``plan``'s call may read and write NCHW16c tensors at full speed (the
-    kernels' direct path and channels-in-lanes path, AVX-512): a depthwise conv, or a 1x1
-    conv of stride 1 without padding in one group with a packed weight, of 16k channels
-    (at least BLOCKED_MIN_CHANNELS in), without a shortcut."""
+def _block_roles(plan: _Plan) -> tuple:
+    """(writes, reads): whether ``plan``'s call may write, and read, NCHW16c tensors at
+    full speed (AVX-512); never with a shortcut or in NHWC. Writing (16k channels out):
+    a depthwise conv, or one group with a packed (not Winograd) weight and strides the
+    direct path takes (its store keeps each pixel's 16 channels a vector). Reading (16k
+    channels in): a depthwise conv, or a 1x1 conv of stride 1 without padding in one
+    group with a packed weight (its tiles read the pixels in place): ``"any"``, or
+    ``"with-output"`` below BLOCKED_MIN_CHANNELS in (only when its output is blocked
+    too)."""
     _, oc, _, _ = plan.out_shape
     c = plan.weight_shape[1] * plan.groups
-    if plan.nhwc or plan.residual is not None or oc % 16 or c % 16:
-        return False
+    if plan.nhwc or plan.residual is not None or oc % 16 or c == 0:
+        return False, False
+    reads_ok = c % 16 == 0
     if plan.depthwise:
-        return True
-    return (plan.weight_shape[2:] == (1, 1) and plan.strides == (1, 1) and
-            tuple(plan.padding) == (0, 0, 0, 0) and plan.groups == 1 and
-            plan.packed is not None and not plan.winograd and c >= BLOCKED_MIN_CHANNELS)
+        return True, reads_ok and "any"
+    direct = plan.groups == 1 and plan.packed is not None and not plan.winograd
+    writes = direct and max(plan.strides) <= BLOCKED_STRIDE_MAX
+    plain = (reads_ok and direct and plan.weight_shape[2:] == (1, 1) and
+             plan.strides == (1, 1) and tuple(plan.padding) == (0, 0, 0, 0))
+    return writes, (plain and ("any" if c >= BLOCKED_MIN_CHANNELS else "with-output"))
 
 
 def plan_layouts(b: Bindings, plans) -> None:
     """Chooses, once for the function, the tensors between conv calls that stay NCHW16c
     (as ONNX Runtime's NCHWc path keeps its blocks): the output of a call whose every
-    reader is the ``x`` of another call, where all of them are ``_blockable``. Each such
-    call then reads or writes the blocks in place (no transposes); every other tensor,
-    the function's inputs and results included, stays NCHW, so no conversion is ever
-    added. Only where the kernels run their AVX-512 paths (else the calls would convert
-    through NCHW copies): ``TIRBYOC_CONV_BLOCKED=0`` keeps everything NCHW."""
+    reader is the ``x`` of another call, where the writer can write blocks and every
+    reader read them (``_block_roles``; a reader that needs its own output blocked too
+    drops its input from the set when its output is not, until nothing changes). Each
+    such call then reads or writes the blocks in place (no transposes); every other
+    tensor, the function's inputs and results included, stays NCHW, so no conversion is
+    ever added. Only where the kernels run their AVX-512 paths (else the calls would
+    convert through NCHW copies): ``TIRBYOC_CONV_BLOCKED=0`` keeps everything NCHW."""
     from . import kernels
 
     if os.environ.get("TIRBYOC_CONV_BLOCKED", "1") == "0" or kernels.isa() != "avx512":
@@ -465,13 +480,23 @@ def plan_layouts(b: Bindings, plans) -> None:
     for plan in plans.values():
         if isinstance(plan.x, R.Var) and plan.x in plans:
             readers.setdefault(plan.x, []).append(plan)
-    for var, users in readers.items():
-        producer = plans[var]
-        if b.uses.get(var, 0) == len(users) and _blockable(producer) and \
-                all(_blockable(u) for u in users):
-            producer.layouts |= _Y16
-            for u in users:
-                u.layouts |= _X16
+    roles = {id(plan): _block_roles(plan) for plan in plans.values()}
+    blocked = {var for var, users in readers.items()
+               if b.uses.get(var, 0) == len(users) and roles[id(plans[var])][0] and
+               all(roles[id(u)][1] for u in users)}
+    out_var = {id(plan): var for var, plan in plans.items()}
+    changed = True
+    while changed:
+        changed = False
+        for var in list(blocked):
+            if any(roles[id(u)][1] == "with-output" and out_var[id(u)] not in blocked
+                   for u in readers[var]):
+                blocked.discard(var)
+                changed = True
+    for var in blocked:
+        plans[var].layouts |= _Y16
+        for u in readers[var]:
+            u.layouts |= _X16
     for plan in plans.values():
         if plan.layouts:
             plan.notes = plan.notes + ("NCHW16c " + " and ".join(
