@@ -369,7 +369,10 @@ static void direct_plane(const conv_job_t *j, const float *src, int64_t a,
         }
         for (t = 0; t < tlo; ++t)
             d[t] = 0.0f;
-        if (g->sw == 1) {
+        if (j->isa->strided_copy != NULL && g->sw <= 2)
+            j->isa->strided_copy(d + tlo, src + ih * g->w + off + tlo * g->sw,
+                                 thi - tlo, g->sw);
+        else if (g->sw == 1) {
             const float *s = src + ih * g->w + off;
             for (t = tlo; t < thi; ++t)
                 d[t] = s[t];

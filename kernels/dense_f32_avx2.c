@@ -599,5 +599,5 @@ const tb_isa tb_isa_avx2 = {
     "avx2", Y_MR, Y_NR, ISA_KC, ISA_NC, ukernel, pack_a, pack_w, small_cols,
     nt_direct, Y_DJ, Y_DROWS,
     tb_chain_block, tb_unary_row, tb_softmax_row, tb_attn_row, tb_conv_gather,
-    NULL, NULL, tb_wino_in, tb_wino_out, NULL, NULL, NULL,
+    NULL, NULL, tb_wino_in, tb_wino_out, NULL, NULL, NULL, NULL,
 };

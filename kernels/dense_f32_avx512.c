@@ -969,6 +969,27 @@ static inline void cg_copy16_s2(float *d, const float *src)
 
 #include "conv_gather.h"
 
+/* tb_strided_copy_fn: 16 floats a step, the last step masked (a row of a
+ * phase plane is a few dozen floats: SSE2 loops took about a twentieth of
+ * a ResNet's time) */
+static void strided_copy(float *d, const float *s, int64_t n, int64_t sw)
+{
+    int64_t t;
+    for (t = 0; t < n; t += 16) {
+        const int64_t left = n - t;
+        const __mmask16 m = mask_n(left);
+        if (sw == 1) {
+            _mm512_mask_storeu_ps(d + t, m, _mm512_maskz_loadu_ps(m, s + t));
+        } else {
+            /* s[2 t], ..., s[2 t + 2 (left - 1)]: 2 left - 1 floats at most */
+            const __m512 lo = _mm512_maskz_loadu_ps(mask_n(2 * left - 1), s + 2 * t);
+            const __m512 hi = _mm512_maskz_loadu_ps(
+                left > 8 ? mask_n(2 * left - 17) : (__mmask16)0, s + 2 * t + 16);
+            _mm512_mask_storeu_ps(d + t, m, even_lanes(lo, hi));
+        }
+    }
+}
+
 /* the Winograd transform's edge loads and stores: one masked instruction */
 #define TB_WG_OWN_LOADS 1
 static inline ch_vf wg_load_part(const float *row, int64_t col, int64_t w)
@@ -1003,5 +1024,5 @@ const tb_isa tb_isa_avx512 = {
     nt_direct, X_DJ, 16 * X_DV,
     tb_chain_block, tb_unary_row, tb_softmax_row, tb_attn_row, tb_conv_gather,
     conv_tile, conv_out, tb_wino_in, tb_wino_out, conv_tile16, conv_out16,
-    conv_tile16y,
+    conv_tile16y, strided_copy,
 };

@@ -230,6 +230,11 @@ typedef void (*tb_conv_tile16y_fn)(int64_t kc, const float *const *kp,
                                    float *y, const float *res, int64_t ldy,
                                    int mr, int nr, int flags, int64_t ops);
 
+/* d[t] = s[t * sw] for t < n, sw 1 or 2 (the direct path's phase planes,
+ * conv_f32.c); NULL where an ISA leaves it to the compiler's loops. */
+typedef void (*tb_strided_copy_fn)(float *d, const float *s, int64_t n,
+                                   int64_t sw);
+
 /*
  * The Winograd convolution F(4x4, 3x3) (conv_winograd_f32.c,
  * conv_winograd.h): an image's output in tiles of 4 x 4 pixels, tw per
@@ -280,6 +285,7 @@ typedef struct tb_isa {
     tb_conv_tile_fn conv_tile16; /* or NULL */
     tb_conv_out16_fn conv_out16; /* or NULL */
     tb_conv_tile16y_fn conv_tile16y; /* or NULL */
+    tb_strided_copy_fn strided_copy; /* or NULL */
 } tb_isa;
 
 TB_INTERNAL extern const tb_isa tb_isa_generic;
