@@ -842,9 +842,8 @@ static void fallback_avx512(const dw_job *j, const dw_span *s, int64_t n,
  * An NCHW16c x needs no window: its rows are read in place, a row of zeros
  * stands for the rows above and below the image, and the pixels whose taps
  * reach into the side padding are summed one at a time, with a zero vector
- * for each such tap (as the window's zero pixels; ORT's NCHWc depthwise
- * kernel reads its input in place likewise: the window's copy was half of
- * a stride-2 layer's time). A blocked y takes the sums directly.
+ * for each such tap (as the window's zero pixels; the window's copy was
+ * half of a stride-2 layer's time). A blocked y takes the sums directly.
  * Each output goes through the same operations as on the plane path
  * (product of tap 0, FMAs in (r, s) order, + bias, ...): the same bits.
  */
