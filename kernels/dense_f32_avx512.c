@@ -89,33 +89,38 @@ ALWAYS_INLINE int64_t lead_ops(const int N, const tb_chain *ch, __m512 *r,
 
 /* ---- micro-kernel ---- */
 
+/* One vector of an NCHW16c y (a pixel's 16 channels of a block) through the
+ * chain ops (RESIDUAL, RELU and RELU6 only; the residual's vector at res),
+ * stored at y: conv_out16's and the Y16 tiles' store. */
+ALWAYS_INLINE void put16(float *y, __m512 v, const float *res, int64_t ops)
+{
+    int64_t o;
+    for (o = ops; o != 0; o = (int64_t)((uint64_t)o >> 4)) {
+        const int op = (int)(o & 15);
+        if (op == TIRBYOC_EPI_RESIDUAL)
+            v = _mm512_add_ps(v, _mm512_loadu_ps(res));
+        else {
+            v = _mm512_max_ps(_mm512_setzero_ps(), v);
+            if (op == TIRBYOC_EPI_RELU6)
+                v = _mm512_min_ps(_mm512_set1_ps(6.0f), v);
+        }
+    }
+    _mm512_storeu_ps(y, v);
+}
+
 /* The NCHW16c store of a tile (Y16): row i's vector v goes to
- * y[v * ldy + i * 16], through the chain ops (RESIDUAL, RELU and RELU6
- * only; the residual read at y's offsets in res), as conv_out16 does. */
+ * y[v * ldy + i * 16] (the residual at res's same offsets). */
 ALWAYS_INLINE void store16(const int MR, const int NV, const __m512 *acc0,
                            const __m512 *acc1, float *y, int64_t ldy,
                            const float *res, int64_t ops)
 {
-    const __m512 zero = _mm512_setzero_ps(), six = _mm512_set1_ps(6.0f);
     int i, v;
 #pragma GCC unroll 16
     for (i = 0; i < MR; ++i)
 #pragma GCC unroll 2
-        for (v = 0; v < NV; ++v) {
-            __m512 x = v == 0 ? acc0[i] : acc1[i];
-            int64_t o;
-            for (o = ops; o != 0; o = (int64_t)((uint64_t)o >> 4)) {
-                const int op = (int)(o & 15);
-                if (op == TIRBYOC_EPI_RESIDUAL)
-                    x = _mm512_add_ps(x, _mm512_loadu_ps(res + v * ldy + i * 16));
-                else {
-                    x = _mm512_max_ps(zero, x);
-                    if (op == TIRBYOC_EPI_RELU6)
-                        x = _mm512_min_ps(six, x);
-                }
-            }
-            _mm512_storeu_ps(y + v * ldy + i * 16, x);
-        }
+        for (v = 0; v < NV; ++v)
+            put16(y + v * ldy + i * 16, v == 0 ? acc0[i] : acc1[i],
+                  res != NULL ? res + v * ldy + i * 16 : NULL, ops);
 }
 
 /* IND: A is read in place, row i of k step p at kp[p][(off + i) * PS], or
@@ -499,27 +504,11 @@ static void conv_tile16y(int64_t kc, const float *const *kp, int64_t off,
 static void conv_out16(const float *ct, int64_t ldc, int64_t m, int64_t n,
                        float *y, const float *res, int64_t ldy, int64_t ops)
 {
-    const __m512 zero = _mm512_setzero_ps(), six = _mm512_set1_ps(6.0f);
     int64_t o0, t;
-    for (o0 = 0; o0 < m; o0 += 16) {
-        float *yb = y + o0 / 16 * ldy;
-        const float *rb = res != NULL ? res + o0 / 16 * ldy : NULL;
-        for (t = 0; t < n; ++t) {
-            __m512 v = _mm512_loadu_ps(ct + t * ldc + o0);
-            int64_t o;
-            for (o = ops; o != 0; o = (int64_t)((uint64_t)o >> 4)) {
-                const int op = (int)(o & 15);
-                if (op == TIRBYOC_EPI_RESIDUAL)
-                    v = _mm512_add_ps(v, _mm512_loadu_ps(rb + t * 16));
-                else {
-                    v = _mm512_max_ps(zero, v);
-                    if (op == TIRBYOC_EPI_RELU6)
-                        v = _mm512_min_ps(six, v);
-                }
-            }
-            _mm512_storeu_ps(yb + t * 16, v);
-        }
-    }
+    for (o0 = 0; o0 < m; o0 += 16)
+        for (t = 0; t < n; ++t)
+            put16(y + o0 / 16 * ldy + t * 16, _mm512_loadu_ps(ct + t * ldc + o0),
+                  res != NULL ? res + o0 / 16 * ldy + t * 16 : NULL, ops);
 }
 
 /* ---- few rows: matrix-vector like, streaming W once ---- */

@@ -476,27 +476,26 @@ def plan_layouts(b: Bindings, plans) -> None:
 
     if os.environ.get("TIRBYOC_CONV_BLOCKED", "1") == "0" or kernels.isa() != "avx512":
         return
+    # each call's output var -> the output vars of the calls reading it as their x
     readers = {}
-    for plan in plans.values():
+    for var, plan in plans.items():
         if isinstance(plan.x, R.Var) and plan.x in plans:
-            readers.setdefault(plan.x, []).append(plan)
-    roles = {id(plan): _block_roles(plan) for plan in plans.values()}
+            readers.setdefault(plan.x, []).append(var)
+    roles = {var: _block_roles(plan) for var, plan in plans.items()}
     blocked = {var for var, users in readers.items()
-               if b.uses.get(var, 0) == len(users) and roles[id(plans[var])][0] and
-               all(roles[id(u)][1] for u in users)}
-    out_var = {id(plan): var for var, plan in plans.items()}
+               if b.uses.get(var, 0) == len(users) and roles[var][0] and
+               all(roles[u][1] for u in users)}
     changed = True
     while changed:
         changed = False
         for var in list(blocked):
-            if any(roles[id(u)][1] == "with-output" and out_var[id(u)] not in blocked
-                   for u in readers[var]):
+            if any(roles[u][1] == "with-output" and u not in blocked for u in readers[var]):
                 blocked.discard(var)
                 changed = True
     for var in blocked:
         plans[var].layouts |= _Y16
         for u in readers[var]:
-            u.layouts |= _X16
+            plans[u].layouts |= _X16
     for plan in plans.values():
         if plan.layouts:
             plan.notes = plan.notes + ("NCHW16c " + " and ".join(
