@@ -461,6 +461,13 @@ static void direct_unit(const conv_job_t *j, int64_t n, int64_t gi,
      * itself (no scratch, no conv_out16 pass; MobileNet's 1x1 conv of 32
      * channels at 112 x 112, NCHW16c: 151 -> 133 us) */
     const int fused = j->xb && j->yb && kblocks == 1 && isa->conv_tile16y != NULL;
+    /* a conv over phase planes with one K block and an NCHW16c y: each tile's
+     * sums are final, and stored into y while in L1, its lines fetched
+     * during the tile (after the whole unit the sums came back from L2, into
+     * cold lines: MobileNet's stem, 3x3/2 into 32 channels, its output cold,
+     * 99 -> 83 us; a plain 1x1 conv of 32 channels at 112 x 112 ran slower
+     * so, 151 -> 159 us, and keeps the store after the unit) */
+    const int tile_out16 = j->yb && !fused && kblocks == 1 && !j->inplace;
     const float *res16; /* an NCHW16c residual at the unit's first channel */
     int64_t kb, c0, t, q, b16;
     if (ch.residual != NULL)
@@ -498,7 +505,7 @@ static void direct_unit(const conv_job_t *j, int64_t n, int64_t gi,
                                       res16 != NULL ? res16 + c0 * j->p + qa * 16 : NULL,
                                       j->p * 16, m, nr, pf, ch.ops);
                 else {
-                    if (j->yb && kblocks == 1 && j->runs)
+                    if (tile_out16 && j->runs)
                         /* the tile's output lines: fetched while it computes */
                         for (q = qa; q < qa + m; ++q)
                             for (b16 = 0; b16 < nr; b16 += 16)
@@ -506,12 +513,7 @@ static void direct_unit(const conv_job_t *j, int64_t n, int64_t gi,
                     (j->xb ? isa->conv_tile16 : isa->conv_tile)(
                         kc, kp, va, wp, wps, scratch + t * mr * ldc + c0, ldc, m, nr,
                         flags | pf, split, j->wv - ow);
-                    /* one K block: the tile's sums are final, and stored into an
-                     * NCHW16c y while in L1, its lines fetched during the tile
-                     * (after the whole unit the sums came back from L2, into cold
-                     * lines: MobileNet's stem, 3x3/2 into 32 channels, its output
-                     * cold, 100 -> 89 us) */
-                    if (j->yb && kblocks == 1)
+                    if (tile_out16)
                         direct_out16(j, scratch + t * mr * ldc + c0, ldc, nr, qa,
                                      qa + m, y + c0 * j->p,
                                      res16 != NULL ? res16 + c0 * j->p : NULL, ch.ops);
@@ -520,7 +522,7 @@ static void direct_unit(const conv_job_t *j, int64_t n, int64_t gi,
         }
     }
     if (j->yb) {
-        for (t = 0; kblocks > 1 && t < tiles; ++t)
+        for (t = 0; !fused && !tile_out16 && t < tiles; ++t)
             direct_out16(j, scratch + t * mr * ldc, ldc, ob, q0 + t * mr,
                          min_i64(q1, q0 + (t + 1) * mr), y, res16, ch.ops);
         return;
