@@ -370,9 +370,7 @@ int32_t tirbyoc_attention_f32(int64_t batch, int64_t m, int64_t n, int64_t d,
     j.units = j.row_units * batch;
 
     flops = 2.0 * (double)batch * (double)m * (double)n * (double)(d + dv);
-    want = min_i64(tb_num_threads(), j.units);
-    if (flops < ATT_PAR_FLOPS)
-        want = 1;
+    want = tb_threads_for(flops, ATT_PAR_FLOPS / 2, j.units);
     tb_units(att_task, &j, j.units, (int)want);
     return TIRBYOC_OK;
 }

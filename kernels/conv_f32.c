@@ -583,6 +583,98 @@ static void conv_task(void *arg, int64_t u, float *scratch)
     }
 }
 
+/* The direct path's work units: output channels in blocks of obw (nob of
+ * them), tile pixels in blocks of pbw (npb of them), for `outer` images x
+ * groups, tp tile pixels and ocg output channels each, register tiles of mr
+ * pixels, and `want` threads. */
+typedef struct {
+    int64_t obw, nob, pbw, npb;
+} direct_plan_t;
+
+/* q with its pixel blocks of about equal width in whole tiles */
+static direct_plan_t direct_plan_norm(direct_plan_t q, int64_t tp, int64_t mr)
+{
+    q.pbw = cdiv(cdiv(tp, q.npb), mr) * mr;
+    q.npb = cdiv(tp, q.pbw);
+    return q;
+}
+
+/* The cost model of a plan: the sums (per k step) that the busiest of
+ * `want` threads computes, its units' rounds times a unit's sums. */
+static double direct_plan_busiest(direct_plan_t q, int64_t outer, int want)
+{
+    const int64_t units = outer * q.nob * q.npb;
+    const int64_t nt = min_i64(want, units);
+    return (double)cdiv(units, nt) * (double)q.obw * (double)q.pbw;
+}
+
+static direct_plan_t direct_plan(int64_t outer, int64_t tp, int64_t ocg, int64_t mr,
+                                 int want)
+{
+    direct_plan_t q, best;
+    /* Output channels in blocks of at most CONV_DIRECT_OB_MAX (multiples of
+     * 16); tile pixels in blocks of whole tiles, as many as the scratch
+     * holds next to kc row pointers. More blocks (of pixels, else of
+     * channels) until the units spread evenly over the threads. */
+    q.nob = cdiv(ocg, CONV_DIRECT_OB_MAX);
+    /* fewer pixels than channels: channel blocks narrow enough for all the
+     * pixels' sums, so that each unit streams only its share of the weight
+     * (MobileNet's 1x1 convs at 14 x 14, weights cold: 240 -> 226 us; the
+     * two pixel blocks each read all of it) */
+    if (tp < ocg) {
+        const int64_t fit = CONV_DIRECT_SUMS / (cdiv(tp, mr) * mr) / 16 * 16;
+        q.nob = max_i64(q.nob, cdiv(ocg, fit > 16 ? fit : 16));
+    }
+    q.obw = cdiv(cdiv(ocg, q.nob), 16) * 16;
+    q.nob = cdiv(ocg, q.obw);
+    q.pbw = CONV_DIRECT_SUMS / q.obw / mr * mr;
+    if (q.pbw < mr)
+        q.pbw = mr;
+    q.pbw = min_i64(q.pbw, cdiv(tp, mr) * mr);
+    q.npb = cdiv(tp, q.pbw);
+    /* Every step makes the blocks of pixels or of channels strictly
+     * smaller, so the loop ends within tp / mr + ocg / 16 steps. (A step
+     * from nob to nob + 1 channel blocks that rounds back to the same
+     * width, 256 channels from 4 to 5 blocks of 64, once left the loop
+     * spinning: ResNet-18 and MobileNet never returned at 8 threads.) */
+    best = direct_plan_norm(q, tp, mr);
+    while (want > 1 && (outer * q.nob * q.npb) % want != 0) {
+        direct_plan_t n;
+        if (q.npb < cdiv(tp, mr) && (tp >= ocg || q.obw <= 16))
+            ++q.npb;
+        else if (q.obw > 16) {
+            q.obw = min_i64(cdiv(cdiv(ocg, q.nob + 1), 16) * 16, q.obw - 16);
+            q.nob = cdiv(ocg, q.obw);
+        } else
+            break;
+        n = direct_plan_norm(q, tp, mr);
+        if (direct_plan_busiest(n, outer, want) < direct_plan_busiest(best, outer, want))
+            best = n;
+    }
+    /* units that spread evenly: as they are; else the least work on the
+     * busiest thread of the plans passed (the fewest units among equals) */
+    if (want <= 1 || (outer * q.nob * q.npb) % want == 0)
+        return direct_plan_norm(q, tp, mr);
+    return best;
+}
+
+int32_t tirbyoc_conv2d_direct_plan(int64_t outer, int64_t pixels, int64_t channels,
+                                   int32_t mr, int32_t threads, int64_t *plan)
+{
+    direct_plan_t q;
+    if (outer < 1 || pixels < 1 || channels < 1 || mr < 1 || mr > 32 || threads < 1 ||
+        outer > CONV_DIM_MAX || pixels > CONV_DIM_MAX || channels > CONV_DIM_MAX)
+        return TIRBYOC_EINVAL;
+    if (plan == NULL)
+        return TIRBYOC_ENULL;
+    q = direct_plan(outer, pixels, channels, mr, threads);
+    plan[0] = q.obw;
+    plan[1] = q.nob;
+    plan[2] = q.pbw;
+    plan[3] = q.npb;
+    return TIRBYOC_OK;
+}
+
 /* Sets up and runs the direct path: 1 if it ran, 0 if it does not apply
  * (the caller then gathers), -1 if its workspace cannot be allocated. */
 static int conv_direct(conv_job_t *j, int want)
@@ -661,37 +753,14 @@ static int conv_direct(conv_job_t *j, int want)
         for (s = 0; s < g->kw; ++s)
             j->phases |= 1u << (r * g->dh % g->sh * g->sw + s * g->dw % g->sw);
 
-    /* Output channels in blocks of at most CONV_DIRECT_OB_MAX (multiples of
-     * 16); tile pixels in blocks of whole tiles, as many as the scratch
-     * holds next to kc row pointers. More blocks (of pixels, else of
-     * channels) until the units spread evenly over the threads. */
-    j->nob = cdiv(j->ocg, CONV_DIRECT_OB_MAX);
-    /* fewer pixels than channels: channel blocks narrow enough for all the
-     * pixels' sums, so that each unit streams only its share of the weight
-     * (MobileNet's 1x1 convs at 14 x 14, weights cold: 240 -> 226 us; the
-     * two pixel blocks each read all of it) */
-    if (j->tp < j->ocg) {
-        const int64_t fit = CONV_DIRECT_SUMS / (cdiv(j->tp, isa->mr) * isa->mr) / 16 * 16;
-        j->nob = max_i64(j->nob, cdiv(j->ocg, fit > 16 ? fit : 16));
+    {
+        const direct_plan_t plan =
+            direct_plan(batch * j->groups, j->tp, j->ocg, isa->mr, want);
+        j->obw = plan.obw;
+        j->nob = plan.nob;
+        j->pbw = plan.pbw;
+        j->npb = plan.npb;
     }
-    j->obw = cdiv(cdiv(j->ocg, j->nob), 16) * 16;
-    j->nob = cdiv(j->ocg, j->obw);
-    j->pbw = CONV_DIRECT_SUMS / j->obw / isa->mr * isa->mr;
-    if (j->pbw < isa->mr)
-        j->pbw = isa->mr;
-    j->pbw = min_i64(j->pbw, cdiv(j->tp, isa->mr) * isa->mr);
-    j->npb = cdiv(j->tp, j->pbw);
-    while (want > 1 && (batch * j->groups * j->nob * j->npb) % want != 0) {
-        if (j->npb < cdiv(j->tp, isa->mr) && (j->tp >= j->ocg || j->obw <= 16))
-            ++j->npb;
-        else if (j->obw > 16) {
-            j->obw = cdiv(cdiv(j->ocg, j->nob + 1), 16) * 16;
-            j->nob = cdiv(j->ocg, j->obw);
-        } else
-            break;
-    }
-    j->pbw = cdiv(cdiv(j->tp, j->npb), isa->mr) * isa->mr;
-    j->npb = cdiv(j->tp, j->pbw);
     units = batch * j->groups * j->nob * j->npb;
 
     if (!j->inplace)
@@ -917,10 +986,8 @@ static int32_t conv2d(int64_t batch, int64_t c, int64_t h, int64_t w,
         return TIRBYOC_OK;
     }
 
-    want = tb_num_threads();
     flops = 2.0 * (double)batch * (double)oc * (double)j.p * (double)j.kt;
-    if (flops < CONV_PAR_FLOPS)
-        want = 1;
+    want = tb_threads_for(flops, CONV_PAR_FLOPS / 2, INT64_MAX);
     {
         const int direct = conv_direct(&j, want);
         if (direct < 0)

@@ -310,15 +310,15 @@ static int32_t dense_run(tb_wlayout layout, int accumulate, int64_t m,
         job.unit = job.split_n ? job.isa->nr : job.isa->mr;
     }
     units = cdiv(job.split_n ? n : m, job.unit);
-    want = tb_num_threads();
+    want = tb_threads_for(2.0 * (double)m * (double)n * (double)k, TB_PAR_FLOPS / 2, units);
+    if (job.alg == TB_ALG_SMALL) {
+        /* few rows: the stream of W is the work */
+        const int by_w = tb_threads_for((double)n * (double)k, TB_PAR_SMALL_W_FLOATS / 2, units);
+        if (by_w > want)
+            want = by_w;
+    }
     if (want > max_threads)
         want = max_threads;
-    if (2.0 * (double)m * (double)n * (double)k < TB_PAR_FLOPS &&
-        !(job.alg == TB_ALG_SMALL &&
-          (double)n * (double)k >= TB_PAR_SMALL_W_FLOATS))
-        want = 1;
-    if (want > units)
-        want = (int)units;
     tb_parallel(task, &job, want);
     return TIRBYOC_OK;
 }
@@ -481,7 +481,7 @@ int32_t tirbyoc_matmul_f32(int64_t batch, int64_t m, int64_t n, int64_t k,
 {
     static const tb_wlayout layouts[] = {TB_W_NN, TB_W_NT, TB_W_PACKED};
     batch_job_t bj;
-    int uses_bias, uses_residual, len, want;
+    int uses_bias, uses_residual, len;
     int64_t q;
     int32_t status;
 
@@ -525,17 +525,22 @@ int32_t tirbyoc_matmul_f32(int64_t batch, int64_t m, int64_t n, int64_t k,
     bj.chain.residual = residual;
     bj.chain.ldr = ldr;
 
-    /* Batches go to threads whole when each is too small to split, or when
-     * they spread evenly enough (attention's heads): one launch instead of one
-     * per batch, and each thread on data of its own. */
-    want = tb_num_threads();
-    if (batch > 1 && want > 1 &&
-        (2.0 * (double)m * (double)n * (double)k < TB_PAR_FLOPS ||
-         batch % want == 0 || batch >= 4 * (int64_t)want)) {
-        if (want > batch)
-            want = (int)batch;
-        tb_parallel(batch_task, &bj, want);
-        return TIRBYOC_OK;
+    /* Batches go to threads whole (one launch instead of one per batch,
+     * each thread on data of its own: attention's heads) where the busiest
+     * thread computes no more so than with each batch split over the
+     * threads its work can use, one batch after the other, or where there
+     * are 4 batches per thread or more (a quarter lost to the last round at
+     * most). */
+    {
+        const double fb = 2.0 * (double)m * (double)n * (double)k;
+        const int whole = tb_threads_for(fb * (double)batch, TB_PAR_FLOPS / 2, batch);
+        const int split = tb_threads_for(fb, TB_PAR_FLOPS / 2, INT64_MAX);
+        if (batch > 1 && whole > 1 &&
+            ((double)cdiv(batch, whole) * fb <= (double)batch * fb / split ||
+             batch >= 4 * (int64_t)whole)) {
+            tb_parallel(batch_task, &bj, whole);
+            return TIRBYOC_OK;
+        }
     }
     for (q = 0; q < batch; ++q)
         run_batch(&bj, q, INT32_MAX);

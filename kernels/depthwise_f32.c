@@ -1588,11 +1588,10 @@ int32_t tirbyoc_depthwise_conv2d_f32_layouts(
         j.wq = cdiv(j.wq, 16) * 16;
     }
 
-    want = tb_num_threads();
     flops = 2.0 * (double)batch * (double)c * (double)oh * (double)ow *
             (double)j.ntaps;
-    if (flops < DW_PAR_FLOPS)
-        want = 1;
+    /* (the units are set by the path below, for this many threads) */
+    want = tb_threads_for(flops, DW_PAR_FLOPS / 2, INT64_MAX);
 
     /* TIRBYOC_DW_PATH=planes, channels or scalar takes that path wherever it
      * can run (tests); unset, the call chooses */

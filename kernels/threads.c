@@ -41,6 +41,21 @@
 #define cpu_relax() __asm__ volatile("" ::: "memory")
 #endif
 
+/* ---- sharing the cores with TVM's thread pool ----
+ *
+ * TVM's own workers run the fallback schedules between two kernel calls;
+ * after each parallel loop they spin before they sleep, on the cores this
+ * pool's workers need next (and this pool's workers spin for TB_SPIN_NS,
+ * yielding as they do). The Python package sets TVM_THREAD_POOL_SPIN_COUNT
+ * to 0 on import, unless it is set; a model library exported with these
+ * kernels linked in, loaded in a process with only TVM's runtime, does the
+ * same when it is loaded. TVM reads the variable once, when its pool starts
+ * its workers, after the library is loaded. */
+__attribute__((constructor)) static void share_cores_with_tvm(void)
+{
+    setenv("TVM_THREAD_POOL_SPIN_COUNT", "0", 0);
+}
+
 /* ---- thread count ---- */
 
 static int configured_threads; /* 0: not yet read */
@@ -88,6 +103,16 @@ int32_t tirbyoc_set_num_threads(int32_t n)
 }
 
 int32_t tirbyoc_num_threads(void) { return tb_num_threads(); }
+
+int tb_threads_for(double work, double per_thread, int64_t units)
+{
+    int n = tb_num_threads();
+    if (per_thread > 0 && work < per_thread * n)
+        n = work >= per_thread ? (int)(work / per_thread) : 1;
+    if (units < n)
+        n = units < 1 ? 1 : (int)units;
+    return n;
+}
 
 /* ---- per-thread buffers: the scratch, and the workspace ----
  *

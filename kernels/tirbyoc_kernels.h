@@ -345,6 +345,18 @@ int32_t tirbyoc_pack_conv2d_winograd_weight_f32(int64_t oc, int64_t c, const flo
 int32_t tirbyoc_conv2d_winograd_f32(int64_t batch, int64_t c, int64_t h, int64_t w, const float *x, int64_t oc, const float *packed, int64_t pad_top, int64_t pad_left, int64_t oh, int64_t ow, int64_t epilogue, const float *residual, float *y);
 
 /*
+ * The work units of tirbyoc_conv2d_f32's direct path (the AVX-512 one,
+ * kernels/conv_f32.c), exposed so that the plan can be checked on any CPU:
+ * `outer` images x groups, `pixels` tile pixels and `channels` output
+ * channels per group, register tiles of `mr` pixels, `threads` threads.
+ * plan[0:4] = output channels per block (a multiple of 16), blocks of
+ * channels, tile pixels per block (a multiple of mr), blocks of pixels.
+ * Errors: TIRBYOC_EINVAL (a size below 1 or above 2^31, mr outside 1..32,
+ * threads below 1), TIRBYOC_ENULL (plan NULL).
+ */
+int32_t tirbyoc_conv2d_direct_plan(int64_t outer, int64_t pixels, int64_t channels, int32_t mr, int32_t threads, int64_t *plan);
+
+/*
  * Depthwise 2-D convolution, float32, NCHW (one filter per channel: a
  * tirbyoc_conv2d_f32 with groups = C = OC, without the matrix product):
  *   y[n][c][i][j] = chain( sum over r < KH, s < KW of

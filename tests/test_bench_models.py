@@ -63,3 +63,38 @@ def test_bench_an_onnx_file(tmp_path, capsys):
 def test_bench_reports_a_missing_file():
     with pytest.raises(SystemExit, match="no such file"):
         cli.main(["bench", "/nonexistent/model.onnx"])
+
+
+def test_scaling_benchmark_runs_each_count_in_its_own_process(tmp_path, capsys):
+    """``--models --threads 1,3``: the small CNN at one and three threads (3 is above the
+    2 cores of CI's machine, and said so), each against ONNX Runtime and PyTorch, numerics
+    checked; the table, the JSON and the plot."""
+    from tirbyoc import bench, bench_scaling
+
+    assert bench.main(["--models", "--model", "small_cnn", "--threads", "1,3", "--reps", "2",
+                       "--settle", "0", "--out", str(tmp_path)]) == 0
+    data = json.load(open(tmp_path / "scaling.json"))
+    assert data["counts"] == [1, 3] and data["cores"] == bench_scaling.available_cores()
+    assert [(r["model"], r["threads"]) for r in data["rows"]] == [("small_cnn", 1),
+                                                                  ("small_cnn", 3)]
+    for r in data["rows"]:
+        assert set(r["ms"]) == {"tirbyoc", "ort", "torch"}
+        assert all(math.isfinite(t) and t > 0 for t in r["ms"].values())
+        assert max(r["rel_err"].values()) <= bench_scaling.RTOL, r["rel_err"]
+        assert r["offloaded"] >= 3
+    text = capsys.readouterr().out
+    assert "speed-up" in text and "small_cnn" in text
+    if data["cores"] < 3:
+        assert "(above the cores here)" in text
+    assert (tmp_path / "scaling.png").stat().st_size > 0
+
+
+def test_scaling_benchmark_rejects_bad_counts():
+    from tirbyoc import bench, bench_scaling
+
+    for text in ("0,2", "2,2", "65", "a"):
+        with pytest.raises((ValueError, SystemExit)):
+            bench_scaling.parse_counts(text) if text != "a" else bench.main(
+                ["--models", "--threads", text])
+    with pytest.raises(SystemExit):
+        bench.main(["--threads", "1,2"])  # several counts need --models

@@ -233,6 +233,11 @@ class Case:
                 f" --seed {self.seed}")
 
 
+# The thread counts a case draws from: few (as machines have), primes (uneven splits),
+# powers of two, and up to the pool's 64, above any core count here.
+THREAD_CHOICES = (1, 2, 3, 4, 5, 7, 8, 13, 16, 17, 31, 64)
+
+
 def case_rng(symbol, isa, seed, index):
     # crc32, not hash(): the same case in every process.
     return np.random.default_rng([seed, zlib.crc32(symbol.encode()),
@@ -271,8 +276,8 @@ def draw_case(symbol, isa, seed, index, rng, fixed_layout):
         bias=bool(rng.random() < 0.6),
         specials=bool(rng.random() < 0.25),
         null_empty=bool(rng.random() < 0.5),
-        # Results must not depend on the thread count; 3 threads split unevenly.
-        threads=int(rng.choice([2, 3])) if big else 2,
+        # Results must not depend on the thread count: every case draws one.
+        threads=int(rng.choice(THREAD_CHOICES)),
         invalid=bool(rng.random() < 0.06),
         extra=extra,
     )
@@ -1691,12 +1696,15 @@ FAMILIES = (
 NOT_KERNELS = {
     "tirbyoc_set_isa": "setting: selects every ISA of the run",
     "tirbyoc_isa": "setting: saved and restored around each run",
-    "tirbyoc_set_num_threads": "setting: 2 or 3 threads per case",
+    "tirbyoc_set_num_threads": "setting: each case's own count, from THREAD_CHOICES",
     "tirbyoc_num_threads": "setting: saved and restored around each run",
     "tirbyoc_packed_weight_size_f32": "checked by every pack_weight case",
     "tirbyoc_conv2d_packed_size_f32": "checked by every pack_conv2d_weight case",
     "tirbyoc_conv2d_winograd_packed_size_f32": "checked by every pack_conv2d_winograd case",
     "tirbyoc_conv2d_winograd_suits": "a shape predicate: tests/test_conv_kernel.py",
+    "tirbyoc_conv2d_direct_plan": "the direct path's work plan: tests/test_threads.py (every "
+                                  "shape of its grid on 1 to 64 threads) and the sanitizer "
+                                  "driver",
     "tirbyoc_status_string": "describes a status; no operands",
     "tirbyoc_unary_f32": "1-D elementwise: tests/test_matmul_kernels.py (every ISA, full "
                          "float range, NaN/Inf, in place) and the sanitizer driver",
@@ -1856,6 +1864,57 @@ def dw_path_forced(case):
     return forced if forced == "scalar" or case.isa == "avx512" else None
 
 
+def call_case(case, args, threads):
+    """Calls the case's kernel on ``threads`` threads, its forced path (if any) set in the
+    environment meanwhile; returns the status."""
+    LIBRARY.lib.tirbyoc_set_num_threads(threads)
+    saved = os.environ.get("TIRBYOC_CONV_DIRECT")
+    saved_dw = os.environ.pop("TIRBYOC_DW_PATH", None)
+    if conv_direct_forced(case):
+        os.environ["TIRBYOC_CONV_DIRECT"] = "1"
+    if dw_path_forced(case):
+        os.environ["TIRBYOC_DW_PATH"] = dw_path_forced(case)
+    try:
+        return getattr(LIBRARY.lib, case.symbol)(*[arg.value for arg in args])
+    finally:
+        if saved is None:
+            os.environ.pop("TIRBYOC_CONV_DIRECT", None)
+        else:
+            os.environ["TIRBYOC_CONV_DIRECT"] = saved
+        os.environ.pop("TIRBYOC_DW_PATH", None)
+        if saved_dw is not None:
+            os.environ["TIRBYOC_DW_PATH"] = saved_dw
+
+
+def thread_sweep(symbol, isa, counts, seed=SEED, tries=400):
+    """The first case of ``symbol`` (ISA active) with valid arguments whose work is split
+    over threads: its output on each of ``counts`` threads against 1 thread, bit for bit.
+    Returns (case or None when no such case was drawn, problems)."""
+    family, groups = family_of(symbol)
+    for index in range(tries):
+        rng = case_rng(symbol, isa, seed, index)
+        case = draw_case(symbol, isa, seed, index, rng, groups.get("layout"))
+        if not case.invalid and "+threads" in algorithm(case):
+            break
+    else:
+        return None, []
+    ops = Operands(case, rng, family.accumulate)
+    args = family.args(ops)
+    output = getattr(ops, family.output)
+    initial = output.raw.copy()
+    results, problems = {}, []
+    for threads in (1, *counts):
+        output.raw[...] = initial
+        status = call_case(case, args, threads)
+        if status != 0:
+            problems.append(f"status {status} on {threads} threads")
+        results[threads] = output.bits()
+        if (results[threads] != results[1]).any():
+            problems.append(f"{threads} threads: {int((results[threads] != results[1]).sum())}"
+                            f" cells differ from 1 thread")
+    return case, [f"{symbol} on {isa}, {p} ({case.describe()})" for p in problems]
+
+
 def run_case(symbol, isa, seed, index):
     """Runs one case (ISA must be active); returns (case, failure or None)."""
     family, groups = family_of(symbol)
@@ -1871,24 +1930,7 @@ def run_case(symbol, isa, seed, index):
     else:
         expected, tolerance = family.expected(ops, groups)
     before = {name: buf.bits() for name, buf in ops.buffers.items()}
-    LIBRARY.lib.tirbyoc_set_num_threads(case.threads)
-
-    saved = os.environ.get("TIRBYOC_CONV_DIRECT")
-    saved_dw = os.environ.pop("TIRBYOC_DW_PATH", None)
-    if conv_direct_forced(case):
-        os.environ["TIRBYOC_CONV_DIRECT"] = "1"
-    if dw_path_forced(case):
-        os.environ["TIRBYOC_DW_PATH"] = dw_path_forced(case)
-    try:
-        status = getattr(LIBRARY.lib, symbol)(*[arg.value for arg in args])
-    finally:
-        if saved is None:
-            os.environ.pop("TIRBYOC_CONV_DIRECT", None)
-        else:
-            os.environ["TIRBYOC_CONV_DIRECT"] = saved
-        os.environ.pop("TIRBYOC_DW_PATH", None)
-        if saved_dw is not None:
-            os.environ["TIRBYOC_DW_PATH"] = saved_dw
+    status = call_case(case, args, case.threads)
 
     problems = []
     for name, buf in ops.buffers.items():
@@ -1929,6 +1971,7 @@ def active_isa(request):
 
 
 _RESULTS = {}  # (symbol, isa) -> (cases, failures, seconds, Counter of paths)
+_THREADED = Counter()  # thread count -> cases above a threading threshold run with it
 _STARTED = set()  # (symbol, isa) runs started in this process
 
 
@@ -1941,6 +1984,8 @@ def test_fuzz_kernel(symbol, active_isa):
     for index in range(CASES):
         case, failure = run_case(symbol, active_isa, SEED, index)
         paths[algorithm(case)] += 1
+        if "+threads" in algorithm(case):
+            _THREADED[case.threads] += 1
         specials += case.specials and not case.invalid
         if failure:
             failures.append(failure)
@@ -1970,6 +2015,10 @@ def test_fuzz_figures(request, report_lines):
         f"kernel fuzz: {sum(r[0] for r in results)} cases, {sum(r[1] for r in results)} failed, "
         f"{sum(r[2] for r in results):.1f} s ({len(results)} kernel x ISA runs of {CASES} "
         f"cases, seed {SEED}, library {LIBRARY.path})")
+    report_lines.append(
+        f"  cases split over threads, by thread count: "
+        + " ".join(f"{t}:{n}" for t, n in sorted(_THREADED.items()))
+        + f" ({sum(_THREADED.values())} cases, {len(_THREADED)} counts)")
     for symbol in KERNEL_SYMBOLS:
         runs = {isa: _RESULTS[symbol, isa] for isa in LIBRARY.isas if (symbol, isa) in _RESULTS}
         if not runs:

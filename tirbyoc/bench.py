@@ -355,14 +355,29 @@ def main(argv=None) -> int:
                              "and TVM's default build (tirbyoc.bench_models)")
     parser.add_argument("--model", action="append", default=[],
                         help="with --models: only this model (repeatable)")
-    parser.add_argument("--threads", type=int, default=2, help="with --models or --layers: "
-                        "threads for every contender")
+    parser.add_argument("--threads", default="2", help="with --models or --layers: "
+                        "threads for every contender; with --models a list (1,2,4,8,16) "
+                        "runs the scaling benchmark (tirbyoc.bench_scaling)")
     parser.add_argument("--layers", action="store_true",
                         help="the models' conv layers one by one against ONNX Runtime and "
                              "PyTorch eager, from chains of them (tirbyoc.bench_layers)")
     parser.add_argument("--layer", action="append", default=[],
                         help="with --layers: only this layer, e.g. pw512@14 (repeatable)")
     args = parser.parse_args(argv)
+    from .bench_scaling import parse_counts
+
+    try:
+        counts = parse_counts(args.threads)
+    except ValueError as exc:
+        parser.error(str(exc))
+    if len(counts) > 1 and not args.models:
+        parser.error("several thread counts (the scaling benchmark) need --models")
+    args.threads = counts[0]
+    if args.models and len(counts) > 1:
+        from . import bench_models, bench_scaling
+
+        return bench_scaling.run_scaling(args.model or list(bench_models.MODELS), counts,
+                                         args.reps or 15, args.settle, args.out)
     if args.layers:
         from . import bench_layers
 

@@ -46,6 +46,12 @@
 
 /* ---- checks ---- */
 
+/* The thread counts of every check across thread counts: 1 first (the
+ * reference), few, a prime, and 16 and 64 (the pool's most), above any core
+ * count here. */
+static const int THREAD_COUNTS[] = {1, 2, 3, 5, 16, 64};
+#define N_THREAD_COUNTS ((int)(sizeof(THREAD_COUNTS) / sizeof(THREAD_COUNTS[0])))
+
 /* Updated from several threads at once (atomics: TSan must see no race in
  * the driver itself). */
 static long n_checks, n_failures;
@@ -510,7 +516,8 @@ static void block_edges(uint64_t *rng)
 }
 
 /* Above 4 MFLOP: split over the pool (N, M, few-rows and nt_direct splits),
- * with 2 and 3 threads; the result must equal the 1-thread result bit for bit. */
+ * on each of THREAD_COUNTS; the result must equal the 1-thread result bit
+ * for bit. */
 static void threaded(uint64_t *rng, int light)
 {
     static const int64_t full[][3] = {
@@ -520,7 +527,7 @@ static void threaded(uint64_t *rng, int light)
         {130, 130, 130}, {4, 700, 800}, {260, 40, 210}, {64, 260, 130},
     };
     const int64_t(*shapes)[3] = light ? small : full;
-    int kr, i, t;
+    int kr, i, ti;
     for (kr = 0; kr < N_KERNELS; ++kr)
         for (i = 0; i < 4; ++i) {
             const shape_t s = shape_for(&KERNELS[kr], shapes[i][0], shapes[i][1],
@@ -531,9 +538,9 @@ static void threaded(uint64_t *rng, int light)
             run_case(&KERNELS[kr], &s, rng_next(rng), &o);
             one = (float *)malloc(o.c.n * sizeof(float));
             memcpy(one, o.c.p, o.c.n * sizeof(float));
-            for (t = 2; t <= 3; ++t) {
+            for (ti = 1; ti < N_THREAD_COUNTS; ++ti) {
                 args_t x = default_args(&o);
-                tirbyoc_set_num_threads(t);
+                tirbyoc_set_num_threads(THREAD_COUNTS[ti]);
                 reset_c(&o);
                 check(invoke(o.kr, &x) == 0, "status (threads)", o.kr->name, s.m, s.n, s.k, NULL);
                 check(memcmp(one, o.c.p, o.c.n * sizeof(float)) == 0,
@@ -563,7 +570,7 @@ static void *toggler_main(void *arg)
     int t = 1;
     (void)arg;
     while (!__atomic_load_n(&stop_toggler, __ATOMIC_RELAXED)) {
-        tirbyoc_set_num_threads(1 + t++ % 3);
+        tirbyoc_set_num_threads(THREAD_COUNTS[t++ % N_THREAD_COUNTS]);
         sched_yield();
     }
     return NULL;
@@ -1011,8 +1018,8 @@ static void attention_case(uint64_t *rng, int64_t batch, int64_t m, int64_t n, i
         const int saved = tirbyoc_num_threads();
         int th;
         memcpy(first, o, bo.n * sizeof(float));
-        for (th = 1; th <= 3; ++th) {
-            tirbyoc_set_num_threads(th);
+        for (th = 0; th < N_THREAD_COUNTS; ++th) {
+            tirbyoc_set_num_threads(THREAD_COUNTS[th]);
             for (t = 0; t < bo.n; ++t) o[t] = UNWRITTEN;
             check(tirbyoc_attention_f32(batch, m, n, d, dv, q, ldq, sq, k, ldk, sk,
                                         k_nk ? TIRBYOC_B_NK : TIRBYOC_B_KN, v, ldv, sv, mask,
@@ -1160,10 +1167,10 @@ static void conv_packed_case(const conv_call_t *a, const float *y, size_t ny,
     }
     check(ok, "packed layout", "tirbyoc_pack_conv2d_weight_f32", a->oc, a->gr, k, NULL);
     y2 = buf_alloc(&by, ny, 2);
-    for (e = threads_check ? 1 : 0; e <= (threads_check ? 3 : 0); ++e) {
+    for (e = 0; e < (threads_check ? N_THREAD_COUNTS : 1); ++e) {
         const int saved = tirbyoc_num_threads();
-        if (e > 0)
-            tirbyoc_set_num_threads(e);
+        if (threads_check)
+            tirbyoc_set_num_threads(THREAD_COUNTS[e]);
         for (q = 0; q < ny; ++q)
             y2[q] = UNWRITTEN;
         check(tirbyoc_conv2d_f32_packed(a->n, a->c, a->h, a->w, a->x, a->oc, a->gr, a->kh,
@@ -1218,9 +1225,9 @@ static void winograd_case(const conv_call_t *a, const float *y, size_t ny, int s
           "status", pname, a->oc, a->c, 9, NULL);
     y2 = buf_alloc(&by, ny, 2);
     first = buf_alloc(&bf, ny, 1);
-    for (t = 1; t <= 3; ++t) {
+    for (t = 0; t < N_THREAD_COUNTS; ++t) {
         const int saved = tirbyoc_num_threads();
-        tirbyoc_set_num_threads(t);
+        tirbyoc_set_num_threads(THREAD_COUNTS[t]);
         for (q = 0; q < ny; ++q)
             y2[q] = UNWRITTEN;
         check(tirbyoc_conv2d_winograd_f32(a->n, a->c, a->h, a->w, a->x, a->oc, pk, a->pt,
@@ -1228,7 +1235,7 @@ static void winograd_case(const conv_call_t *a, const float *y, size_t ny, int s
                                           y2) == TIRBYOC_OK,
               "status", name, a->oc, a->oh * a->ow, a->c * 9, NULL);
         tirbyoc_set_num_threads(saved);
-        if (t == 1)
+        if (t == 0)
             memcpy(first, y2, ny * sizeof(float));
         else
             check(memcmp(first, y2, ny * sizeof(float)) == 0,
@@ -1391,8 +1398,8 @@ static void conv_test_repeat(const char *name, conv_fn call, conv_test_t *t, con
         const char *detail = nvalues > 0 ? values[v] : NULL;
         if (nvalues > 0)
             setenv(env, values[v], 1);
-        for (e = threads_check ? 1 : saved; e <= (threads_check ? 3 : saved); ++e) {
-            tirbyoc_set_num_threads(e);
+        for (e = 0; e < (threads_check ? N_THREAD_COUNTS : 1); ++e) {
+            tirbyoc_set_num_threads(threads_check ? THREAD_COUNTS[e] : saved);
             for (q = 0; q < ny; ++q)
                 t->y[q] = UNWRITTEN;
             check(call(a, t->y) == TIRBYOC_OK, "status (paths, threads)", name, a->oc,
@@ -1855,10 +1862,10 @@ static void pool_case(uint64_t *rng, int64_t n, int64_t c, int64_t h, int64_t w,
                 ok &= y[t] == m || (y[t] != y[t] && m != m);
             }
     check(ok, "result", name, c, oh * ow, kh * kw, NULL);
-    for (th = 1; threads_check && th <= 3; ++th) {
-        tirbyoc_set_num_threads(th);
+    for (th = 0; threads_check && th < N_THREAD_COUNTS; ++th) {
+        tirbyoc_set_num_threads(THREAD_COUNTS[th]);
         tirbyoc_max_pool2d_f32(n, c, h, w, x, kh, kw, sh, sw, pt, pl, dh, dw, oh, ow, z);
-        check(memcmp(y, z, (size_t)ny * sizeof(float)) == 0, "same bits on 1-3 threads",
+        check(memcmp(y, z, (size_t)ny * sizeof(float)) == 0, "same bits on every thread count",
               name, c, oh * ow, th, NULL);
     }
     buf_free(&bx);
@@ -1937,7 +1944,7 @@ static void matmul_chains(uint64_t *rng, int threaded)
             for (e = 3; e >= 0; --e)
                 ops = (ops << 4) | chains[ci][e];
             if (threaded)
-                tirbyoc_set_num_threads(2 + (int)(si % 2));
+                tirbyoc_set_num_threads(THREAD_COUNTS[1 + si % (N_THREAD_COUNTS - 1)]);
             matmul_chain_case(rng, shapes[si][0], shapes[si][1], shapes[si][2], shapes[si][3],
                               (int)((ci + si) % 2), ops, (int)(si % 2));
         }
@@ -1985,6 +1992,31 @@ static void matmul_chains(uint64_t *rng, int threaded)
     }
 }
 
+/* The conv direct path's work plan (tirbyoc_conv2d_direct_plan) on 1 to 64
+ * threads: it returns, and its blocks cover the output exactly. */
+static void direct_plans(void)
+{
+    static const int64_t pixels[] = {1, 14, 15, 49, 196, 784, 3136, 12544};
+    static const int64_t channels[] = {1, 16, 17, 48, 144, 256, 512, 1000, 1024, 2048};
+    size_t pi, ci;
+    int t;
+    for (pi = 0; pi < sizeof(pixels) / sizeof(pixels[0]); ++pi)
+        for (ci = 0; ci < sizeof(channels) / sizeof(channels[0]); ++ci)
+            for (t = 1; t <= 64; ++t) {
+                const int64_t tp = pixels[pi], oc = channels[ci];
+                int64_t plan[4];
+                const int ok = tirbyoc_conv2d_direct_plan(1 + t % 3, tp, oc, 14, t, plan) ==
+                               TIRBYOC_OK;
+                check(ok && plan[0] % 16 == 0 && plan[0] >= 16 &&
+                          plan[1] == (oc + plan[0] - 1) / plan[0] && plan[2] % 14 == 0 &&
+                          plan[2] >= 14 && plan[3] == (tp + plan[2] - 1) / plan[2],
+                      "blocks that cover the output", "tirbyoc_conv2d_direct_plan", oc, tp, t,
+                      NULL);
+            }
+    check(tirbyoc_conv2d_direct_plan(1, 0, 1, 14, 1, NULL) == TIRBYOC_EINVAL,
+          "a size of 0 accepted", "tirbyoc_conv2d_direct_plan", 0, 0, 0, NULL);
+}
+
 int main(int argc, char **argv)
 {
     const char *mode = argc > 1 ? argv[1] : "all";
@@ -2003,6 +2035,7 @@ int main(int argc, char **argv)
         strcat(strcat(isas, *isas ? "," : ""), ISA_NAMES[i]);
         if (all) {
             tirbyoc_set_num_threads(1);
+            direct_plans();
             edge_tiles(&rng);
             block_edges(&rng);
             empty_sizes(&rng);
