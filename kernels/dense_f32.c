@@ -582,8 +582,8 @@ int32_t tirbyoc_unary_f32(int32_t op, int64_t n, const float *x, float *y)
     u.n = n;
     u.x = x;
     u.y = y;
-    want = (int)min_i64(tb_num_threads(), cdiv(n, 8 * TB_UNARY_UNIT));
-    tb_parallel(unary_task, &u, want < 1 ? 1 : want);
+    want = tb_threads_for((double)n, 4.0 * TB_UNARY_UNIT, cdiv(n, TB_UNARY_UNIT));
+    tb_parallel(unary_task, &u, want);
     return TIRBYOC_OK;
 }
 
@@ -627,10 +627,8 @@ int32_t tirbyoc_softmax_f32(int64_t rows, int64_t n, const float *x,
     s.ldx = ldx;
     s.y = y;
     s.ldy = ldy;
-    want = min_i64(tb_num_threads(), rows);
-    if ((double)rows * (double)n < (double)want * TB_SOFTMAX_UNIT)
-        want = (int64_t)((double)rows * (double)n / TB_SOFTMAX_UNIT);
-    tb_parallel(softmax_task, &s, want < 1 ? 1 : (int)want);
+    want = tb_threads_for((double)rows * (double)n, TB_SOFTMAX_UNIT, rows);
+    tb_parallel(softmax_task, &s, (int)want);
     return TIRBYOC_OK;
 }
 

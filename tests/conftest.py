@@ -9,7 +9,14 @@ The lines travel as the test report's ``user_properties``, so they reach the
 summary also when pytest-xdist runs the tests in worker processes.
 """
 
+import os
+
 import pytest
+
+# The kernel pool runs at most as many threads at once as this process has CPUs, unless
+# told otherwise: the tests' thread counts (up to 64) run as many pool threads on any
+# machine. Set before any test loads the library; child processes inherit it.
+os.environ.setdefault("TIRBYOC_OVERSUBSCRIBE", "1")
 
 _KEY = "tirbyoc_figure"
 _lines: list = []  # collected in this process (the controller, under xdist)

@@ -49,6 +49,8 @@ RUN_ENV = {
     "ASAN_OPTIONS": "detect_leaks=1:halt_on_error=1:detect_stack_use_after_return=1",
     "UBSAN_OPTIONS": "halt_on_error=1:print_stacktrace=1",
     "TSAN_OPTIONS": "halt_on_error=1:second_deadlock_stack=1",
+    # the pool at the driver's counts (up to 64 threads), whatever the CPUs here
+    "TIRBYOC_OVERSUBSCRIBE": "1",
 }
 
 

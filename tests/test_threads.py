@@ -237,3 +237,27 @@ def test_model_convs_same_bits_at_every_thread_count():
     """, timeout=400)
     problems = json.loads(stdout.strip().splitlines()[-1])
     assert not problems, "\n".join(problems[:10])
+
+
+POOL_THREADS = """
+    import os, numpy as np
+    from tirbyoc import kernels
+    a, w = np.ones((64, 512), np.float32), np.ones((1024, 512), np.float32)
+    before = len(os.listdir("/proc/self/task"))
+    kernels.dense(a, w)  # 67 MFLOP in 32 or more units: split over 32 threads or more
+    print(len(os.listdir("/proc/self/task")) - before, len(os.sched_getaffinity(0)))
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs Linux's /proc")
+def test_pool_runs_at_most_the_cpus_unless_told():
+    """TIRBYOC_NUM_THREADS=64: the pool starts at most one worker per further CPU (more
+    would only take turns on them), and one per further unit, up to 63, with
+    TIRBYOC_OVERSUBSCRIBE=1."""
+    env = {"TIRBYOC_NUM_THREADS": "64"}
+    workers, cpus = map(int, _child(POOL_THREADS, 60, {**env, "TIRBYOC_OVERSUBSCRIBE": "0"})
+                        .split()[-2:])
+    assert workers == min(cpus, 32) - 1 or (cpus > 32 and workers >= 31), (workers, cpus)
+    workers, _ = map(int, _child(POOL_THREADS, 60, {**env, "TIRBYOC_OVERSUBSCRIBE": "1"})
+                     .split()[-2:])
+    assert workers >= 31, workers
