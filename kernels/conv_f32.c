@@ -663,8 +663,9 @@ int32_t tirbyoc_conv2d_direct_plan(int64_t outer, int64_t pixels, int64_t channe
 {
     direct_plan_t q;
     if (outer < 1 || pixels < 1 || channels < 1 || mr < 1 || mr > 32 || threads < 1 ||
-        outer > CONV_DIM_MAX || pixels > CONV_DIM_MAX || channels > CONV_DIM_MAX)
-        return TIRBYOC_EINVAL;
+        outer > CONV_DIM_MAX || pixels > CONV_DIM_MAX || channels > CONV_DIM_MAX ||
+        (double)outer * (double)pixels * (double)channels > 0x1p62)
+        return TIRBYOC_EINVAL; /* (the units, at most their product, stay in range) */
     if (plan == NULL)
         return TIRBYOC_ENULL;
     q = direct_plan(outer, pixels, channels, mr, threads);

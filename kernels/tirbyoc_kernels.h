@@ -351,8 +351,9 @@ int32_t tirbyoc_conv2d_winograd_f32(int64_t batch, int64_t c, int64_t h, int64_t
  * channels per group, register tiles of `mr` pixels, `threads` threads.
  * plan[0:4] = output channels per block (a multiple of 16), blocks of
  * channels, tile pixels per block (a multiple of mr), blocks of pixels.
- * Errors: TIRBYOC_EINVAL (a size below 1 or above 2^31, mr outside 1..32,
- * threads below 1), TIRBYOC_ENULL (plan NULL).
+ * Errors: TIRBYOC_EINVAL (a size below 1 or above 2^31, a product of the
+ * three sizes above 2^62, mr outside 1..32, threads below 1), TIRBYOC_ENULL
+ * (plan NULL).
  */
 int32_t tirbyoc_conv2d_direct_plan(int64_t outer, int64_t pixels, int64_t channels, int32_t mr, int32_t threads, int64_t *plan);
 

@@ -132,7 +132,8 @@ def test_direct_plan_rejects_bad_sizes():
     ffi, lib = kernels.load()
     out = ffi.new("int64_t[4]")
     for args in ((0, 1, 1, 14, 1), (1, 0, 1, 14, 1), (1, 1, 0, 14, 1), (1, 1, 1, 0, 1),
-                 (1, 1, 1, 33, 1), (1, 1, 1, 14, 0), (1, 1 << 40, 1, 14, 1)):
+                 (1, 1, 1, 33, 1), (1, 1, 1, 14, 0), (1, 1 << 40, 1, 14, 1),
+                 (1 << 30, 1 << 30, 1 << 30, 14, 1)):
         assert lib.tirbyoc_conv2d_direct_plan(*args, out) == 1, args
     assert lib.tirbyoc_conv2d_direct_plan(1, 1, 1, 14, 1, ffi.NULL) == 4
 
@@ -240,11 +241,18 @@ def test_model_convs_same_bits_at_every_thread_count():
 
 
 POOL_THREADS = """
-    import os, numpy as np
-    from tirbyoc import kernels
+    import importlib.util, os, numpy as np
+    # the extension alone (no TVM: its threads would count too)
+    spec = importlib.util.spec_from_file_location("tirbyoc._kernels", {path!r})
+    ext = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ext)
     a, w = np.ones((64, 512), np.float32), np.ones((1024, 512), np.float32)
+    c = np.empty((64, 1024), np.float32)
+    ptr = lambda x: ext.ffi.cast("float *", x.ctypes.data)
     before = len(os.listdir("/proc/self/task"))
-    kernels.dense(a, w)  # 67 MFLOP in 32 or more units: split over 32 threads or more
+    # 67 MFLOP in 32 or more units: split over 32 threads or more
+    assert ext.lib.tirbyoc_dense_f32_nt(64, 1024, 512, ptr(a), 512, ptr(w), 512,
+                                        ext.ffi.NULL, ptr(c), 1024) == 0
     print(len(os.listdir("/proc/self/task")) - before, len(os.sched_getaffinity(0)))
 """
 
@@ -255,9 +263,12 @@ def test_pool_runs_at_most_the_cpus_unless_told():
     would only take turns on them), and one per further unit, up to 63, with
     TIRBYOC_OVERSUBSCRIBE=1."""
     env = {"TIRBYOC_NUM_THREADS": "64"}
-    workers, cpus = map(int, _child(POOL_THREADS, 60, {**env, "TIRBYOC_OVERSUBSCRIBE": "0"})
+    import tirbyoc._kernels as ext
+
+    code = POOL_THREADS.format(path=ext.__file__)
+    workers, cpus = map(int, _child(code, 60, {**env, "TIRBYOC_OVERSUBSCRIBE": "0"})
                         .split()[-2:])
     assert workers == min(cpus, 32) - 1 or (cpus > 32 and workers >= 31), (workers, cpus)
-    workers, _ = map(int, _child(POOL_THREADS, 60, {**env, "TIRBYOC_OVERSUBSCRIBE": "1"})
+    workers, _ = map(int, _child(code, 60, {**env, "TIRBYOC_OVERSUBSCRIBE": "1"})
                      .split()[-2:])
     assert workers >= 31, workers
