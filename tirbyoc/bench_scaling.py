@@ -158,19 +158,27 @@ def plot(rows: list, path: str, cores: int) -> None:
     import matplotlib.pyplot as plt
 
     models = list(dict.fromkeys(r["model"] for r in rows))
-    fig, axes = plt.subplots(1, len(models), figsize=(3.2 * len(models), 3.2), squeeze=False)
-    for ax, model in zip(axes[0], models):
-        mine = [r for r in rows if r["model"] == model and "ms" in r]
+    cols = min(4, len(models))
+    grid = -(-len(models) // cols)
+    fig, axes = plt.subplots(grid, cols, figsize=(3.2 * cols, 3 * grid), squeeze=False)
+    for i, ax in enumerate(axes.flat):
+        if i >= len(models):
+            ax.set_visible(False)
+            continue
+        mine = [r for r in rows if r["model"] == models[i] and "ms" in r]
         for peer in PEERS:
             ax.plot([r["threads"] for r in mine], [r["ms"][peer] for r in mine], marker="o",
                     label=peer)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
-        ax.axvline(cores, color="grey", linestyle=":", linewidth=1)
-        ax.set_title(model, fontsize=9)
+        counts = sorted({r["threads"] for r in rows})
+        ax.set_xticks(counts, [str(c) for c in counts])
+        ax.axvline(cores, color="grey", linestyle=":", linewidth=1)  # this machine's cores
+        ax.set_title(models[i], fontsize=9)
         ax.set_xlabel("threads")
-    axes[0][0].set_ylabel("ms per run (median)")
-    axes[0][0].legend(fontsize=7)
+        if i % cols == 0:
+            ax.set_ylabel("ms per run (median)")
+    axes.flat[0].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
 
