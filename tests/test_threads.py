@@ -3,8 +3,8 @@ thread count (1 to 64, primes, counts above this machine's cores).
 
 * The conv direct path's work plan (``tirbyoc_conv2d_direct_plan``, the AVX-512 path's
   split of a call into units), checked on any CPU: it returns for every shape and thread
-  count, its blocks cover the output exactly, and where the units can be spread evenly it
-  spreads them so. Its loop once stopped changing the blocks without ever exiting (a
+  count, its blocks cover the output exactly, and for the models' layers the busiest
+  thread gets at most 1.25x its even share. Its loop once stopped changing the blocks without ever exiting (a
   14 x 14 conv of 256 channels on 5 or more threads): ResNet-18 and MobileNet hung at 8
   and 16 threads on AVX-512 machines.
 * Every exported kernel, on every instruction set this CPU has, at thread counts 1 to 64:
@@ -13,8 +13,8 @@ thread count (1 to 64, primes, counts above this machine's cores).
   layers of ResNet-18 and MobileNet, the shapes that hung.
 
 Each check runs in a child process with a time limit: a hang fails the test instead of
-stopping the suite. Nothing here needs more than one core: the worker pool runs 64
-threads on any machine.
+stopping the suite. Nothing here needs more than one core: with TIRBYOC_OVERSUBSCRIBE=1
+(tests/conftest.py) the worker pool runs 64 threads on any machine.
 """
 
 import json
@@ -66,12 +66,11 @@ def _cdiv(a, b):
 
 
 def check_plans():
-    """Every plan of the grid: returns, covers its output exactly in blocks of whole
-    vectors and tiles, and is balanced wherever the units it starts from can be. Returns
-    the problems found, and the plans' statistics."""
+    """Every plan of the grid: returns, and covers its output exactly in blocks of whole
+    vectors and tiles. Returns the problems found and the number of plans."""
     ffi, lib = kernels.load()
     out = ffi.new("int64_t[4]")
-    problems, plans, balanced = [], 0, 0
+    problems, plans = [], 0
     for mr in PLAN_MR:
         for outer in PLAN_OUTER:
             for tp in PLAN_PIXELS:
@@ -86,12 +85,12 @@ def check_plans():
                         if status != 0:
                             problems.append(f"{where}: status {status}")
                             continue
+                        # whole vectors of channels, whole tiles of pixels, none empty
                         if not (obw % 16 == 0 and 16 <= obw <= OB_MAX and nob == _cdiv(ocg, obw)):
                             problems.append(f"{where}: channel blocks do not cover {ocg}")
                         if not (pbw % mr == 0 and pbw >= mr and npb == _cdiv(tp, pbw)):
                             problems.append(f"{where}: pixel blocks do not cover {tp}")
-                        balanced += (outer * nob * npb) % threads == 0
-    return problems, plans, balanced
+    return problems, plans
 
 
 def test_direct_plan_returns_and_covers():
@@ -100,10 +99,10 @@ def test_direct_plan_returns_and_covers():
     stdout = _child("""
         import json
         from tests.test_threads import check_plans
-        problems, plans, balanced = check_plans()
-        print(json.dumps([problems[:20], len(problems), plans, balanced]))
+        problems, plans = check_plans()
+        print(json.dumps([problems[:20], len(problems), plans]))
     """, timeout=120)
-    problems, count, plans, balanced = json.loads(stdout.strip().splitlines()[-1])
+    problems, count, plans = json.loads(stdout.strip().splitlines()[-1])
     assert plans == len(PLAN_MR) * len(PLAN_OUTER) * len(PLAN_PIXELS) * len(PLAN_CHANNELS) * 64
     assert not count, f"{count} bad plans; the first:\n" + "\n".join(problems)
 
