@@ -3,7 +3,8 @@
 Each exported kernel runs on every instruction set this CPU supports against a
 float64 numpy reference, over random sizes (0 and 1, the register-tile, K-block,
 N-block and algorithm edges of ``kernels/README.md``, and some calls above the
-4 MFLOP threshold that split work over the worker pool), random row strides,
+4 MFLOP threshold that split work over the worker pool), a thread count per case
+(THREAD_CHOICES: 1 to 64, primes and counts above the cores), random row strides,
 start pointers that are not 32- or 64-byte aligned, with and without bias, with
 NaN, +-Inf and zeros sprinkled into the inputs, and with invalid arguments. The
 kernels are called through cffi with raw pointers, so strides and offsets are
