@@ -370,7 +370,7 @@ int32_t tirbyoc_attention_f32(int64_t batch, int64_t m, int64_t n, int64_t d,
     j.units = j.row_units * batch;
 
     flops = 2.0 * (double)batch * (double)m * (double)n * (double)(d + dv);
-    want = tb_threads_for(flops, ATT_PAR_FLOPS / 2, j.units);
+    want = tb_threads_for(flops, ATT_PAR_FLOPS, j.units);
     tb_units(att_task, &j, j.units, (int)want);
     return TIRBYOC_OK;
 }

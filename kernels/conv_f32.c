@@ -988,7 +988,7 @@ static int32_t conv2d(int64_t batch, int64_t c, int64_t h, int64_t w,
     }
 
     flops = 2.0 * (double)batch * (double)oc * (double)j.p * (double)j.kt;
-    want = tb_threads_for(flops, CONV_PAR_FLOPS / 2, INT64_MAX);
+    want = tb_threads_for(flops, CONV_PAR_FLOPS, INT64_MAX);
     {
         const int direct = conv_direct(&j, want);
         if (direct < 0)

@@ -350,7 +350,7 @@ int32_t tirbyoc_conv2d_winograd_f32(int64_t batch, int64_t c, int64_t h,
      * transformed weight), else more runs, until the units spread evenly
      * over the threads. */
     want = tb_threads_for(2.0 * 9.0 * (double)batch * (double)c * (double)oc * (double)j.p,
-                          WG_PAR_FLOPS / 2, INT64_MAX);
+                          WG_PAR_FLOPS, INT64_MAX);
     j.nb = cdiv(j.tiles, j.isa->mr);
     j.few = batch * j.nb < 2 * want;
     j.upi = j.few ? cdiv(j.tiles, tiles_fitting(c, j.ocb))

@@ -310,10 +310,10 @@ static int32_t dense_run(tb_wlayout layout, int accumulate, int64_t m,
         job.unit = job.split_n ? job.isa->nr : job.isa->mr;
     }
     units = cdiv(job.split_n ? n : m, job.unit);
-    want = tb_threads_for(2.0 * (double)m * (double)n * (double)k, TB_PAR_FLOPS / 2, units);
+    want = tb_threads_for(2.0 * (double)m * (double)n * (double)k, TB_PAR_FLOPS, units);
     if (job.alg == TB_ALG_SMALL) {
         /* few rows: the stream of W is the work */
-        const int by_w = tb_threads_for((double)n * (double)k, TB_PAR_SMALL_W_FLOATS / 2, units);
+        const int by_w = tb_threads_for((double)n * (double)k, TB_PAR_SMALL_W_FLOATS, units);
         if (by_w > want)
             want = by_w;
     }
@@ -533,8 +533,8 @@ int32_t tirbyoc_matmul_f32(int64_t batch, int64_t m, int64_t n, int64_t k,
      * most). */
     {
         const double fb = 2.0 * (double)m * (double)n * (double)k;
-        const int whole = tb_threads_for(fb * (double)batch, TB_PAR_FLOPS / 2, batch);
-        const int split = tb_threads_for(fb, TB_PAR_FLOPS / 2, INT64_MAX);
+        const int whole = tb_threads_for(fb * (double)batch, TB_PAR_FLOPS, batch);
+        const int split = tb_threads_for(fb, TB_PAR_FLOPS, INT64_MAX);
         if (batch > 1 && whole > 1 &&
             ((double)cdiv(batch, whole) * fb <= (double)batch * fb / split ||
              batch >= 4 * (int64_t)whole)) {
@@ -582,7 +582,7 @@ int32_t tirbyoc_unary_f32(int32_t op, int64_t n, const float *x, float *y)
     u.n = n;
     u.x = x;
     u.y = y;
-    want = tb_threads_for((double)n, 4.0 * TB_UNARY_UNIT, cdiv(n, TB_UNARY_UNIT));
+    want = tb_threads_for((double)n, 8.0 * TB_UNARY_UNIT, cdiv(n, TB_UNARY_UNIT));
     tb_parallel(unary_task, &u, want);
     return TIRBYOC_OK;
 }
@@ -627,7 +627,7 @@ int32_t tirbyoc_softmax_f32(int64_t rows, int64_t n, const float *x,
     s.ldx = ldx;
     s.y = y;
     s.ldy = ldy;
-    want = tb_threads_for((double)rows * (double)n, TB_SOFTMAX_UNIT, rows);
+    want = tb_threads_for((double)rows * (double)n, 2.0 * TB_SOFTMAX_UNIT, rows);
     tb_parallel(softmax_task, &s, (int)want);
     return TIRBYOC_OK;
 }

@@ -301,14 +301,14 @@ typedef void (*tb_task_fn)(void *arg, int tid, int nthreads);
 TB_INTERNAL int tb_num_threads(void);
 /*
  * The threads a call's work can use, its cost model: at most the
- * configured count, at most one per unit, and at most one per `per_thread`
- * of work (flops, taps, floats: the caller's measure), so that a small call
- * stays on few threads and a large one spreads. Each kernel's per_thread is
- * half the work at which it was measured faster on two threads than on one
- * (the hand-off to a worker costs a few microseconds of its work), so that
- * on two threads the choice is the measured one.
+ * configured count (and the pool's limit), at most one per unit, and at
+ * most one per half of `two_from`, the work (flops, taps, floats: the
+ * caller's measure) from which the kernel was measured faster on two
+ * threads than on one (the hand-off to a worker costs a few microseconds
+ * of its work). On two threads the choice is the measured one; a small
+ * call stays on few threads at 16 and a large one spreads.
  */
-TB_INTERNAL int tb_threads_for(double work, double per_thread, int64_t units);
+TB_INTERNAL int tb_threads_for(double work, double two_from, int64_t units);
 /*
  * Runs fn(arg, t, nt) for t = 0 .. nt-1 (the parts of the job), with
  * 1 <= nt <= want: nt is 1 when the pool is busy (another caller is using

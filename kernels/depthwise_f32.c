@@ -1591,7 +1591,7 @@ int32_t tirbyoc_depthwise_conv2d_f32_layouts(
     flops = 2.0 * (double)batch * (double)c * (double)oh * (double)ow *
             (double)j.ntaps;
     /* (the units are set by the path below, for this many threads) */
-    want = tb_threads_for(flops, DW_PAR_FLOPS / 2, INT64_MAX);
+    want = tb_threads_for(flops, DW_PAR_FLOPS, INT64_MAX);
 
     /* TIRBYOC_DW_PATH=planes, channels or scalar takes that path wherever it
      * can run (tests); unset, the call chooses */

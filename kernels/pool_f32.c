@@ -401,7 +401,7 @@ int32_t tirbyoc_max_pool2d_f32(int64_t batch, int64_t c, int64_t h, int64_t w,
     j.c = c;
     j.rows_first = h * w >= c && j.row_units > 1;
     want = tb_threads_for((double)j.planes * (double)oh * (double)ow * (double)(kh * kw),
-                          PL_PAR_TAPS / 2, units);
+                          PL_PAR_TAPS, units);
     tb_units(pool_unit, &j, units, (int)want);
     return TIRBYOC_OK;
 }

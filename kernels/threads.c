@@ -89,13 +89,12 @@ static int default_threads(void)
 }
 
 /* How many threads the pool runs at once: at most the CPUs this process may
- * run on. A call still splits its work for the thread count it was given
- * (its units, and so its plan, are those of that count; the results are
- * the same for any count), but more threads than CPUs only take turns: a
- * worker preempted in the middle of its part holds the call up for a time
- * slice (the two-block ResNet with 16 threads on 2 CPUs: 6.6 ms a run
- * against 3.3 ms with 2). TIRBYOC_OVERSUBSCRIBE=1 (read once) lifts the
- * limit: the tests run the pool at 64 threads on any machine. */
+ * run on, and calls plan their units for that many (tb_threads_for; the
+ * results are the same for any count). More threads than CPUs only take
+ * turns: a worker preempted in the middle of its part holds the call up
+ * for a time slice (the two-block ResNet with 16 threads on 2 CPUs: 6.6 ms
+ * a run against 3.3 ms with 2). TIRBYOC_OVERSUBSCRIBE=1 (read once) lifts
+ * the limit: the tests run the pool at 64 threads on any machine. */
 static int max_pool_threads(void)
 {
     int n = __atomic_load_n(&pool_limit, __ATOMIC_ACQUIRE);
@@ -131,8 +130,9 @@ int32_t tirbyoc_set_num_threads(int32_t n)
 
 int32_t tirbyoc_num_threads(void) { return tb_num_threads(); }
 
-int tb_threads_for(double work, double per_thread, int64_t units)
+int tb_threads_for(double work, double two_from, int64_t units)
 {
+    const double per_thread = two_from / 2;
     int n = tb_num_threads();
     if (n > max_pool_threads())
         n = max_pool_threads(); /* plans for threads that run at once */
