@@ -39,11 +39,15 @@ _os.environ.setdefault("TVM_THREAD_POOL_SPIN_COUNT", "0")
 
 from .api import (Report, apply_tir_byoc, compile, explain, host_target, offload_prim_func,
                   offloaded_kernels, pipeline, run)
+from . import ops
 from .graph import RegionCall, constant_weights, partition, relax_patterns
+from .checking import check
+from .library import Kernel, Library, LibraryError
 from .schedule_rule import ScheduleRule
 from .tensorize import dense_intrin, tensorize_dense
 
 __all__ = ["apply_tir_byoc", "explain", "pipeline", "compile", "host_target", "run",
            "offload_prim_func",
            "offloaded_kernels", "Report", "ScheduleRule", "relax_patterns", "constant_weights",
-           "RegionCall", "partition", "dense_intrin", "tensorize_dense"]
+           "RegionCall", "partition", "dense_intrin", "tensorize_dense", "ops", "Library", "check",
+           "Kernel", "LibraryError"]

@@ -141,6 +141,11 @@ def call_extern(ret_dtype: str, symbol: str, args):
     return tirx.call_extern(ret_dtype, symbol, *args)
 
 
+def evaluate(expr):
+    """A statement that evaluates ``expr`` (a call whose result is not used)."""
+    return tirx.Evaluate(expr)
+
+
 def assert_stmt(condition, message: str):
     """An assertion statement that raises ``RuntimeError(message)`` at run time."""
     # NOTE: the Python constructor of 0.27 passes (kind, condition) to an FFI

@@ -8,7 +8,8 @@ from . import _tvm as T
 from . import attention, conv, fallback, pool, relax_prep, softmax, weights
 from .matcher import Region
 from .normalize import INTRINSIC_ATTR, NOTES_ATTR, normalize
-from .schedule_rule import ScheduleRule, registry
+from .registry import Registry
+from .schedule_rule import ScheduleRule
 
 
 def offload_prim_func(func, intrinsics=None, sources=None, passes=None):
@@ -27,34 +28,62 @@ def offload_prim_func(func, intrinsics=None, sources=None, passes=None):
     return sch.mod["main"].with_attr("tirx.is_scheduled", True), results
 
 
-def _attach_kernels(mod):
+def _static_modules(mod, reg: Registry) -> list:
+    """The static-library modules of every library whose kernels ``mod`` calls."""
     from . import kernels
 
-    missing = sorted(set(offloaded_kernels(mod)) - set(kernels.exported_symbols()))
-    if missing:
-        raise kernels.KernelLibraryError(
-            f"the kernel library does not export {', '.join(missing)}: it is older than the "
-            "intrinsics that call it; rebuild it with `pip install -e .` in the project root")
-    static = kernels.static_library()
+    used = offloaded_by_library(mod)
+    builtin = used.pop("tirbyoc", set())
+    out = []
+    if builtin:
+        missing = sorted(builtin - set(kernels.exported_symbols()))
+        if missing:
+            raise kernels.KernelLibraryError(
+                f"the kernel library does not export {', '.join(missing)}: it is older than "
+                "the intrinsics that call it; rebuild it with `pip install -e .` in the "
+                "project root")
+        out.append(kernels.static_library())
+    for name in sorted(used):
+        lib = reg.library(name)
+        if lib is None:
+            raise ValueError(f"the module calls kernels of library {name!r} "
+                             f"({', '.join(sorted(used[name]))}); pass it in libraries=[...]")
+        static = lib.static_module()
+        if static is not None:
+            out.append(static)
+    return out
+
+
+def _attach_kernels(mod, reg: Registry):
     existing = list(mod.attrs["external_mods"]) if mod.attrs and "external_mods" in mod.attrs \
         else []
-    if any(m.same_as(static) for m in existing):
+    new = [m for m in _static_modules(mod, reg) if not any(m.same_as(e) for e in existing)]
+    if not new:
         return mod
-    return mod.with_attr("external_mods", existing + [static])
+    return mod.with_attr("external_mods", existing + new)
 
 
-def _transform(mod, fuse, intrinsics, passes=None):
+def _registry(libraries, builtin, intrinsics) -> Registry:
+    if isinstance(libraries, Registry):
+        return libraries
+    return Registry(libraries, builtin=builtin, intrinsics=intrinsics)
+
+
+def _transform(mod, fuse, reg: Registry, passes=None):
     """Shared by ``apply_tir_byoc`` and ``explain``: (new module, report rows)."""
-    # NOTE: the softmax kernel comes with the default intrinsics only; a caller that
-    # names its intrinsics gets those and nothing else.
-    mod, scope = relax_prep.prepare(mod, fuse, softmax=intrinsics is None, passes=passes)
+    # NOTE: the built-in graph-level kernels (conv, pooling, attention, softmax) come with
+    # the default intrinsics only; a caller that names its intrinsics gets those and
+    # nothing else of the built-in library.
+    mod, scope = relax_prep.prepare(mod, fuse, softmax=reg.graph_level_builtin,
+                                    passes=passes, registry=reg)
     srcs = weights.sources(mod)
     out = mod.clone()
     rows, rerouted = [], {}
+    intrinsics = reg.intrinsics()
     for gv, func in mod.functions_items():
         if not isinstance(func, T.PrimFunc):
             continue
-        allowed = scope.intrinsics_for(gv.name_hint, registry(intrinsics))
+        allowed = scope.intrinsics_for(gv.name_hint, intrinsics)
         if allowed is None:
             continue
         new, results = offload_prim_func(func, allowed, srcs.get(gv.name_hint), passes)
@@ -75,7 +104,8 @@ def _buffer_param_index(func, param) -> int:
     return next(i for i, p in enumerate(buffers) if p.same_as(param))
 
 
-def apply_tir_byoc(mod, *, fuse="auto", intrinsics=None, region_passes=None):
+def apply_tir_byoc(mod, *, fuse="auto", libraries=(), builtin=True, intrinsics=None,
+                   region_passes=None):
     """Offload matched dense(+bias)(+relu) TIR blocks to the tirbyoc kernel library.
 
     ``mod`` is a Relax IRModule as written (it is legalized and fused the way TVM's
@@ -86,9 +116,13 @@ def apply_tir_byoc(mod, *, fuse="auto", intrinsics=None, region_passes=None):
     nothing more. ``fuse``: see ``tirbyoc.relax_prep.prepare``. ``region_passes``: changes
     made to offloaded regions only (default ``tirbyoc.weights.DEFAULT_PASSES``: read a
     separately transposed weight in place, fold a convolution's batch norm into its
-    weight, pack constant weights at compile time).
+    weight, pack constant weights at compile time). ``libraries``: ``tirbyoc.Library``
+    values whose kernels are tried first, in order, then the built-in library's (unless
+    ``builtin=False``); ``intrinsics``: only these of the built-in dense/matmul
+    intrinsics (and none of its graph-level kernels).
     """
-    out, rows = _transform(mod, fuse, intrinsics, region_passes)
+    reg = _registry(libraries, builtin, intrinsics)
+    out, rows = _transform(mod, fuse, reg, region_passes)
     if not any(r.offloaded for r in rows):
         return out
     if not relax_prep.has_relax_functions(out):
@@ -96,8 +130,13 @@ def apply_tir_byoc(mod, *, fuse="auto", intrinsics=None, region_passes=None):
         # kernels among the process's global symbols instead (see tirbyoc.compile).
         from . import kernels
 
-        kernels.make_symbols_global()
-    return _attach_kernels(out)
+        used = offloaded_by_library(out)
+        if "tirbyoc" in used:
+            kernels.make_symbols_global()
+        for name in used:
+            if name != "tirbyoc" and reg.library(name) is not None:
+                reg.library(name).make_symbols_global()
+    return _attach_kernels(out, reg)
 
 
 @dataclass
@@ -111,6 +150,13 @@ class ExplainRow:
     kernel: str = ""
     blocks: str = ""
     detail: str = ""
+    library: str = ""
+
+    @property
+    def computes(self) -> str:
+        """The intrinsic, with its library's name unless it is the built-in one."""
+        return self.intrinsic if self.library in ("", "tirbyoc") else \
+            f"{self.library}.{self.intrinsic}"
 
     @classmethod
     def of(cls, func_name, nest, res):
@@ -120,7 +166,7 @@ class ExplainRow:
         if len(names) > 4:  # a unary op written as many blocks (GELU): name the ends
             names = names[:2] + [f"... ({len(names) - 3} more)", names[-1]]
         return cls(func_name, nest.name, True, res.intrinsic.name, res.symbol,
-                   " + ".join(names), _describe(res))
+                   " + ".join(names), _describe(res), res.intrinsic.library)
 
 
 def _describe(region: Region) -> str:
@@ -147,10 +193,12 @@ _GRAPH_LEVEL = {softmax.INTRINSIC: "R.nn.softmax over the last axis",
                 pool.INTRINSIC: pool.DESCRIPTION}
 
 
-def _graph_level(intrinsic: str) -> str:
+def _graph_level(intrinsic: str, library: str = "tirbyoc") -> str:
     """What a kernel placed before legalization stands for (``conv2d_bias_relu`` is a
     ``conv2d`` with that chain, ``depthwise_conv2d_bias_relu6`` a ``depthwise_conv2d``):
     the longest registered name that the intrinsic is or starts with."""
+    if library != "tirbyoc":
+        return "a graph-level region, placed before legalization"
     for name in sorted(_GRAPH_LEVEL, key=len, reverse=True):
         if intrinsic == name or intrinsic.startswith(name + "_"):
             return _GRAPH_LEVEL[name]
@@ -161,8 +209,10 @@ def _already_offloaded_rows(func_name, func):
     normal = normalize(func)
     return [ExplainRow(func_name, n.name, True, str(n.block.annotations[INTRINSIC_ATTR]),
                        n.offloaded_kernel, n.name,
-                       _with_notes(_graph_level(str(n.block.annotations[INTRINSIC_ATTR])),
-                                   n.block.annotations.get(NOTES_ATTR)))
+                       _with_notes(_graph_level(str(n.block.annotations[INTRINSIC_ATTR]),
+                                                n.offloaded_library),
+                                   n.block.annotations.get(NOTES_ATTR)),
+                       n.offloaded_library)
             for n in normal.nests if n.offloaded_kernel is not None]
 
 
@@ -195,7 +245,7 @@ class Report:
         body = []
         for r in self.rows:
             if r.offloaded:
-                body.append((r.func, r.blocks, f"offloaded: {r.intrinsic}",
+                body.append((r.func, r.blocks, f"offloaded: {r.computes}",
                              f"{r.kernel} ({r.detail})"))
             else:
                 body.append((r.func, r.block, "stays in TVM", r.detail))
@@ -214,28 +264,32 @@ class Report:
     __repr__ = __str__
 
 
-def explain(mod, *, fuse="auto", intrinsics=None, region_passes=None, target=None) -> Report:
+def explain(mod, *, fuse="auto", libraries=(), builtin=True, intrinsics=None,
+            region_passes=None, target=None) -> Report:
     """What ``apply_tir_byoc`` offloads (or offloaded) and, for every other candidate block
     (every reduction block), why not; then how every PrimFunc will run in
-    ``tirbyoc.pipeline(target)`` (a kernel, a fallback schedule rule, or unscheduled)."""
-    out, rows = _transform(mod, fuse, intrinsics, region_passes)
+    ``tirbyoc.pipeline(target)`` (a kernel, a fallback schedule rule, or unscheduled).
+    ``libraries``, ``builtin``: see ``apply_tir_byoc``."""
+    out, rows = _transform(mod, fuse, _registry(libraries, builtin, intrinsics),
+                           region_passes)
     return Report(rows, fallback.describe_schedules(out, target))
 
 
-def pipeline(target=None, *, intrinsics=None, region_passes=None):
+def pipeline(target=None, *, libraries=(), builtin=True, intrinsics=None,
+             region_passes=None):
     """A Relax pipeline for ``tvm.compile(..., relax_pipeline=tirbyoc.pipeline(target))``:
     TVM's default CPU pipeline with tirbyoc's offload after legalization and fusion, and
     CPU schedules for the rest (``tirbyoc.fallback``). ``target``: default this machine's
     CPU (``tirbyoc.host_target()``); a bare "llvm" gives TVM's code only baseline x86-64
     vectors (SSE2: the fallback schedules run about 5x slower than with AVX-512)."""
     target = T.as_target(target)
+    reg = _registry(libraries, builtin, intrinsics)
 
     @T.module_pass(opt_level=0, name="tirbyoc.pipeline")
     def _pipeline(mod, _ctx):
         with target:
             mod = T.Sequential(T.relax_library_dispatch_passes(target))(mod)
-            mod = apply_tir_byoc(mod, fuse=True, intrinsics=intrinsics,
-                                 region_passes=region_passes)
+            mod = apply_tir_byoc(mod, fuse=True, libraries=reg, region_passes=region_passes)
             # NOTE: what tirbyoc left to TVM is fused as usual (kernel calls are opaque to
             # FuseOps); for a module that was legalized and partitioned by the graph
             # level, this is where the rest gets fused.
@@ -252,24 +306,25 @@ def host_target():
     return T.host_target()
 
 
-def compile(mod, target=None, *, intrinsics=None, region_passes=None):  # noqa: A001
+def compile(mod, target=None, *, libraries=(), builtin=True, intrinsics=None,  # noqa: A001
+            region_passes=None):
     """``tvm.compile`` with tirbyoc's offload; the result runs in process, may be shared
     by any number of threads, and survives ``export_library`` +
     ``tvm.runtime.load_module`` in a fresh process. ``target``: default this machine's
     CPU (``tirbyoc.host_target()``, so an exported library needs a CPU with the same
     vector ISA; pass "llvm" for a portable baseline x86-64 build, slower)."""
     target = T.as_target(target)
+    reg = _registry(libraries, builtin, intrinsics)
     if relax_prep.has_relax_functions(mod):
         ex = T.tvm_compile(mod, target, relax_pipeline=pipeline(
-            target, intrinsics=intrinsics, region_passes=region_passes))
+            target, libraries=reg, region_passes=region_passes))
     else:
-        from . import kernels
-
         # A TIR-only module: TVM's TIR build does not read external_mods, so the kernel
-        # object is imported into the result explicitly (export_library then links it).
-        ex = T.tvm_compile(apply_tir_byoc(mod, intrinsics=intrinsics,
-                                          region_passes=region_passes), target)
-        ex.mod.import_module(kernels.static_library())
+        # objects are imported into the result explicitly (export_library then links them).
+        offloaded = apply_tir_byoc(mod, libraries=reg, region_passes=region_passes)
+        ex = T.tvm_compile(offloaded, target)
+        for static in _static_modules(offloaded, reg):
+            ex.mod.import_module(static)
     return _link_now(ex)
 
 
@@ -299,6 +354,18 @@ def run(executable, *inputs, func: str = "main"):
     if hasattr(out, "numpy"):
         return out.numpy()
     return [o.numpy() for o in out]
+
+
+def offloaded_by_library(mod) -> dict:
+    """``{library name: {kernel symbols}}`` of every offloaded block in ``mod``."""
+    funcs = [mod] if isinstance(mod, T.PrimFunc) else \
+        [f for _, f in mod.functions_items() if isinstance(f, T.PrimFunc)]
+    out: dict = {}
+    for f in funcs:
+        for n in normalize(f).nests:
+            if n.offloaded_kernel:
+                out.setdefault(n.offloaded_library, set()).add(n.offloaded_kernel)
+    return out
 
 
 def offloaded_kernels(mod) -> list:

@@ -143,6 +143,9 @@ class _Plan:
     notes: tuple = ()
     # Set by plan_layouts: _X16 | _Y16, the tensors the call reads / writes as NCHW16c.
     layouts: int = 0
+    # A declared kernel (tirbyoc.Library) that computes the region instead of the
+    # built-in ones.
+    declared: object = None
 
 
 # Kernel layouts an NHWC conv may have: the axes that make them OIHW.
@@ -416,11 +419,99 @@ def _kernel_func(plan: _Plan, x, residual, out_ty, packed_size=None, winograd=Fa
     return func.with_attr("tirx.noalias", True)
 
 
+def _chain(plan: _Plan) -> tuple:
+    """The region's epilogue, in the order the kernels apply it."""
+    return tuple((["bias"] if plan.bias is not None or plan.batch_norm is not None else [])
+                 + (["residual"] if plan.residual is not None else [])
+                 + ([plan.act] if plan.act else []))
+
+
+def declared_takes(kernel, plan: _Plan) -> str | None:
+    """Why a declared conv2d kernel does not compute ``plan``'s region, or None."""
+    op, args = kernel.op, kernel.args
+    chain = _chain(plan)
+    declared = op.epilogue
+    if declared != chain and not (declared[:1] == ("bias",) and declared[1:] == chain):
+        return f"its epilogue is {' + '.join(declared) or 'none'}, the region's " \
+               f"{' + '.join(chain) or 'none'}"
+    n, oc, _, _ = plan.out_shape
+    c = plan.weight_shape[1] * plan.groups
+    xs = shape_of(plan.x)
+    h, w = (int(xs[1]), int(xs[2])) if plan.nhwc else (int(xs[2]), int(xs[3]))
+    values = {"stride": tuple(plan.strides), "dilation": tuple(plan.dilation),
+              "groups": plan.groups, "kernel": tuple(plan.weight_shape[2:]),
+              "pad": tuple(plan.padding), "batch": n if isinstance(n, int) else None,
+              "in_channels": c, "out_channels": oc, "height": h, "width": w}
+    why = op.violation(values)
+    if why:
+        return why
+    for role, value in (("stride", plan.strides), ("dilation", plan.dilation)):
+        if role in args and value[0] != value[1]:
+            return f"its one {role} argument cannot say {value}"
+    if "pad" in args and len(set(plan.padding)) != 1:
+        return f"its one pad argument cannot say {tuple(plan.padding)}"
+    return None
+
+
+def _declared_func(plan: _Plan, x, residual, out_ty):
+    """The PrimFunc whose one block calls ``plan.declared`` (x, weight, bias, residual
+    by role; the weight in the kernel's declared layout)."""
+    kernel = plan.declared
+    names = {}
+    xb = T.decl_buffer(tir_dims(shape_of(x), names), "float32", "x")
+    oc, cg, kh, kw = plan.weight_shape
+    wshape = [oc, kh, kw, cg] if kernel.op.layouts["weight"] == "OHWI" else [oc, cg, kh, kw]
+    wb = T.decl_buffer([T.const(int(d), "int64") for d in wshape], "float32", "w")
+    yb = T.decl_buffer(tir_dims(out_ty.shape.values, names), "float32", "y")
+    inputs = [("x", xb), ("weight", wb)]
+    if "bias" in kernel.op.epilogue:
+        inputs.append(("bias", T.decl_buffer([T.const(oc, "int64")], "float32", "bias")))
+    if residual is not None:
+        inputs.append(("residual", T.decl_buffer(tir_dims(shape_of(residual), names),
+                                                 "float32", "residual")))
+    n, c, h, w = xb.shape
+    i64 = lambda v: T.const(int(v), "int64")  # noqa: E731
+    (sh, sw), (dh, dw) = plan.strides, plan.dilation
+    pt, pl, pb, pr = plan.padding
+    values = {"batch": n, "in_channels": c, "height": h, "width": w,
+              "out_channels": i64(oc), "kernel_h": i64(kh), "kernel_w": i64(kw),
+              "out_h": yb.shape[2], "out_w": yb.shape[3], "stride": i64(sh),
+              "stride_h": i64(sh), "stride_w": i64(sw), "pad": i64(pt), "pad_top": i64(pt),
+              "pad_left": i64(pl), "pad_bottom": i64(pb), "pad_right": i64(pr),
+              "dilation": i64(dh), "dilation_h": i64(dh), "dilation_w": i64(dw),
+              "groups": i64(plan.groups)}
+    return kernel.prim_func(inputs, ("y", yb), values, "; ".join(plan.notes))
+
+
+def _emit_declared(bb, x, weight, residual, plan: _Plan, out_ty, funcs):
+    kernel = plan.declared
+    ohwi = kernel.op.layouts["weight"] == "OHWI"
+    if weight is None:
+        w = plan.weight.astype(np.float32)
+        w = R.const(np.ascontiguousarray(w.transpose(0, 2, 3, 1)) if ohwi else w, "float32")
+    else:  # a weight passed in: permuted by TVM on every call when the layouts differ
+        w = bb.emit(R.op.permute_dims(weight, [0, 2, 3, 1])) if ohwi else weight
+    args = [x, w]
+    if "bias" in kernel.op.epilogue:
+        oc = plan.weight_shape[0]
+        bias = plan.bias if plan.bias is not None else np.zeros(oc)
+        args.append(R.const(bias.astype(np.float32), "float32"))
+    if residual is not None:
+        args.append(residual)
+    func = _declared_func(plan, x, residual, out_ty)
+    key = T.structural_hash(func)
+    if key not in funcs:
+        funcs[key] = bb.add_func(func, f"{kernel.library.name}_{kernel.symbol}")
+    return bb.emit(R.call_tir(funcs[key], args, out_ty))
+
+
 def _emit(bb, x, weight, residual, plan: _Plan, out_ty, funcs):
     """The region's replacement: one kernel call (the depthwise kernel's for a depthwise
-    conv). ``weight``: the weight the caller passes (``plan.weight_arg`` after the
-    rewrite's remapping), or None for the constant one (``plan.packed`` when a region
-    pass packed it)."""
+    conv; a declared kernel's, ``plan.declared``). ``weight``: the weight the caller
+    passes (``plan.weight_arg`` after the rewrite's remapping), or None for the constant
+    one (``plan.packed`` when a region pass packed it)."""
+    if plan.declared is not None:
+        return _emit_declared(bb, x, weight, residual, plan, out_ty, funcs)
     if plan.packed is not None:
         kernel = _kernel_func(plan, x, residual, out_ty, plan.packed.size, plan.winograd)
         args = [x, R.const(plan.packed, "float32")]
@@ -450,7 +541,7 @@ def _block_roles(plan: _Plan) -> tuple:
     too)."""
     _, oc, _, _ = plan.out_shape
     c = plan.weight_shape[1] * plan.groups
-    if plan.nhwc or plan.residual is not None or oc % 16 or c == 0:
+    if plan.declared is not None or plan.nhwc or plan.residual is not None or oc % 16 or c == 0:
         return False, False
     reads_ok = c % 16 == 0
     if plan.depthwise:
@@ -542,13 +633,31 @@ class _Rewriter(R.PyExprMutator):
         self.set_var_remap(binding.var, new)
 
 
-def offload_convs(mod, passes=None):
+def _offer(plan: _Plan, kernels, steps, builtin):
+    """The plan after its region passes: a declared kernel's (the first of ``kernels``
+    that computes it: the batch norm folded, the weight left for that kernel's layout),
+    else the built-in kernels' (``builtin``), else None (TVM computes the region)."""
+    for kernel in kernels:
+        if declared_takes(kernel, plan) is None:
+            folded = _run_passes(plan, [s for s in steps if s is fold_batch_norm])
+            layout = kernel.op.layouts["weight"]
+            notes = folded.notes + ((f"weight {layout}" + (" at compile time" if
+                                                          plan.weight is not None else
+                                                          ", permuted on every call"),)
+                                    if layout != "OIHW" else ())
+            return replace(folded, declared=kernel, notes=notes)
+    return _run_passes(plan, steps) if builtin else None
+
+
+def offload_convs(mod, passes=None, kernels=(), builtin=True):
     """``mod`` with every convolution of the form above one kernel call (a depthwise one
     the depthwise kernel's); a new module, functions with a ``Codegen`` attribute
     untouched. ``passes``: the region passes (default ``tirbyoc.weights.DEFAULT_PASSES``);
     their ``conv_region`` forms run, in order, on each matched conv region: folding a
     batch norm (``fold_batch_norm``: without it, a region ends before its batch norm,
-    which stays TVM's) and packing the weight (``pack_constants``)."""
+    which stays TVM's) and packing the weight (``pack_constants``). ``kernels``: declared
+    conv2d kernels (``tirbyoc.Library``) offered each region first; ``builtin``: whether
+    the built-in kernels take the regions they leave."""
     from . import weights
 
     passes = weights.DEFAULT_PASSES if passes is None else tuple(passes)
@@ -568,7 +677,9 @@ def offload_convs(mod, passes=None):
                     # the first; this one ends before it
                     found = _plan(b, var, value, residuals=False, batch_norms=batch_norms)
                 if found is not None and found[0] not in plans:
-                    plans[found[0]] = _run_passes(found[1], steps)
+                    plan = _offer(found[1], kernels, steps, builtin)
+                    if plan is not None:
+                        plans[found[0]] = plan
         if not plans:
             continue
         plan_layouts(b, plans)

@@ -20,8 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import _tvm as T
-from .relax_prep import COMPOSITE_PREFIX, call_args
-from .schedule_rule import registry
+from .registry import Registry
+from .relax_prep import call_args
 from .weights import transposed_source
 
 R = T.relax_ns
@@ -72,7 +72,7 @@ def _chain(ctx, length) -> list:
 
 def _shapes(intr):
     """The call_tir chains an intrinsic's patterns look for, longest first."""
-    if intr.chain is None:
+    if intr.chain is None or not intr.builtin:  # a declared kernel: its own epilogue
         return [[step.operands for step in intr.epilogue]]
     return [[None] * n for n in range(MAX_CHAIN_CALLS, -1, -1)]
 
@@ -135,12 +135,18 @@ def _types_fit(chain, intr) -> bool:
     return int(weight.ty.ndim) >= 2 if intr.batched else int(weight.ty.ndim) == 2
 
 
-def relax_patterns(mod=None, *, predicate=None, intrinsics=None) -> list:
-    """``FusionPattern``s (``is_call_tir`` chains) for ``FuseOpsByPattern``, longest first.
+def relax_patterns(mod=None, *, predicate=None, libraries=(), builtin=True,
+                   intrinsics=None) -> list:
+    """``FusionPattern``s (``is_call_tir`` chains) for ``FuseOpsByPattern``, longest first,
+    each named ``<library>.<intrinsic>`` (BYOC's ``Composite``): the ``libraries``'
+    declared dense / matmul kernels first, in order, then the built-in library's
+    (unless ``builtin=False``; ``intrinsics``: only these of the built-in ones).
 
     ``mod``: the legalized module the patterns will run on, so that each check asks the TIR
     matcher; ``predicate(RegionCall) -> bool``: restrict offloading further.
     """
+    reg = libraries if isinstance(libraries, Registry) else \
+        Registry(libraries, builtin=builtin, intrinsics=intrinsics)
     # NOTE: bindings by Var: FuseOpsByPattern rebuilds the function between patterns, but
     # the Vars of bindings it leaves alone (a weight's transpose, say) stay the same.
     known = {}
@@ -152,7 +158,8 @@ def relax_patterns(mod=None, *, predicate=None, intrinsics=None) -> list:
     # NOTE: a chain intrinsic's pattern is the matmul call alone (its epilogue is read
     # from the TIR), so it comes last: it takes what the fixed chains leave, such as a
     # batched matmul.
-    for intr in sorted(registry(intrinsics), key=lambda i: i.chain is not None):
+    ordered = reg.intrinsics()
+    for intr in sorted(ordered, key=lambda i: i.chain is not None and i.builtin):
         for shape in _shapes(intr):
             pattern, annotations = _chain_pattern(shape)
 
@@ -169,12 +176,12 @@ def relax_patterns(mod=None, *, predicate=None, intrinsics=None) -> list:
                     return _types_fit(chain, intr)
                 return _tir_covers(mod, chain, var2val, intr)
 
-            patterns.append(T.FusionPattern(COMPOSITE_PREFIX + intr.name, pattern,
+            patterns.append(T.FusionPattern(intr.qualified, pattern,
                                             annotations, check))
     return patterns
 
 
-def partition(mod, predicate=None, intrinsics=None):
+def partition(mod, predicate=None, intrinsics=None, *, libraries=(), builtin=True):
     """Legalize ``mod`` if needed and group tirbyoc's regions into composites at graph
     level (``FuseOpsByPattern`` with ``relax_patterns``); the result goes to
     ``tirbyoc.compile`` / ``apply_tir_byoc``."""
@@ -182,5 +189,6 @@ def partition(mod, predicate=None, intrinsics=None):
 
     if not is_legalized(mod):
         mod = R.transform.LegalizeOps()(mod)
-    patterns = relax_patterns(mod, predicate=predicate, intrinsics=intrinsics)
+    patterns = relax_patterns(mod, predicate=predicate, libraries=libraries, builtin=builtin,
+                              intrinsics=intrinsics)
     return R.transform.FuseOpsByPattern(patterns, bind_constants=False)(mod)

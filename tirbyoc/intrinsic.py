@@ -98,18 +98,38 @@ class Intrinsic:
     # two biases), or None.
     chain: tuple | None = None
     check: Callable | None = None
+    # The library the kernel belongs to (``tirbyoc``: the built-in one). A kernel of
+    # another library (``tirbyoc.Library``) also sets: ``emit(region)``, the statement
+    # that calls it and checks its status; ``accepts(region)``, why a region that matched
+    # is not one the kernel takes (a constraint, a stride it has no argument for), or
+    # None; ``takes_batch``, whether it takes batched weights.
+    library: str = "tirbyoc"
+    emit: Callable | None = None
+    accepts: Callable | None = None
+    takes_batch: bool | None = None
 
     @property
     def batched(self) -> bool:
-        return self.chain is not None
+        return self.chain is not None if self.takes_batch is None else self.takes_batch
+
+    @property
+    def builtin(self) -> bool:
+        return self.library == "tirbyoc"
+
+    @property
+    def qualified(self) -> str:
+        """``<library>.<name>``: the graph-level composite's name."""
+        return f"{self.library}.{self.name}"
 
     def derive(self, chain, dense) -> "Intrinsic":
         """What a chain intrinsic computes for one matched run of steps: an intrinsic named
         after it (``batch_matmul_divide``, ``dense_bias_gelu_tanh``) with that epilogue."""
         from dataclasses import replace
 
-        base = "batch_matmul" if dense.nbatch else "dense"
         steps = tuple(step for step, _, _ in chain)
+        if not self.builtin:  # a declared kernel keeps its name
+            return replace(self, epilogue=steps)
+        base = "batch_matmul" if dense.nbatch else "dense"
         return replace(self, name="_".join([base] + [s.name for s in steps]), epilogue=steps)
 
     def symbol(self, dtype: str, layout: str) -> str:

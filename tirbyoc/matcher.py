@@ -538,7 +538,8 @@ def match_region(normal: NormalFunc, nest: Nest, intrinsics, sources=None,
     # NOTE: intrinsics are tried in registry order (longest fusion first); the first
     # one whose whole epilogue chain is present wins.
     reasons, stops, chain_stop = [], [], None
-    fixed = {tuple(s.name for s in i.epilogue) for i in intrinsics if i.chain is None}
+    fixed = {(i.library, tuple(s.name for s in i.epilogue)) for i in intrinsics
+             if i.chain is None}
     for intr in intrinsics:
         if dense.dtype not in intr.dtypes:
             reasons.append(f"{intr.name}: no {dense.dtype} kernel")
@@ -549,9 +550,17 @@ def match_region(normal: NormalFunc, nest: Nest, intrinsics, sources=None,
         if intr.chain is not None:
             chain, stopped = _chain_run(normal, dense, intr)
             names = tuple(step.name for step, _, _ in chain)
-            if not dense.nbatch and names in fixed:
+            if not dense.nbatch and (intr.library, names) in fixed:
                 chain_stop = stopped
                 continue  # an intrinsic of its own computes exactly this chain
+            if not intr.builtin and names != tuple(s.name for s in intr.epilogue):
+                # a declared kernel computes its epilogue exactly, no more, no less
+                have = " + ".join(names) or "nothing"
+                reasons.append(f"{intr.qualified}: computes "
+                               f"{' + '.join(s.name for s in intr.epilogue) or 'no epilogue'}"
+                               f", the region has {have} after the product"
+                               + (f" ({stopped})" if stopped else ""))
+                continue
             intr = intr.derive(chain, dense)
         else:
             chain, stopped = _epilogue_chain(normal, dense, intr.epilogue)
@@ -569,9 +578,29 @@ def match_region(normal: NormalFunc, nest: Nest, intrinsics, sources=None,
         # NOTE: the chain intrinsic read furthest; its stop is the one that says most.
         region.stopped = stopped if intr.chain is not None else (
             chain_stop or _longer_fusion_stops(intr, stops))
-        weights.reroute(normal, region, sources or {}, passes)
+        weights.reroute(normal, region, sources or {}, _passes_for(intr, passes))
+        if region.layout not in intr.layouts:
+            reasons.append(f"{intr.qualified}: the kernel reads its weight "
+                           f"{'/'.join(x.upper() for x in intr.layouts)}; this weight is "
+                           f"{region.layout.upper()} and is not a parameter that only this "
+                           "layer reads (it cannot be permuted for it)")
+            continue
+        why = intr.accepts(region) if intr.accepts is not None else None
+        if why:
+            reasons.append(f"{intr.qualified}: {why}")
+            continue
         return region
     return NoMatch("; ".join(reasons) if reasons else "no intrinsic registered")
+
+
+def _passes_for(intr: Intrinsic, passes) -> tuple:
+    """The region passes of a region ``intr`` computes: ``passes``, and for a kernel that
+    reads its weight in one layout only, a last pass that permutes the weight to it
+    (folded at compile time for a constant)."""
+    passes = tuple(passes)
+    if len(intr.layouts) == 1 and intr.layouts[0] in ("nt", "nn"):
+        passes += (weights.to_layout(intr.layouts[0]),)
+    return passes
 
 
 def candidates(normal: NormalFunc):

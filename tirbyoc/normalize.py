@@ -15,6 +15,8 @@ from . import _tvm as T
 
 OFFLOADED_ATTR = "tirbyoc.kernel"
 INTRINSIC_ATTR = "tirbyoc.intrinsic"
+# The library of an offloaded block's kernel (absent: the built-in library, "tirbyoc").
+LIBRARY_ATTR = "tirbyoc.library"
 # What the region passes did to an offloaded region placed before legalization
 # (a conv's: "batch norm folded into the weight and bias; weight packed ..."), for explain.
 NOTES_ATTR = "tirbyoc.region_notes"
@@ -53,6 +55,13 @@ class Nest:
         if self.block is None or OFFLOADED_ATTR not in self.block.annotations:
             return None
         return str(self.block.annotations[OFFLOADED_ATTR])
+
+    @property
+    def offloaded_library(self) -> str | None:
+        """The library of the kernel an offloaded block calls (None: not offloaded)."""
+        if self.offloaded_kernel is None:
+            return None
+        return str(self.block.annotations.get(LIBRARY_ATTR, "tirbyoc"))
 
     def kinds(self) -> str:
         return "".join(i.kind for i in self.iters)

@@ -68,14 +68,88 @@ def _kernel_func(x, out_ty, params):
     return T.prim_func_of([xb, yb], T.make_realize(root)).with_attr("tirx.noalias", True)
 
 
-def _rewrite_func(func, builder, gvars):
+def _geometry(call):
+    """The pooling's sizes and geometry by role (ints), or None where the kernels take
+    no such pooling (another layout or dtype, a symbolic channel or spatial size)."""
+    attrs = call.attrs
+    if str(attrs.layout) != "NCHW" or str(attrs.out_layout) != "NCHW":
+        return None
+    x = call.args[0]
+    xs, ys = shape_of(x), shape_of(call)
+    if xs is None or ys is None or len(xs) != 4 or len(ys) != 4 or \
+            getattr(getattr(x, "ty", None), "dtype", None) != "float32" or \
+            not all(isinstance(d, T.IntImm) for d in list(xs[1:]) + list(ys[1:])):
+        return None
+    kh, kw = _ints(attrs.pool_size)
+    sh, sw = _ints(attrs.strides)
+    dh, dw = _ints(attrs.dilation)
+    top, left, bottom, right = _ints(attrs.padding)
+    batch = int(xs[0].value) if isinstance(xs[0], T.IntImm) else None
+    return {"batch": batch, "channels": int(xs[1]), "height": int(xs[2]),
+            "width": int(xs[3]), "out_h": int(ys[2]), "out_w": int(ys[3]),
+            "kernel_h": kh, "kernel_w": kw, "stride_h": sh, "stride_w": sw,
+            "pad_top": top, "pad_left": left, "pad_bottom": bottom, "pad_right": right,
+            "dilation": (dh, dw), "kernel": (kh, kw), "stride": (sh, sw),
+            "pad": (top, left, bottom, right),
+            "count_include_pad": bool(getattr(attrs, "count_include_pad", False)),
+            "ceil_mode": bool(getattr(attrs, "ceil_mode", False))}
+
+
+def _takes(kernel, g) -> bool:
+    """Whether a declared pooling kernel computes this pooling exactly."""
+    if g["dilation"] != (1, 1) or kernel.op.violation(g) is not None:
+        return False
+    args = kernel.args
+    if "pad" in args and len(set(g["pad"])) != 1:
+        return False
+    if "stride" in args and g["stride_h"] != g["stride_w"]:
+        return False
+    floor_h = (g["height"] + g["pad_top"] + g["pad_bottom"] - g["kernel_h"]) // g["stride_h"] + 1
+    floor_w = (g["width"] + g["pad_left"] + g["pad_right"] - g["kernel_w"]) // g["stride_w"] + 1
+    floor = (g["out_h"], g["out_w"]) == (floor_h, floor_w)
+    if kernel.op.family == "avg_pool2d":
+        # the divisor: a window past the padding (ceil mode) divides differently
+        return floor and g["count_include_pad"] == kernel.op.constraints.get(
+            "count_include_pad", False)
+    return floor or ("out_h" in args and "out_w" in args)
+
+
+def _declared_func(kernel, x, out_ty, g):
+    names = {}
+    xb = T.decl_buffer(tir_dims(shape_of(x), names), "float32", "x")
+    yb = T.decl_buffer(tir_dims(shape_of(out_ty), names), "float32", "y")
+    values = {k: T.const(v, "int64") for k, v in g.items() if isinstance(v, int)
+              and not isinstance(v, bool)}
+    values.update(batch=xb.shape[0], stride=T.const(g["stride_h"], "int64"),
+                  pad=T.const(g["pad_top"], "int64"))
+    return kernel.prim_func([("x", xb)], ("y", yb), values)
+
+
+_POOL_OPS = {"relax.nn.max_pool2d": "max_pool2d", "relax.nn.avg_pool2d": "avg_pool2d"}
+
+
+def _rewrite_func(func, builder, gvars, kernels, builtin):
     found = False
     blocks = []
     for block in func.body.blocks:
         bindings = []
         for binding in block.bindings:
             value = binding.value if isinstance(binding, R.VarBinding) else None
-            params = _params(value) if is_op(value, "relax.nn.max_pool2d") else None
+            family = next((f for op, f in _POOL_OPS.items() if is_op(value, op)), None)
+            g = _geometry(value) if family is not None else None
+            declared = None if g is None else next(
+                (k for k in kernels if k.op.family == family and _takes(k, g)), None)
+            if declared is not None:
+                found = True
+                kernel = _declared_func(declared, value.args[0], binding.var, g)
+                key = T.structural_hash(kernel)
+                if key not in gvars:
+                    gvars[key] = builder.add_func(
+                        kernel, f"{declared.library.name}_{declared.symbol}")
+                bindings.append(R.VarBinding(binding.var, R.call_tir(
+                    gvars[key], [value.args[0]], binding.var.ty)))
+                continue
+            params = _params(value) if builtin and family == "max_pool2d" else None
             if params is None:
                 bindings.append(binding)
                 continue
@@ -94,9 +168,13 @@ def _rewrite_func(func, builder, gvars):
                       func.is_pure, func.attrs)
 
 
-def offload_pools(mod):
+def offload_pools(mod, kernels=(), builtin=True):
     """``mod`` with every max pool the kernel takes (see the module docstring) one kernel
-    call (a new module; functions with a ``Codegen`` attribute untouched)."""
+    call (a new module; functions with a ``Codegen`` attribute untouched). ``kernels``:
+    declared ``max_pool2d`` / ``avg_pool2d`` kernels (``tirbyoc.Library``), offered each
+    pooling first (one computes it when its constraints hold, its geometry arguments
+    can say it, and, without ``out_h``/``out_w``, the output has the floor-mode size);
+    ``builtin``: whether the built-in kernel takes the max pools they leave."""
     gvars = {}
-    return rewrite_relax_functions(mod, lambda func, builder: _rewrite_func(func, builder,
-                                                                             gvars))
+    return rewrite_relax_functions(mod, lambda func, builder: _rewrite_func(
+        func, builder, gvars, list(kernels), builtin))

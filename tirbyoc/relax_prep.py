@@ -13,14 +13,13 @@ from dataclasses import dataclass, field
 from . import _tvm as T
 
 R = T.relax_ns
-COMPOSITE_PREFIX = "tirbyoc."
 
 
 @dataclass
 class Scope:
     """Which PrimFuncs tirbyoc may offload, and with which intrinsics."""
 
-    chosen: dict | None = None  # graph level chose: PrimFunc name -> intrinsic name
+    chosen: dict | None = None  # graph level chose: PrimFunc name -> "<library>.<intrinsic>"
     foreign: set = field(default_factory=set)  # claimed by another codegen
 
     def intrinsics_for(self, name: str, intrinsics: list):
@@ -32,21 +31,24 @@ class Scope:
             return None
         # the chosen intrinsic, or a shorter fusion that starts the same way (when the
         # TIR shows the whole chain is not what the kernel computes)
-        chosen = next((i for i in intrinsics if i.name == self.chosen[name]), None)
+        chosen = next((i for i in intrinsics if i.qualified == self.chosen[name]), None)
         if chosen is None:
             return []
-        return [i for i in intrinsics if chosen.epilogue[:len(i.epilogue)] == i.epilogue]
+        return [i for i in intrinsics if i.library == chosen.library and
+                chosen.epilogue[:len(i.epilogue)] == i.epilogue]
 
 
-def claims(mod) -> Scope:
-    """The graph level's choices: tirbyoc composites and functions of other codegens."""
+def claims(mod, libraries=("tirbyoc",)) -> Scope:
+    """The graph level's choices: composites of the ``libraries`` (named
+    ``<library>.<intrinsic>``) and functions of other codegens."""
     chosen, foreign = {}, set()
+    prefixes = tuple(f"{name}." for name in libraries)
     for gv, func in mod.functions_items():
         if not isinstance(func, T.Function) or not func.attrs:
             continue
         composite = func.attrs["Composite"] if "Composite" in func.attrs else None
-        if composite is not None and str(composite).startswith(COMPOSITE_PREFIX):
-            chosen[gv.name_hint] = str(composite)[len(COMPOSITE_PREFIX):]
+        if composite is not None and str(composite).startswith(prefixes):
+            chosen[gv.name_hint] = str(composite)
             found = []
             T.structural_walk(func, [(T.RelaxConstant, found.append)])
             if found:
@@ -72,7 +74,7 @@ def is_legalized(mod) -> bool:
     return T.structural_equal(R.transform.LegalizeOps()(mod), mod)
 
 
-def prepare(mod, fuse="auto", softmax=True, passes=None):
+def prepare(mod, fuse="auto", softmax=True, passes=None, registry=None):
     """Legalize and fuse a Relax module like the default CPU pipeline: ``(module, Scope)``.
 
     Functions with a ``Codegen`` attribute (another codegen's) come back as they were.
@@ -89,12 +91,16 @@ def prepare(mod, fuse="auto", softmax=True, passes=None):
     ``R.nn.softmax`` over the last axis a kernel call (``tirbyoc.softmax``); not in a
     module the graph level partitioned. ``passes``: the region passes whose
     ``conv_region`` forms run on each convolution's region (``tirbyoc.conv``; default
-    ``tirbyoc.weights.DEFAULT_PASSES``).
+    ``tirbyoc.weights.DEFAULT_PASSES``). ``registry``: the libraries
+    (``tirbyoc.registry.Registry``) whose declared graph-level kernels are offered each
+    region first; ``softmax`` then says whether the built-in ones take the rest.
     """
     if not has_relax_functions(mod):
         return mod, Scope()
     given = {gv.name_hint for gv in mod.get_global_vars()}
-    scope = claims(mod)
+    scope = claims(mod, registry.names if registry is not None else ("tirbyoc",))
+    declared = {f: registry.kernels(f) for f in ("conv2d", "max_pool2d", "avg_pool2d",
+                                                  "softmax")} if registry is not None else {}
     external = {gv.name_hint: f for gv, f in mod.functions_items()
                 if isinstance(f, T.Function) and f.attrs and "Codegen" in f.attrs}
     legalized = is_legalized(mod)
@@ -103,17 +109,22 @@ def prepare(mod, fuse="auto", softmax=True, passes=None):
     if scope.chosen:
         fuse = False  # the graph level already chose what goes together
     if not legalized and not scope.chosen:
-        if softmax:
-            from .conv import offload_convs
-            from .pool import offload_pools
+        from .conv import offload_convs
+        from .pool import offload_pools
+        from .softmax import offload_softmax
 
-            mod = offload_pools(offload_convs(mod, passes))
+        if softmax or declared.get("conv2d"):
+            mod = offload_convs(mod, passes, declared.get("conv2d", ()), builtin=softmax)
+        if softmax or declared.get("max_pool2d") or declared.get("avg_pool2d"):
+            mod = offload_pools(mod, declared.get("max_pool2d", ()) +
+                                declared.get("avg_pool2d", ()), builtin=softmax)
         mod = sink_reshapes(mod)
         if softmax:
             from .attention import offload_attention
-            from .softmax import offload_softmax
 
-            mod = offload_softmax(offload_attention(mod))
+            mod = offload_attention(mod)
+        if softmax or declared.get("softmax"):
+            mod = offload_softmax(mod, declared.get("softmax", ()), builtin=softmax)
     if fuse:
         mod = T.Sequential(T.relax_default_prepare_passes())(mod)
     elif not legalized:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from . import _tvm as T
 from .matcher import Region
-from .normalize import INTRINSIC_ATTR, OFFLOADED_ATTR, NormalFunc
+from .normalize import INTRINSIC_ATTR, LIBRARY_ATTR, OFFLOADED_ATTR, NormalFunc
 
 
 def status_checks(symbol: str, call):
@@ -28,16 +28,27 @@ def status_checks(symbol: str, call):
     return T.seq([T.bind(status, call)] + checks)
 
 
+def block_name(region: Region) -> str:
+    """The kernel block's name: ``tirbyoc_<intrinsic>_<first nest>`` (a declared
+    kernel's: ``<library>_<symbol>_<first nest>``)."""
+    intr = region.intrinsic
+    head = f"tirbyoc_{intr.name}" if intr.builtin else f"{intr.library}_{intr.name}"
+    return f"{head}_{region.dense.nest.name}"
+
+
 def _kernel_block(region: Region):
-    symbol = region.symbol
-    body = status_checks(symbol, T.call_extern("int32", symbol,
-                                               region.intrinsic.arguments(region)))
+    symbol, intr = region.symbol, region.intrinsic
+    if intr.emit is not None:
+        body = intr.emit(region)
+    else:
+        body = status_checks(symbol, T.call_extern("int32", symbol, intr.arguments(region)))
     inputs = [region.dense.a, region.weight] + [
         b for _, _, sm in region.steps for b in sm.captures.values()]
     block = T.make_block(
-        f"tirbyoc_{region.intrinsic.name}_{region.dense.nest.name}", body,
+        block_name(region), body,
         reads=[T.full_region(b) for b in inputs], writes=[T.full_region(region.out)],
-        annotations={OFFLOADED_ATTR: symbol, INTRINSIC_ATTR: region.intrinsic.name})
+        annotations={OFFLOADED_ATTR: symbol, INTRINSIC_ATTR: intr.name,
+                     **({} if intr.builtin else {LIBRARY_ATTR: intr.library})})
     return T.make_realize(block)
 
 

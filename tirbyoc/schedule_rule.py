@@ -16,7 +16,7 @@ from . import _tvm as T
 from . import weights
 from .matcher import match_func
 from .normalize import normalize
-from .rewrite import rewrite_func
+from .rewrite import block_name, rewrite_func
 
 TRACE_ATTR = "tirbyoc.offloaded"
 
@@ -54,7 +54,7 @@ class ScheduleRule(T.DlightScheduleRule):
             return None, results
         sch = T.Schedule(rewrite_func(normal, regions))
         for region in regions:
-            block = sch.get_sblock(f"tirbyoc_{region.intrinsic.name}_{region.dense.nest.name}")
+            block = sch.get_sblock(block_name(region))
             sch.annotate(block, TRACE_ATTR,
                          f"{' + '.join(n.name for n in region.nests)} -> {region.symbol}")
         return sch, results

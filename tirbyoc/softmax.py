@@ -55,9 +55,36 @@ def _softmax_rank(call) -> int | None:
     return ty.ndim if axis in (-1, ty.ndim - 1) else None
 
 
-def offload_softmax(mod):
+def _declared_func(kernel, rank: int):
+    """A declared softmax kernel's PrimFunc for rank-``rank`` tensors (dense rows)."""
+    dims = [T.Var(f"d{i}", "int64") for i in range(rank)]
+    x = T.decl_buffer(dims, "float32", "x")
+    y = T.decl_buffer(dims, "float32", "y")
+    rows = T.const(1, "int64")
+    for d in dims[:-1]:
+        rows = rows * d
+    return kernel.prim_func([("x", x)], ("y", y), {"rows": rows, "cols": dims[-1]})
+
+
+def _declared(kernels, call):
+    """The first declared kernel that takes this softmax (its constraints hold)."""
+    shape = call.args[0].ty.shape
+    dims = list(shape.values) if hasattr(shape, "values") else None
+    if dims is None:
+        return None
+    ints = [int(d.value) if isinstance(d, T.IntImm) else None for d in dims]
+    rows = None if None in ints[:-1] else int(__import__("math").prod(ints[:-1]))
+    for kernel in kernels:
+        if kernel.op.violation({"rows": rows, "cols": ints[-1]}) is None:
+            return kernel
+    return None
+
+
+def offload_softmax(mod, kernels=(), builtin=True):
     """``mod`` with every float32 ``R.nn.softmax`` over the last axis a kernel call (a
-    new module; one PrimFunc per rank, shared by every call of that rank)."""
+    new module; one PrimFunc per rank, shared by every call of that rank): the first of
+    the declared ``kernels`` (``tirbyoc.Library``) that takes it, else (``builtin``)
+    the built-in kernel."""
     dpl = T.dpl()
     pattern = dpl.is_op("relax.nn.softmax")(dpl.wildcard())
     gvars = {}
@@ -67,6 +94,15 @@ def offload_softmax(mod):
             # NOTE: rewrite_call also hands over the variables bound to matches it left
             rank = _softmax_rank(expr) if isinstance(expr, R.Call) else None
             if rank is None:
+                return expr
+            kernel = _declared(kernels, expr)
+            if kernel is not None:
+                key = (kernel.name, rank)
+                if key not in gvars:
+                    gvars[key] = builder.add_func(_declared_func(kernel, rank),
+                                                  f"{kernel.library.name}_{kernel.symbol}")
+                return R.call_tir(gvars[key], [expr.args[0]], expr.args[0].ty)
+            if not builtin:
                 return expr
             if rank not in gvars:  # a typed GlobalVar, as call_tir needs
                 gvars[rank] = builder.add_func(_kernel_func(rank),

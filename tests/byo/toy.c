@@ -1,0 +1,68 @@
+/* A small kernel library as a user would bring it: plain C, no tirbyoc headers. */
+#include <stdint.h>
+
+static void dense(const float *x, const float *w, const float *b, float *y, int64_t m,
+                  int64_t n, int64_t k, int relu) {
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t j = 0; j < n; j++) {
+            float acc = b ? b[j] : 0.0f;
+            for (int64_t p = 0; p < k; p++) acc += x[i * k + p] * w[j * k + p];
+            y[i * n + j] = relu && acc < 0.0f ? 0.0f : acc;
+        }
+}
+
+/* y = x @ w.T + b: x [m, k], w [n, k], b [n], y [m, n] */
+int toy_dense_bias(const float *x, const float *w, const float *b, float *y, int64_t m,
+                   int64_t n, int64_t k) {
+    if (m < 0 || n < 0 || k < 0) return 2;
+    dense(x, w, b, y, m, n, k, 0);
+    return 0;
+}
+
+/* y = relu(x @ w.T + b) */
+int toy_dense_bias_relu(const float *x, const float *w, const float *b, float *y, int64_t m,
+                        int64_t n, int64_t k) {
+    if (m < 0 || n < 0 || k < 0) return 2;
+    dense(x, w, b, y, m, n, k, 1);
+    return 0;
+}
+
+/* y = relu(conv2d(x, w) + b), stride 1, dilation 1, one group, the same padding on every
+ * side: x [batch, c, h, w] (NCHW), w [oc, kh, kw, c] (OHWI), y [batch, oc, oh, ow]. */
+int toy_conv2d_bias_relu(const float *x, const float *w, const float *b, float *y,
+                         int batch, int c, int h, int wd, int oc, int kh, int kw, int pad) {
+    if (batch < 0 || c < 1 || oc < 1 || kh < 1 || kw < 1 || pad < 0) return 2;
+    int oh = h + 2 * pad - kh + 1, ow = wd + 2 * pad - kw + 1;
+    for (int n = 0; n < batch; n++)
+        for (int o = 0; o < oc; o++)
+            for (int i = 0; i < oh; i++)
+                for (int j = 0; j < ow; j++) {
+                    float acc = b[o];
+                    for (int u = 0; u < kh; u++) {
+                        int r = i + u - pad;
+                        if (r < 0 || r >= h) continue;
+                        for (int v = 0; v < kw; v++) {
+                            int s = j + v - pad;
+                            if (s < 0 || s >= wd) continue;
+                            for (int ci = 0; ci < c; ci++)
+                                acc += x[((int64_t)(n * c + ci) * h + r) * wd + s] *
+                                       w[((int64_t)(o * kh + u) * kw + v) * c + ci];
+                        }
+                    }
+                    y[((int64_t)(n * oc + o) * oh + i) * ow + j] = acc < 0.0f ? 0.0f : acc;
+                }
+    return 0;
+}
+
+/* A kernel that always fails with status 7 (for the error path). */
+int toy_dense_fails(const float *x, const float *w, const float *b, float *y, int64_t m,
+                    int64_t n, int64_t k) {
+    (void)x; (void)w; (void)b; (void)y; (void)m; (void)n; (void)k;
+    return 7;
+}
+
+/* y = x @ w.T + b, returning nothing. */
+void toy_dense_bias_void(const float *x, const float *w, const float *b, float *y, long m,
+                         long n, long k) {
+    dense(x, w, b, y, m, n, k, 0);
+}

@@ -1,0 +1,362 @@
+"""Bring your own kernels: a user's C library (tests/byo/toy.c) declared with
+``tirbyoc.Library`` and ``tirbyoc.ops``, as a user writes it.
+
+The stories: an MLP (64x800 -> 500 -> 10) offloaded entirely to the user's
+``dense_bias`` / ``dense_bias_relu``; a user's ``conv2d + bias + relu`` in OHWI taking
+the stride-1 convolutions of a PyTorch model while the built-in library takes the
+rest; the compiled model exported and run in a fresh process; ``tirbyoc.check``
+passing the right library and failing a wrong declaration; the same library prebuilt
+as a ``.so`` and as a ``.a``. Numerics against numpy and PyTorch: max |error| <= 1e-4
+(float32 sums of up to 800 products, in another order).
+"""
+
+import os
+import pathlib
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import tirbyoc
+from tirbyoc import examples, ops
+
+HERE = pathlib.Path(__file__).parent / "byo"
+TOY_C = str(HERE / "toy.c")
+TOY_H = (HERE / "toy.h").read_text()
+DENSE_ARGS = ("x", "weight", "bias", "y", "m", "n", "k")
+CONV_ARGS = ("x", "weight", "bias", "y", "batch", "in_channels", "height", "width",
+             "out_channels", "kernel_h", "kernel_w", "pad")
+TOL = 1e-4
+
+
+def declare_dense(lib):
+    lib.kernel("toy_dense_bias_relu", computes=ops.dense(epilogue=("bias", "relu"),
+                                                         weight="nt"), args=DENSE_ARGS)
+    lib.kernel("toy_dense_bias", computes=ops.dense(epilogue=("bias",), weight="nt"),
+               args=DENSE_ARGS)
+    return lib
+
+
+def declare_conv(lib):
+    lib.kernel("toy_conv2d_bias_relu",
+               computes=ops.conv2d(layout="NCHW", weight="OHWI", epilogue=("bias", "relu"),
+                                   stride=1, dilation=1, groups=1),
+               args=CONV_ARGS)
+    return lib
+
+
+@pytest.fixture(scope="module")
+def toy():
+    return declare_conv(declare_dense(tirbyoc.Library("toy", sources=[TOY_C], cdef=TOY_H)))
+
+
+@pytest.fixture(scope="module")
+def mlp():
+    layers = examples.mlp_weights()
+    x = np.random.default_rng(1).standard_normal((64, 800)).astype(np.float32)
+    return examples.mlp_relax(64, layers), x, examples.mlp_numpy(x, layers)
+
+
+def by_library(report):
+    out = {}
+    for row in report.offloaded:
+        out.setdefault(row.library, []).append(row.kernel)
+    return {k: sorted(v) for k, v in out.items()}
+
+
+# ---- story 1: an MLP on the user's dense kernels only ----
+
+def test_mlp_runs_entirely_on_the_users_dense_kernels(toy, mlp):
+    mod, x, ref = mlp
+    report = tirbyoc.explain(mod, libraries=[toy])
+    print(report)
+    assert by_library(report) == {"toy": ["toy_dense_bias", "toy_dense_bias_relu"]}
+    assert not report.rejected
+    text = str(report)
+    assert "offloaded: toy.toy_dense_bias_relu" in text and "offloaded: toy.toy_dense_bias " \
+        in text
+    ex = tirbyoc.compile(mod, libraries=[toy])
+    out = tirbyoc.run(ex, x)
+    assert np.abs(out - ref).max() <= TOL * max(1.0, np.abs(ref).max())
+    # the two calls are separate PrimFuncs: the 64x500 intermediate is TVM's, no nesting
+    offloaded = tirbyoc.apply_tir_byoc(mod, libraries=[toy])
+    calls = tirbyoc.api.offloaded_by_library(offloaded)
+    assert calls == {"toy": {"toy_dense_bias", "toy_dense_bias_relu"}}
+    funcs = [f for _, f in offloaded.functions_items() if isinstance(f, tirbyoc._tvm.PrimFunc)
+             and tirbyoc.offloaded_kernels(f)]
+    assert len(funcs) == 2 and all(len(tirbyoc.offloaded_kernels(f)) == 1 for f in funcs)
+
+
+def test_user_library_comes_first_then_the_builtin_one(mlp):
+    mod, x, ref = mlp
+    # the user's dense_bias takes only N = 10: the relu layer (N = 500) is the built-in
+    # library's
+    small = tirbyoc.Library("toyb", sources=[TOY_C], cdef=TOY_H)
+    small.kernel("toy_dense_bias", computes=ops.dense(epilogue=("bias",), n=10),
+                 args=DENSE_ARGS)
+    report = tirbyoc.explain(mod, libraries=[small])
+    assert by_library(report) == {"toyb": ["toy_dense_bias"],
+                                  "tirbyoc": ["tirbyoc_dense_relu_f32_packed"]}
+    out = tirbyoc.run(tirbyoc.compile(mod, libraries=[small]), x)
+    assert np.abs(out - ref).max() <= TOL * max(1.0, np.abs(ref).max())
+    # without the built-in library that layer stays in TVM, with the reasons
+    report = tirbyoc.explain(mod, libraries=[small], builtin=False)
+    assert by_library(report) == {"toyb": ["toy_dense_bias"]}
+    (rejected,) = report.rejected
+    assert "toyb.toy_dense_bias: n = 500 (the kernel requires 10)" in rejected.detail
+    # first match wins: a library's dense_bias takes the bias of a dense + bias + relu
+    # that no earlier kernel computes whole (the relu then stays TVM's)
+    any_n = tirbyoc.Library("toyc", sources=[TOY_C], cdef=TOY_H)
+    any_n.kernel("toy_dense_bias", computes=ops.dense(epilogue=("bias",)), args=DENSE_ARGS)
+    report = tirbyoc.explain(mod, libraries=[any_n])
+    assert by_library(report) == {"toyc": ["toy_dense_bias", "toy_dense_bias"]}
+    out = tirbyoc.run(tirbyoc.compile(mod, libraries=[any_n]), x)
+    assert np.abs(out - ref).max() <= TOL * max(1.0, np.abs(ref).max())
+
+
+def test_constraints_restrict_matching(mlp):
+    mod, _, _ = mlp
+    lib = tirbyoc.Library("wide", sources=[TOY_C], cdef=TOY_H)
+    lib.kernel("toy_dense_bias_relu",
+               computes=ops.dense(epilogue=("bias", "relu"), n=lambda n: n % 100 == 0),
+               args=DENSE_ARGS)
+    lib.kernel("toy_dense_bias", computes=ops.dense(epilogue=("bias",), n=16),
+               args=DENSE_ARGS)
+    report = tirbyoc.explain(mod, libraries=[lib], builtin=False)
+    assert by_library(report) == {"wide": ["toy_dense_bias_relu"]}  # n = 500
+    (rejected,) = report.rejected
+    assert "n = 10 (the kernel requires 16)" in rejected.detail
+
+
+# ---- story 2: a user's OHWI conv beside the built-in library ----
+
+class _Net:
+    @staticmethod
+    def build():
+        import torch
+
+        class Net(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.c1 = torch.nn.Conv2d(3, 16, 3, padding=1)
+                self.c2 = torch.nn.Conv2d(16, 32, 3, stride=2, padding=1)
+                self.c3 = torch.nn.Conv2d(32, 32, 1)
+                self.c4 = torch.nn.Conv2d(32, 32, 3, padding=1, bias=False)
+                self.c5 = torch.nn.Conv2d(32, 32, 3, padding=1)  # no relu: not the kernel's
+                self.fc = torch.nn.Linear(32, 10)
+
+            def forward(self, x):
+                x = torch.relu(self.c1(x))
+                x = torch.relu(self.c2(x))
+                x = torch.relu(self.c3(x))
+                x = torch.relu(self.c4(x))
+                return self.fc(self.c5(x).mean((2, 3)))
+
+        torch.manual_seed(0)
+        return Net().eval()
+
+
+def test_users_ohwi_conv_takes_the_stride_1_convolutions():
+    import torch
+
+    net = _Net.build()
+    x = torch.randn(2, 3, 16, 16)
+    mod = examples.import_torch(net, x)
+    toy = declare_conv(tirbyoc.Library("toy", sources=[TOY_C], cdef=TOY_H))
+    report = tirbyoc.explain(mod, libraries=[toy])
+    print(report)
+    kernels = by_library(report)
+    # c1, c3, c4 (stride 1, bias + relu; c4's bias is zero) are the user's; c2 (stride 2),
+    # c5 (no relu) and the linear layer the built-in library's
+    assert kernels["toy"] == ["toy_conv2d_bias_relu"] * 3
+    assert sorted(kernels["tirbyoc"]) == ["tirbyoc_conv2d_f32_packed"] * 2 + \
+        ["tirbyoc_dense_f32_packed"]
+    assert "weight OHWI at compile time" in str(report)
+    out = tirbyoc.run(tirbyoc.compile(mod, libraries=[toy]), x.numpy())
+    with torch.no_grad():
+        ref = net(x).numpy()
+    assert np.abs(out - ref).max() <= TOL * max(1.0, np.abs(ref).max())
+
+
+# ---- an exported library in a fresh process ----
+
+FRESH = textwrap.dedent("""
+    import sys
+    import numpy as np
+    import tvm
+    assert "tirbyoc" not in sys.modules
+    lib = tvm.runtime.load_module(sys.argv[1])
+    vm = tvm.relax.VirtualMachine(lib, tvm.cpu())
+    x = np.load(sys.argv[2])
+    np.save(sys.argv[3], vm["main"](tvm.runtime.tensor(x)).numpy())
+""")
+
+
+def run_fresh(tmp_path, ex, x):
+    so, xin, out = tmp_path / "model.so", tmp_path / "x.npy", tmp_path / "y.npy"
+    ex.export_library(str(so))
+    np.save(xin, x)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    subprocess.run([sys.executable, "-c", FRESH, str(so), str(xin), str(out)], check=True,
+                   cwd=tmp_path, env=env, timeout=120)
+    return np.load(out)
+
+
+def test_exported_model_runs_in_a_fresh_process(toy, mlp, tmp_path):
+    mod, x, ref = mlp
+    out = run_fresh(tmp_path, tirbyoc.compile(mod, libraries=[toy]), x)
+    assert np.abs(out - ref).max() <= TOL * max(1.0, np.abs(ref).max())
+
+
+# ---- prebuilt libraries ----
+
+def _cc(*args):
+    subprocess.run([os.environ.get("CC", "cc"), *args], check=True)
+
+
+@pytest.mark.parametrize("kind", ["so", "a"])
+def test_prebuilt_library(kind, mlp, tmp_path):
+    mod, x, ref = mlp
+    obj = tmp_path / "toy.o"
+    _cc("-O2", "-fPIC", "-c", TOY_C, "-o", str(obj))
+    path = tmp_path / f"libtoy.{kind}"
+    if kind == "so":
+        _cc("-shared", str(obj), "-o", str(path))
+    else:
+        subprocess.run(["ar", "rcs", str(path), str(obj)], check=True)
+    lib = declare_dense(tirbyoc.Library(f"pre{kind}", libraries=[str(path)], cdef=TOY_H))
+    assert tirbyoc.check(lib)
+    ex = tirbyoc.compile(mod, libraries=[lib])
+    report = tirbyoc.explain(mod, libraries=[lib])
+    assert by_library(report) == {f"pre{kind}": ["toy_dense_bias", "toy_dense_bias_relu"]}
+    assert np.abs(tirbyoc.run(ex, x) - ref).max() <= TOL * max(1.0, np.abs(ref).max())
+    # exported: the .a is linked in; the .so is opened from where it is
+    out = run_fresh(tmp_path, ex, x)
+    assert np.abs(out - ref).max() <= TOL * max(1.0, np.abs(ref).max())
+
+
+# ---- check ----
+
+def test_check_passes_the_right_library(toy):
+    report = tirbyoc.check(toy)
+    print(report)
+    assert report.ok and len(report.kernels) == 3
+    assert all(k.cases >= 8 for k in report.kernels)
+
+
+def test_check_fails_a_kernel_declared_with_a_relu_it_does_not_apply():
+    lib = tirbyoc.Library("wrong", sources=[TOY_C], cdef=TOY_H)
+    lib.kernel("toy_dense_bias", computes=ops.dense(epilogue=("bias", "relu")),
+               args=DENSE_ARGS)
+    report = tirbyoc.check(lib)
+    print(report)
+    assert not report.ok
+    (k,) = report.kernels
+    assert k.failures > 0 and k.first is not None
+    assert "TVM's is 0.0" in k.first.detail  # a negative sum the kernel did not clamp
+    assert "FAILED" in str(report) and "m=" in str(report)
+
+
+def test_check_fails_a_wrong_weight_layout():
+    lib = tirbyoc.Library("wrongconv", sources=[TOY_C], cdef=TOY_H)
+    lib.kernel("toy_conv2d_bias_relu",
+               computes=ops.conv2d(weight="OIHW", epilogue=("bias", "relu"), stride=1,
+                                   dilation=1, groups=1), args=CONV_ARGS)
+    report = tirbyoc.check(lib)
+    assert not report.ok, report
+
+
+# ---- errors ----
+
+def test_a_failing_kernel_raises_naming_library_symbol_and_status(mlp):
+    mod, x, _ = mlp
+    lib = tirbyoc.Library("failing", sources=[TOY_C], cdef=TOY_H)
+    lib.kernel("toy_dense_fails", computes=ops.dense(epilogue=("bias",)), args=DENSE_ARGS)
+    ex = tirbyoc.compile(mod, libraries=[lib])
+    with pytest.raises(RuntimeError, match="kernel toy_dense_fails of library failing "
+                                           "failed with status 7"):
+        tirbyoc.run(ex, x)
+
+
+def test_a_void_kernel(mlp):
+    mod, x, ref = mlp
+    lib = tirbyoc.Library("voidlib", sources=[TOY_C], cdef=TOY_H)
+    lib.kernel("toy_dense_bias_void", computes=ops.dense(epilogue=("bias",)),
+               args=DENSE_ARGS)
+    assert tirbyoc.check(lib)
+    report = tirbyoc.explain(mod, libraries=[lib])
+    assert by_library(report) == {"voidlib": ["toy_dense_bias_void"] * 2}
+    out = tirbyoc.run(tirbyoc.compile(mod, libraries=[lib]), x)
+    assert np.abs(out - ref).max() <= TOL * max(1.0, np.abs(ref).max())
+
+
+@pytest.mark.parametrize("symbol, computes, args, message", [
+    ("toy_dense_bias", ops.dense(epilogue=("bias",)), DENSE_ARGS + ("lda",),
+     "args names 8 roles, the cdef's prototype takes 7 arguments"),
+    ("toy_dense_bias", ops.dense(epilogue=("bias",)), ("x", "weight", "bias", "y", "m", "n",
+                                                      "kk"), "unknown role(s) ['kk']"),
+    ("toy_dense_bias", ops.dense(epilogue=("bias",)), ("x", "weight", "bias", "y", "m", "n",
+                                                      "lda"), "lack the role(s) ['k']"),
+    ("toy_dense_bias", ops.dense(epilogue=("bias",)), ("x", "weight", "bias", "m", "y", "n",
+                                                      "k"),
+     "argument 3 (m): a size needs an integer type, the cdef has `float *`"),
+    ("toy_dense_bias", ops.dense(epilogue=("bias",)), ("x", "weight", "bias", "y", "m", "n",
+                                                      "k") + (), None),
+    ("toy_nope", ops.dense(epilogue=("bias",)), DENSE_ARGS,
+     "the cdef declares no function 'toy_nope'"),
+    ("toy_conv2d_bias_relu", ops.conv2d(epilogue=("bias", "relu")), CONV_ARGS,
+     "'stride (or stride_h and stride_w, or a stride= constraint)', "
+     "'dilation (or dilation_h"),
+])
+def test_declarations_are_checked_against_the_cdef(symbol, computes, args, message):
+    lib = tirbyoc.Library("decl", sources=[TOY_C], cdef=TOY_H)
+    if message is None:
+        lib.kernel(symbol, computes=computes, args=args)
+        return
+    with pytest.raises(tirbyoc.LibraryError) as err:
+        lib.kernel(symbol, computes=computes, args=args)
+    assert message in str(err.value)
+
+
+def test_pointer_types_are_checked():
+    lib = tirbyoc.Library("dbl", sources=[TOY_C], cdef="int f(double *x, const float *w, "
+                          "const float *b, float *y, int m, int n, int k);")
+    with pytest.raises(tirbyoc.LibraryError, match=r"argument 0 \(x\): a float32 tensor "
+                                                    r"needs `float \*`"):
+        lib.kernel("f", computes=ops.dense(epilogue=("bias",)), args=DENSE_ARGS)
+
+
+def test_bad_library_inputs():
+    with pytest.raises(tirbyoc.LibraryError, match="no file"):
+        tirbyoc.Library("x", sources=["/nonexistent.c"], cdef=TOY_H)
+    with pytest.raises(tirbyoc.LibraryError, match="C identifier"):
+        tirbyoc.Library("my-lib", sources=[TOY_C], cdef=TOY_H)
+    with pytest.raises(ValueError, match="unknown epilogue step"):
+        ops.dense(epilogue=("bias", "swish"))
+    with pytest.raises(ValueError, match="is not one of"):
+        ops.conv2d(weight="HWOI")
+    broken = tirbyoc.Library("broken", sources=[TOY_C], cdef=TOY_H,
+                             extra_compile_args=["-DTOY_BROKEN", "-include", "/nonexistent.h"])
+    broken.kernel("toy_dense_bias", computes=ops.dense(epilogue=("bias",)), args=DENSE_ARGS)
+    with pytest.raises(tirbyoc.LibraryError, match="compiling .*toy.c failed"):
+        broken.build()
+
+
+# ---- the graph level ----
+
+def test_composites_are_named_library_dot_kernel(toy, mlp):
+    mod, x, ref = mlp
+    part = tirbyoc.partition(mod, libraries=[toy])
+    names = sorted(str(f.attrs["Composite"]) for _, f in part.functions_items()
+                   if isinstance(f, tirbyoc._tvm.Function) and f.attrs and
+                   "Composite" in f.attrs)
+    assert names == ["toy.toy_dense_bias", "toy.toy_dense_bias_relu"]
+    out = tirbyoc.run(tirbyoc.compile(part, libraries=[toy]), x)
+    assert np.abs(out - ref).max() <= TOL * max(1.0, np.abs(ref).max())
+    # the built-in library's composites keep their names
+    names = sorted(str(f.attrs["Composite"]) for _, f in tirbyoc.partition(mod).functions_items()
+                   if isinstance(f, tirbyoc._tvm.Function) and f.attrs and
+                   "Composite" in f.attrs)
+    assert names == ["tirbyoc.dense_bias", "tirbyoc.dense_bias_relu"]

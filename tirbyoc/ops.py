@@ -1,0 +1,319 @@
+"""What a kernel computes: one constructor per family.
+
+    from tirbyoc import ops
+    ops.dense(epilogue=("bias", "relu"), weight="nt")          # y = relu(x @ w.T + b)
+    ops.conv2d(weight="OHWI", epilogue=("bias", "relu"), stride=1, dilation=1, groups=1)
+
+An ``Op`` names its family, its epilogue chain (applied in the order given, as the
+model writes it), its layouts, dtypes and constraints. A constraint is a number (the
+value must equal it) or a predicate (``n=lambda n: n % 8 == 0``); a region that breaks
+one is not given to the kernel, and ``tirbyoc.explain`` says which constraint it broke.
+
+Each family names its *roles*: what a kernel's C arguments may stand for. A kernel
+declaration (``Library.kernel(symbol, computes=op, args=(...))``) lists, in C order,
+the role of every argument; ``Op.check_roles`` says what is missing or unknown. Tensor
+roles are pointers to the element type; size, stride and geometry roles are integers
+(``int`` or ``int64_t``, any width); ``scale`` is a float. A stride role that a kernel
+does not take means the kernel assumes the dense layout (the region must have it).
+
+========== ==================================================================================
+family     roles
+========== ==================================================================================
+dense      x [m, k], weight [n, k] (``weight="nt"``) or [k, n] (``"nn"``), bias [n],
+           residual [m, n], y [m, n]; sizes m, n, k; row strides lda, ldw, ldc, ldr;
+           scale (a float, with a "scale" step)
+matmul     dense's, batched: sizes batch, m, n, k; batch strides batch_stride_x,
+           batch_stride_weight, batch_stride_y (0: a broadcast operand)
+conv2d     x [batch, in_channels, height, width] (``layout="NCHW"``), weight
+           [out_channels, in_channels / groups, kernel_h, kernel_w] (``weight="OIHW"``) or
+           [out_channels, kernel_h, kernel_w, in_channels / groups] (``"OHWI"``), bias
+           [out_channels], residual and y [batch, out_channels, out_h, out_w]; sizes batch,
+           in_channels, height, width, out_channels, kernel_h, kernel_w, out_h, out_w;
+           geometry stride (both axes the same), stride_h, stride_w, pad (the same on
+           all four sides), pad_top, pad_left, pad_bottom, pad_right, dilation, dilation_h,
+           dilation_w, groups
+max_pool2d x [batch, channels, height, width], y [batch, channels, out_h, out_w]; sizes
+avg_pool2d batch, channels, height, width, out_h, out_w, kernel_h, kernel_w; geometry
+           stride, stride_h, stride_w, pad, pad_top, pad_left, pad_bottom, pad_right
+           (avg_pool2d: padding counts in the divisor when ``count_include_pad``)
+softmax    x, y [rows, cols] (over the last axis; leading axes are rows); sizes rows, cols
+========== ==================================================================================
+
+Epilogue steps: bias, relu, relu6, gelu (erf form), gelu_tanh, silu, sigmoid, tanh,
+scale (``* c``), residual (``+ r``, a tensor of the output's shape). Matrix and
+convolution families take them; pooling and softmax take none.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+EPILOGUE_STEPS = ("bias", "relu", "relu6", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh",
+                  "scale", "residual")
+# What a step adds to a family's roles: an operand, or a scalar.
+_STEP_ROLES = {"bias": ("bias",), "residual": ("residual", "ldr"), "scale": ("scale",)}
+
+
+@dataclass(frozen=True)
+class Role:
+    """One kind of C argument: ``kind`` is "in"/"out" (a tensor pointer), "size" (an
+    integer), "float"; ``required``: a kernel must take it, unless ``implied`` names
+    the constraint that fixes its value."""
+
+    name: str
+    kind: str
+    required: bool = True
+    implied: tuple = ()
+
+
+def _tensor(name, kind="in"):
+    return Role(name, kind)
+
+
+def _size(name, required=True, implied=()):
+    return Role(name, "size", required, tuple(implied))
+
+
+_FAMILIES = {}
+
+
+def _family(name, roles, steps=True, layouts=None, constraints=()):
+    _FAMILIES[name] = (tuple(roles), steps, dict(layouts or {}), tuple(constraints))
+
+
+_MATRIX = [_tensor("x"), _tensor("weight"), _tensor("y", "out"), _size("m"), _size("n"),
+           _size("k"), _size("lda", False), _size("ldw", False), _size("ldc", False)]
+_family("dense", _MATRIX, layouts={"weight": ("nt", "nn")}, constraints=("m", "n", "k"))
+_family("matmul", _MATRIX + [_size("batch"), _size("batch_stride_x", False),
+                             _size("batch_stride_weight", False),
+                             _size("batch_stride_y", False)],
+        layouts={"weight": ("nt", "nn")}, constraints=("batch", "m", "n", "k"))
+_GEOMETRY = [
+    _size("stride", False), _size("stride_h", False, ("stride",)),
+    _size("stride_w", False, ("stride",)), _size("pad", False),
+    _size("pad_top", False), _size("pad_left", False), _size("pad_bottom", False),
+    _size("pad_right", False)]
+_family("conv2d", [
+    _tensor("x"), _tensor("weight"), _tensor("y", "out"), _size("batch"),
+    _size("in_channels"), _size("height"), _size("width"), _size("out_channels"),
+    _size("kernel_h", True, ("kernel",)), _size("kernel_w", True, ("kernel",)),
+    _size("out_h", False), _size("out_w", False), *_GEOMETRY, _size("dilation", False),
+    _size("dilation_h", False, ("dilation",)), _size("dilation_w", False, ("dilation",)),
+    _size("groups", True, ("groups",))],
+    layouts={"layout": ("NCHW",), "weight": ("OIHW", "OHWI")},
+    constraints=("stride", "dilation", "groups", "kernel", "pad", "batch", "in_channels",
+                 "out_channels", "height", "width"))
+_POOL = [_tensor("x"), _tensor("y", "out"), _size("batch"), _size("channels"),
+         _size("height"), _size("width"), _size("out_h", False), _size("out_w", False),
+         _size("kernel_h", True, ("kernel",)), _size("kernel_w", True, ("kernel",)),
+         *_GEOMETRY]
+_POOL_CONSTRAINTS = ("kernel", "stride", "pad", "batch", "channels", "height", "width")
+_family("max_pool2d", _POOL, steps=False, layouts={"layout": ("NCHW",)},
+        constraints=_POOL_CONSTRAINTS)
+_family("avg_pool2d", _POOL, steps=False, layouts={"layout": ("NCHW",)},
+        constraints=_POOL_CONSTRAINTS + ("count_include_pad",))
+_family("softmax", [_tensor("x"), _tensor("y", "out"), _size("rows"), _size("cols")],
+        steps=False, constraints=("rows", "cols"))
+
+
+def families() -> list:
+    """The names of the families, in the order of the table above."""
+    return list(_FAMILIES)
+
+
+@dataclass(frozen=True)
+class Op:
+    """What one kernel computes (see the module docstring); made by the constructors."""
+
+    family: str
+    epilogue: tuple = ()
+    layouts: dict = field(default_factory=dict)
+    dtypes: tuple = ("float32",)
+    constraints: dict = field(default_factory=dict)
+
+    def __hash__(self):
+        return hash((self.family, self.epilogue, tuple(sorted(self.layouts.items())),
+                     self.dtypes, tuple(sorted((k, repr(v))
+                                               for k, v in self.constraints.items()))))
+
+    @property
+    def name(self) -> str:
+        """``dense_bias_relu``: the family, then the epilogue."""
+        return "_".join((self.family,) + self.epilogue)
+
+    def roles(self) -> dict:
+        """Every role a kernel of this op may take: ``{name: Role}``."""
+        roles, _, _, _ = _FAMILIES[self.family]
+        out = {r.name: r for r in roles}
+        for step in self.epilogue:
+            for name in _STEP_ROLES.get(step, ()):
+                out[name] = Role(name, "float" if name == "scale" else
+                                 "size" if name == "ldr" else "in", name != "ldr")
+        return out
+
+    def check_roles(self, args) -> None:
+        """Raise ValueError naming the unknown, repeated or missing roles of ``args``."""
+        roles = self.roles()
+        unknown = [a for a in args if a not in roles]
+        if unknown:
+            raise ValueError(f"{self.name}: unknown role(s) {unknown}; a {self.family} "
+                             f"kernel's roles are {sorted(roles)}")
+        repeated = sorted({a for a in args if list(args).count(a) > 1})
+        if repeated:
+            raise ValueError(f"{self.name}: role(s) {repeated} given more than once")
+        missing = [r.name for r in roles.values() if r.required and r.name not in args
+                   and not any(c in self.constraints for c in r.implied)]
+        if self.family in ("conv2d", "max_pool2d", "avg_pool2d"):
+            if not _has_any(args, ("stride", "stride_h")) and "stride" not in self.constraints:
+                missing.append("stride (or stride_h and stride_w, or a stride= constraint)")
+            if not _has_any(args, ("pad", "pad_top")) and "pad" not in self.constraints:
+                missing.append("pad (or pad_top, pad_left, pad_bottom and pad_right, "
+                               "or a pad= constraint)")
+        if self.family == "conv2d" and "dilation" not in args and \
+                "dilation_h" not in args and "dilation" not in self.constraints:
+            missing.append("dilation (or dilation_h and dilation_w, or a dilation= "
+                           "constraint)")
+        for pair in (("stride_h", "stride_w"), ("dilation_h", "dilation_w")):
+            if (pair[0] in args) != (pair[1] in args):
+                missing.append(pair[1] if pair[0] in args else pair[0])
+        sides = ("pad_top", "pad_left", "pad_bottom", "pad_right")
+        if any(s in args for s in sides) and not all(s in args for s in sides):
+            missing.extend(s for s in sides if s not in args)
+        if missing:
+            raise ValueError(f"{self.name}: the kernel's arguments lack the role(s) "
+                             f"{missing}")
+
+    def violation(self, values: dict) -> str | None:
+        """Why a region with these role values breaks a constraint, or None. ``values``
+        maps constraint names to ints (or None where the region's value is not a
+        number)."""
+        for key, want in self.constraints.items():
+            if key not in values:
+                continue
+            got = values[key]
+            if got is None:
+                return f"{key} is not a compile-time number (the kernel requires " \
+                       f"{_show(want)})"
+            ok = want(got) if callable(want) else got == want
+            if not ok:
+                return f"{key} = {got} (the kernel requires {_show(want)})"
+        return None
+
+
+def _show(want) -> str:
+    return "a value its predicate accepts" if callable(want) else repr(want)
+
+
+def _has_any(args, names) -> bool:
+    return any(n in args for n in names)
+
+
+def _epilogue(epilogue) -> tuple:
+    if isinstance(epilogue, str):
+        epilogue = (epilogue,)
+    epilogue = tuple(epilogue or ())
+    for step in epilogue:
+        if step not in EPILOGUE_STEPS:
+            raise ValueError(f"unknown epilogue step {step!r}; known: {list(EPILOGUE_STEPS)}")
+    for once in ("bias", "residual", "scale"):
+        if epilogue.count(once) > 1:
+            raise ValueError(f"an epilogue takes at most one {once}")
+    return epilogue
+
+
+def _dtypes(dtype) -> tuple:
+    dtypes = (dtype,) if isinstance(dtype, str) else tuple(dtype)
+    unknown = [d for d in dtypes if d != "float32"]
+    if unknown:
+        raise ValueError(f"dtype(s) {unknown} are not supported yet (float32 only)")
+    return dtypes
+
+
+def _pair(name, value):
+    if value is None or callable(value):
+        return value
+    if isinstance(value, int):
+        return (value, value)
+    value = tuple(int(v) for v in value)
+    if len(value) != 2:
+        raise ValueError(f"{name} must be an int or a pair, got {value!r}")
+    return value
+
+
+def _layout(family, key, value):
+    allowed = _FAMILIES[family][2][key]
+    if value not in allowed:
+        raise ValueError(f"{family}: {key} layout {value!r} is not one of {list(allowed)}")
+    return value
+
+
+def _constraints(family, given: dict) -> dict:
+    allowed = _FAMILIES[family][3]
+    unknown = [k for k in given if k not in allowed]
+    if unknown:
+        raise ValueError(f"{family}: unknown constraint(s) {unknown}; known: {list(allowed)}")
+    return {k: v for k, v in given.items() if v is not None}
+
+
+def dense(epilogue=(), *, weight="nt", dtype="float32", **constraints) -> Op:
+    """``y = epilogue(x @ W)``: x [m, k]; W [n, k] for ``weight="nt"`` (PyTorch's
+    ``Linear``) or [k, n] for ``"nn"``. Constraints: m, n, k."""
+    return Op("dense", _epilogue(epilogue), {"weight": _layout("dense", "weight", weight)},
+              _dtypes(dtype), _constraints("dense", constraints))
+
+
+def matmul(epilogue=(), *, weight="nn", dtype="float32", **constraints) -> Op:
+    """``y[b] = epilogue(x[b] @ W[b])`` over a batch (a 2-D product is a batch of 1);
+    W [b, n, k] (``"nt"``) or [b, k, n] (``"nn"``). Constraints: batch, m, n, k."""
+    return Op("matmul", _epilogue(epilogue), {"weight": _layout("matmul", "weight", weight)},
+              _dtypes(dtype), _constraints("matmul", constraints))
+
+
+def conv2d(epilogue=(), *, layout="NCHW", weight="OIHW", dtype="float32", stride=None,
+           dilation=None, groups=None, kernel=None, pad=None, **constraints) -> Op:
+    """A 2-D convolution and its epilogue. ``stride``, ``dilation``, ``kernel``: an int
+    (both axes), a pair, or a predicate of the pair; ``pad``: an int (all four sides) or
+    a predicate of (top, left, bottom, right); ``groups``: an int or a predicate (a
+    depthwise kernel: ``groups=lambda g: g > 1`` with ``in_channels`` = ``out_channels``
+    = groups, or any). Other constraints: batch, in_channels, out_channels, height,
+    width."""
+    given = dict(constraints, stride=_pair("stride", stride),
+                 dilation=_pair("dilation", dilation), kernel=_pair("kernel", kernel),
+                 groups=groups,
+                 pad=(pad,) * 4 if isinstance(pad, int) else pad)
+    return Op("conv2d", _epilogue(epilogue),
+              {"layout": _layout("conv2d", "layout", layout),
+               "weight": _layout("conv2d", "weight", weight)},
+              _dtypes(dtype), _constraints("conv2d", given))
+
+
+def _pool(family, layout, dtype, kernel, stride, pad, constraints):
+    given = dict(constraints, kernel=_pair("kernel", kernel), stride=_pair("stride", stride),
+                 pad=(pad,) * 4 if isinstance(pad, int) else pad)
+    return Op(family, (), {"layout": _layout(family, "layout", layout)}, _dtypes(dtype),
+              _constraints(family, given))
+
+
+def max_pool2d(*, layout="NCHW", dtype="float32", kernel=None, stride=None, pad=None,
+               **constraints) -> Op:
+    """2-D max pooling (padding never wins the max). Constraints as ``conv2d``'s, and
+    batch, channels, height, width."""
+    return _pool("max_pool2d", layout, dtype, kernel, stride, pad, constraints)
+
+
+def avg_pool2d(*, layout="NCHW", dtype="float32", kernel=None, stride=None, pad=None,
+               count_include_pad=False, **constraints) -> Op:
+    """2-D average pooling; ``count_include_pad``: whether the divisor counts padding
+    (a region is only given to the kernel when it divides the same way)."""
+    return _pool("avg_pool2d", layout, dtype, kernel, stride, pad,
+                 dict(constraints, count_include_pad=bool(count_include_pad)))
+
+
+def softmax(*, dtype="float32", **constraints) -> Op:
+    """Softmax over the last axis of a tensor (leading axes are rows). Constraints:
+    rows, cols."""
+    return Op("softmax", (), {}, _dtypes(dtype), _constraints("softmax", constraints))
+
+
+Predicate = Callable[[int], bool]
