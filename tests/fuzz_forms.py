@@ -5,7 +5,7 @@ the run's length (a reproduction: ``python -m tests.fuzz_forms SEED INDEX`` prin
 A case is one function, TIR (TVMScript text) or Relax (built with ``relax.BlockBuilder``),
 with its arguments and what tirbyoc may offload in it:
 
-* ``accept`` variants are forms the README promises to offload: ``expected`` is the exact
+* ``accept`` variants are forms docs/architecture.md promises to offload: ``expected`` is the exact
   list of intrinsics (one per dense layer) tirbyoc must use;
 * look-alikes compute something a kernel would get wrong (or that tirbyoc is allowed to
   refuse): ``expected`` is the longest *valid* prefix of each layer, and tirbyoc may
@@ -898,7 +898,7 @@ TIR_VARIANTS = [
     Variant("accept/two_layers", True, _two_layers("mid_param")),
     Variant("accept/two_layers_via_buffer", True, _two_layers("mid_alloc")),
     Variant("accept/bias_before", True, _extra_variant("bias_before")),
-    # symbolic N and K: not promised by the README, so either way, but never wrong
+    # symbolic N and K: not promised by docs/architecture.md, so either way, but never wrong
     Variant("sym/n_k", False, _symbolic_n_k),
     # look-alikes of the reduction
     *[Variant(f"core/{c}", False, _core_variant(c)) for c in CORES if c != "ok"],

@@ -2,7 +2,7 @@
 
 Each exported kernel runs on every instruction set this CPU supports against a
 float64 numpy reference, over random sizes (0 and 1, the register-tile, K-block,
-N-block and algorithm edges of ``kernels/README.md``, and some calls above the
+N-block and algorithm edges of ``docs/kernels.md``, and some calls above the
 4 MFLOP threshold that split work over the worker pool), a thread count per case
 (THREAD_CHOICES: 1 to 64, primes and counts above the cores), random row strides,
 start pointers that are not 32- or 64-byte aligned, with and without bias, with
@@ -41,7 +41,7 @@ Environment:
                       generator seeded with (seed, symbol, ISA, case index).
   TIRBYOC_FUZZ_LIB    path of a kernel extension built elsewhere, tested instead
                       of the installed one (the sanitized build of
-                      kernels/README.md, "Sanitizers and fuzzing").
+                      docs/kernels.md, "Sanitizers and fuzzing").
 
 A failure prints the case and the command that replays it alone:
   python -m tests.test_kernel_fuzz SYMBOL ISA INDEX [--seed SEED]
@@ -134,7 +134,7 @@ LIBRARY = _load_library()
 
 # --- sizes ----------------------------------------------------------------------
 
-# Edges from kernels/README.md and dense_f32*.c: register tiles 14x32 (AVX-512),
+# Edges from docs/kernels.md and dense_f32*.c: register tiles 14x32 (AVX-512),
 # 6x16 (AVX2), 4x16 (generic); few-rows path up to 4 rows (8 for "nt"); nt_direct
 # for 9..128 rows in 64-row chunks, 6-column tiles, up to K = 4356; K blocks of
 # 256/528; N blocks of 256/512; threads split N from 8 tiles (128/256 columns);

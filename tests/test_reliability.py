@@ -1,7 +1,7 @@
 """Reliability: a compiled model under concurrency and fork, repeated and foreign input,
 bad input at run time, kernel errors, and NaN/Inf semantics.
 
-Each test here pins a defect that was found (and fixed) or a promise the README makes:
+Each test here pins a defect that was found (and fixed) or a promise docs/reliability.md makes:
   * many threads, each with its own VirtualMachine over one ``tirbyoc.compile`` result,
     never crash and never return a wrong number (``tests/stress_concurrency.py``, run in
     a child process because the failure it looks for is a crash);

@@ -8,7 +8,7 @@ together with the kernel sources and run.
 * ThreadSanitizer: the multi-threaded and concurrent part ("threads"), for
   data races in the worker pool and the settings.
 * The cffi extension built with TIRBYOC_SANITIZE=address,undefined into a
-  temporary directory (kernels/README.md, "Sanitizers and fuzzing"), with
+  temporary directory (docs/kernels.md, "Sanitizers and fuzzing"), with
   the first fuzz cases of every kernel run against it under ASan.
 
 Sources, include directories and flags come from tirbyoc/_build_kernels.py

@@ -15,7 +15,7 @@ to build it into DIR and leave the package's build alone.
 
 ``TIRBYOC_SANITIZE`` (e.g. ``address,undefined``) builds both artifacts with
 those GCC/Clang sanitizers (see :func:`sanitizer_flags` and the "Sanitizers
-and fuzzing" section of ``kernels/README.md``); unset or empty, the build is
+and fuzzing" section of ``docs/kernels.md``); unset or empty, the build is
 the normal optimized one.
 """
 

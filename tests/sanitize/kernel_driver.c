@@ -1,7 +1,7 @@
 /*
  * kernel_driver.c - a stand-alone driver of the tirbyoc C kernels, built
  * together with the kernel sources under AddressSanitizer + UBSan or under
- * ThreadSanitizer (tests/test_sanitizers.py does both; kernels/README.md,
+ * ThreadSanitizer (tests/test_sanitizers.py does both; docs/kernels.md,
  * "Sanitizers and fuzzing", shows the commands).
  *
  *   kernel_driver all      every exported kernel on every instruction set:
