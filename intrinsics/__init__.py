@@ -1,22 +1,30 @@
-"""The ordered registry of intrinsics: the first one that matches a region wins.
+"""The built-in library's TIR matchers, one file per family: what block pattern each
+accepts, the kernel symbol it calls (``nt`` / ``nn`` / ``packed`` variants), the argument
+mapping and a numpy reference.
 
-Longer fusions come first so that ``dense + bias + relu`` is one call, not three.
-Adding an intrinsic: a new file here that builds ``tirbyoc.intrinsic.Intrinsic`` values,
-listed in ``REGISTRY`` below, and its C function in ``kernels/``.
+They are registered where every kernel is: ``tirbyoc/builtin.py`` declares each built-in
+kernel with ``tirbyoc.Library.kernel`` and names its intrinsic as the ``matcher``; the
+order of those declarations is the order the TIR matcher tries them (the first that
+matches a region wins). ``REGISTRY`` is that order, read from the declarations.
 """
 
-from . import dense, dense_relu6, matmul
+from . import dense, dense_relu6, matmul  # noqa: F401 (the family files)
 
-# NOTE: a stable sort keeps each file's order among fusions of the same length. The chain
-# intrinsic comes first: it reads the longest run of epilogue operations, and leaves a run
-# that a fixed intrinsic computes exactly (on a 2-D weight) to that one.
-REGISTRY = [*matmul.INTRINSICS] + sorted([*dense.INTRINSICS, *dense_relu6.INTRINSICS],
-                                         key=lambda i: -len(i.epilogue))
+
+def __getattr__(name):
+    if name == "REGISTRY":
+        from tirbyoc.schedule_rule import builtin_intrinsics
+
+        return builtin_intrinsics()
+    raise AttributeError(name)
 
 
 def by_name(name: str):
     """The registered intrinsic called ``name``."""
-    for intr in REGISTRY:
+    from tirbyoc.schedule_rule import builtin_intrinsics
+
+    registry = builtin_intrinsics()
+    for intr in registry:
         if intr.name == name:
             return intr
-    raise KeyError(f"no intrinsic named {name!r}; registered: {[i.name for i in REGISTRY]}")
+    raise KeyError(f"no intrinsic named {name!r}; registered: {[i.name for i in registry]}")

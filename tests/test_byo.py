@@ -360,3 +360,53 @@ def test_composites_are_named_library_dot_kernel(toy, mlp):
                    if isinstance(f, tirbyoc._tvm.Function) and f.attrs and
                    "Composite" in f.attrs)
     assert names == ["tirbyoc.dense_bias", "tirbyoc.dense_bias_relu"]
+
+
+# ---- the built-in library is declared the same way ----
+
+def test_builtin_library_is_declared_through_the_same_api():
+    from intrinsics import REGISTRY
+
+    from tirbyoc import kernels
+
+    lib = tirbyoc.builtin
+    assert isinstance(lib, tirbyoc.Library) and lib.name == "tirbyoc"
+    # the TIR matcher's order is the declarations' order, each intrinsic once
+    declared = [k.matcher for k in lib.kernels if isinstance(k.matcher,
+                                                             tirbyoc.intrinsic.Intrinsic)]
+    assert [i.name for i in REGISTRY] == \
+        ["matmul", "dense_bias_relu", "dense_bias_relu6", "dense_relu", "dense_bias",
+         "dense_relu6", "dense"]
+    assert all(any(i is d for d in declared) for i in REGISTRY)
+    # every family the graph level offers is a declared kernel's
+    assert tirbyoc.registry.Registry().builtin_families() == \
+        {"conv2d", "max_pool2d", "attention", "softmax"}
+    symbols = {k.symbol for k in lib.kernels}
+    assert symbols <= set(kernels.exported_symbols())
+    assert {"tirbyoc_dense_relu_f32_nt", "tirbyoc_matmul_f32", "tirbyoc_conv2d_f32",
+            "tirbyoc_depthwise_conv2d_f32", "tirbyoc_max_pool2d_f32", "tirbyoc_softmax_f32",
+            "tirbyoc_attention_f32"} <= symbols
+
+
+def test_check_passes_the_builtin_library():
+    report = tirbyoc.check(tirbyoc.builtin, cases=6)
+    print(report)
+    assert report.ok
+    ran = [k for k in report.kernels if not k.skipped]
+    assert len(ran) == len(tirbyoc.builtin.kernels) - 1 and all(k.cases >= 4 for k in ran)
+    assert [k.computes for k in report.kernels if k.skipped] == ["attention (nt)"]
+
+
+def test_without_the_builtin_library_nothing_is_its():
+    import torch
+
+    net = _Net.build()
+    mod = examples.import_torch(net, torch.randn(1, 3, 8, 8))
+    toy = declare_conv(tirbyoc.Library("toy", sources=[TOY_C], cdef=TOY_H))
+    report = tirbyoc.explain(mod, libraries=[toy], builtin=False)
+    assert by_library(report) == {"toy": ["toy_conv2d_bias_relu"] * 3}
+    out = tirbyoc.run(tirbyoc.compile(mod, libraries=[toy], builtin=False),
+                      np.ones((1, 3, 8, 8), np.float32))
+    with torch.no_grad():
+        ref = net(torch.ones(1, 3, 8, 8)).numpy()
+    assert np.abs(out - ref).max() <= TOL * max(1.0, np.abs(ref).max())

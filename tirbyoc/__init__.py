@@ -41,6 +41,7 @@ from .api import (Report, apply_tir_byoc, compile, explain, host_target, offload
                   offloaded_kernels, pipeline, run)
 from . import ops
 from .graph import RegionCall, constant_weights, partition, relax_patterns
+from .builtin import builtin
 from .checking import check
 from .library import Kernel, Library, LibraryError
 from .schedule_rule import ScheduleRule
@@ -49,5 +50,5 @@ from .tensorize import dense_intrin, tensorize_dense
 __all__ = ["apply_tir_byoc", "explain", "pipeline", "compile", "host_target", "run",
            "offload_prim_func",
            "offloaded_kernels", "Report", "ScheduleRule", "relax_patterns", "constant_weights",
-           "RegionCall", "partition", "dense_intrin", "tensorize_dense", "ops", "Library", "check",
+           "RegionCall", "partition", "dense_intrin", "tensorize_dense", "ops", "Library", "check", "builtin",
            "Kernel", "LibraryError"]

@@ -33,10 +33,10 @@ def _static_modules(mod, reg: Registry) -> list:
     from . import kernels
 
     used = offloaded_by_library(mod)
-    builtin = used.pop("tirbyoc", set())
+    ours = used.pop("tirbyoc", set())
     out = []
-    if builtin:
-        missing = sorted(builtin - set(kernels.exported_symbols()))
+    if ours:
+        missing = sorted(ours - set(kernels.exported_symbols()))
         if missing:
             raise kernels.KernelLibraryError(
                 f"the kernel library does not export {', '.join(missing)}: it is older than "
@@ -74,8 +74,7 @@ def _transform(mod, fuse, reg: Registry, passes=None):
     # NOTE: the built-in graph-level kernels (conv, pooling, attention, softmax) come with
     # the default intrinsics only; a caller that names its intrinsics gets those and
     # nothing else of the built-in library.
-    mod, scope = relax_prep.prepare(mod, fuse, softmax=reg.graph_level_builtin,
-                                    passes=passes, registry=reg)
+    mod, scope = relax_prep.prepare(mod, fuse, passes=passes, registry=reg)
     srcs = weights.sources(mod)
     out = mod.clone()
     rows, rerouted = [], {}
@@ -321,9 +320,15 @@ def compile(mod, target=None, *, libraries=(), builtin=True, intrinsics=None,  #
     else:
         # A TIR-only module: TVM's TIR build does not read external_mods, so the kernel
         # objects are imported into the result explicitly (export_library then links them).
+        from . import kernels
+
         offloaded = apply_tir_byoc(mod, libraries=reg, region_passes=region_passes)
         ex = T.tvm_compile(offloaded, target)
-        for static in _static_modules(offloaded, reg):
+        statics = _static_modules(offloaded, reg)
+        if reg.builtin and not any(s.same_as(kernels.static_library()) for s in statics):
+            # NOTE: a schedule may call the built-in kernels itself (tensorize_dense)
+            statics.append(kernels.static_library())
+        for static in statics:
             ex.mod.import_module(static)
     return _link_now(ex)
 

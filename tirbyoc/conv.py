@@ -441,7 +441,8 @@ def declared_takes(kernel, plan: _Plan) -> str | None:
     values = {"stride": tuple(plan.strides), "dilation": tuple(plan.dilation),
               "groups": plan.groups, "kernel": tuple(plan.weight_shape[2:]),
               "pad": tuple(plan.padding), "batch": n if isinstance(n, int) else None,
-              "in_channels": c, "out_channels": oc, "height": h, "width": w}
+              "in_channels": c, "out_channels": oc, "height": h, "width": w,
+              "depthwise": plan.depthwise}
     why = op.violation(values)
     if why:
         return why

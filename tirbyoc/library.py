@@ -168,11 +168,29 @@ def _ctype(node, gen, typedefs) -> CType:
     return CType(text, "other")
 
 
+def _const_fits(c: _ops.Const, ct: CType) -> str | None:
+    """Why a constant argument cannot be passed as ``ct``, or None."""
+    if ct.kind == "pointer":
+        return None if c.value == 0 else "a constant pointer argument can only be 0 (NULL)"
+    if ct.kind in ("int", "uint"):
+        if not isinstance(c.value, int):
+            return f"`{ct.text}` takes an integer constant, got {c.value!r}"
+        if ct.kind == "uint" and c.value < 0:
+            return f"`{ct.text}` cannot take {c.value}"
+        return None
+    if ct.kind == "float":
+        return None
+    return f"a constant cannot be passed as `{ct.text}`"
+
+
 def _role_fits(role: _ops.Role, ct: CType, dtypes) -> str | None:
     """Why a C type cannot carry ``role``, or None."""
     if role.kind in ("in", "out"):
         if ct.kind != "pointer":
             return f"a tensor needs a pointer, the cdef has `{ct.text}`"
+        if role.name == "mask":  # a boolean mask: bytes
+            return None if ct.element in ("void", "uint8", "int8") else \
+                f"a mask needs `uint8_t *` (or `void *`), the cdef has `{ct.text}`"
         if ct.element not in ("void",) + tuple(dtypes):
             return f"a {'/'.join(dtypes)} tensor needs `float *` (or `void *`), the cdef " \
                    f"has a pointer to {ct.element}"
@@ -197,6 +215,11 @@ class Kernel:
     args: tuple
     types: tuple  # CType per argument
     result: CType
+    # How the kernel is matched: None, by its family's roles (tirbyoc.registry); else the
+    # built-in library's own matcher (an Intrinsic of the TIR matcher, or the graph-level
+    # rewrite of its family), for kernels whose calls need more than roles (packed
+    # weights, an epilogue code read from the TIR).
+    matcher: object = None
 
     @property
     def name(self) -> str:
@@ -215,6 +238,10 @@ class Kernel:
 
         args = []
         for role, ct in zip(self.args, self.types):
+            if isinstance(role, _ops.Const):
+                args.append(T.null_pointer() if ct.kind == "pointer" else
+                            T.const(role.value, ct.dtype))
+                continue
             value = values[role]
             if ct.kind in ("int", "uint", "float"):
                 value = T.cast(value, ct.dtype)
@@ -314,10 +341,12 @@ class Library:
 
     # ---- declarations ----
 
-    def kernel(self, symbol: str, *, computes: _ops.Op, args) -> Kernel:
+    def kernel(self, symbol: str, *, computes: _ops.Op, args, matcher=None) -> Kernel:
         """Declare that C function ``symbol`` computes ``computes`` (an ``ops`` value),
-        its arguments being ``args`` (roles, in C order). Checked now against the cdef;
-        kernels are tried in the order they are declared."""
+        its arguments being ``args`` (roles, or ``ops.const`` values, in C order).
+        Checked now against the cdef; kernels are tried in the order they are declared
+        (longer epilogues first). ``matcher``: see ``Kernel.matcher`` (the built-in
+        library's)."""
         if not isinstance(computes, _ops.Op):
             raise LibraryError(f"{symbol}: computes= takes an ops value (ops.dense(...)), "
                                f"got {computes!r}")
@@ -336,7 +365,8 @@ class Library:
                 f"cdef's prototype takes {len(proto.params)} arguments")
         roles = computes.roles()
         for i, (role, ct) in enumerate(zip(args, proto.params)):
-            why = _role_fits(roles[role], ct, computes.dtypes)
+            why = _const_fits(role, ct) if isinstance(role, _ops.Const) else \
+                _role_fits(roles[role], ct, computes.dtypes)
             if why:
                 raise LibraryError(f"library {self.name}, kernel {symbol}: argument {i} "
                                    f"({role}): {why}")
@@ -344,10 +374,11 @@ class Library:
             raise LibraryError(f"library {self.name}, kernel {symbol}: returns "
                                f"`{proto.result.text}`; a kernel returns an integer status "
                                "(0: success) or void")
-        if any(k.symbol == symbol and k.op == computes for k in self.kernels):
+        if any(k.symbol == symbol and k.op == computes and k.args == args
+               for k in self.kernels):
             raise LibraryError(f"library {self.name}: {symbol} is declared twice as "
                                f"{computes.name}")
-        kernel = Kernel(self, symbol, computes, args, proto.params, proto.result)
+        kernel = Kernel(self, symbol, computes, args, proto.params, proto.result, matcher)
         self.kernels.append(kernel)
         return kernel
 

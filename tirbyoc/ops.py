@@ -56,6 +56,21 @@ _STEP_ROLES = {"bias": ("bias",), "residual": ("residual", "ldr"), "scale": ("sc
 
 
 @dataclass(frozen=True)
+class Const:
+    """An argument that is the same on every call (``ops.const(value)`` in ``args``): a
+    flag, a mode, an epilogue code; 0 for a pointer argument passes NULL."""
+
+    value: object
+
+
+def const(value) -> Const:
+    """A constant argument, in a kernel's ``args`` in place of a role."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"a constant argument is an int or a float, got {value!r}")
+    return Const(value)
+
+
+@dataclass(frozen=True)
 class Role:
     """One kind of C argument: ``kind`` is "in"/"out" (a tensor pointer), "size" (an
     integer), "float"; ``required``: a kernel must take it, unless ``implied`` names
@@ -94,27 +109,40 @@ _GEOMETRY = [
     _size("stride_w", False, ("stride",)), _size("pad", False),
     _size("pad_top", False), _size("pad_left", False), _size("pad_bottom", False),
     _size("pad_right", False)]
+_DILATION = [_size("dilation", False), _size("dilation_h", False, ("dilation",)),
+             _size("dilation_w", False, ("dilation",))]
 _family("conv2d", [
     _tensor("x"), _tensor("weight"), _tensor("y", "out"), _size("batch"),
-    _size("in_channels"), _size("height"), _size("width"), _size("out_channels"),
+    _size("in_channels"), _size("height"), _size("width"),
+    _size("out_channels", True, ("depthwise",)),
     _size("kernel_h", True, ("kernel",)), _size("kernel_w", True, ("kernel",)),
-    _size("out_h", False), _size("out_w", False), *_GEOMETRY, _size("dilation", False),
-    _size("dilation_h", False, ("dilation",)), _size("dilation_w", False, ("dilation",)),
-    _size("groups", True, ("groups",))],
+    _size("out_h", False), _size("out_w", False), *_GEOMETRY, *_DILATION,
+    _size("groups", True, ("groups", "depthwise"))],
     layouts={"layout": ("NCHW",), "weight": ("OIHW", "OHWI")},
-    constraints=("stride", "dilation", "groups", "kernel", "pad", "batch", "in_channels",
-                 "out_channels", "height", "width"))
+    constraints=("stride", "dilation", "groups", "depthwise", "kernel", "pad", "batch",
+                 "in_channels", "out_channels", "height", "width"))
 _POOL = [_tensor("x"), _tensor("y", "out"), _size("batch"), _size("channels"),
          _size("height"), _size("width"), _size("out_h", False), _size("out_w", False),
          _size("kernel_h", True, ("kernel",)), _size("kernel_w", True, ("kernel",)),
-         *_GEOMETRY]
+         *_GEOMETRY, _size("dilation_h", False), _size("dilation_w", False)]
 _POOL_CONSTRAINTS = ("kernel", "stride", "pad", "batch", "channels", "height", "width")
 _family("max_pool2d", _POOL, steps=False, layouts={"layout": ("NCHW",)},
         constraints=_POOL_CONSTRAINTS)
 _family("avg_pool2d", _POOL, steps=False, layouts={"layout": ("NCHW",)},
         constraints=_POOL_CONSTRAINTS + ("count_include_pad",))
-_family("softmax", [_tensor("x"), _tensor("y", "out"), _size("rows"), _size("cols")],
+_family("softmax", [_tensor("x"), _tensor("y", "out"), _size("rows"), _size("cols"),
+                    _size("ldx", False), _size("ldy", False)],
         steps=False, constraints=("rows", "cols"))
+_family("attention", [
+    _tensor("q"), _tensor("k"), _tensor("v"), _tensor("y", "out"), _size("batch"),
+    _size("seq_q"), _size("seq_k"), _size("head_dim"), _size("value_dim"),
+    _size("ldq", False), _size("ldk", False), _size("ldv", False), _size("ldy", False),
+    _size("batch_stride_q", False), _size("batch_stride_k", False),
+    _size("batch_stride_v", False), _size("batch_stride_y", False),
+    Role("mask", "in", False), _size("ldmask", False), _size("batch_stride_mask", False),
+    Role("scale", "float", False)],
+    steps=False, layouts={"k": ("nt", "nn")},
+    constraints=("batch", "seq_q", "seq_k", "head_dim", "value_dim"))
 
 
 def families() -> list:
@@ -150,11 +178,14 @@ class Op:
             for name in _STEP_ROLES.get(step, ()):
                 out[name] = Role(name, "float" if name == "scale" else
                                  "size" if name == "ldr" else "in", name != "ldr")
+        if self.family == "matmul" and "residual" in self.epilogue:
+            out["batch_stride_residual"] = Role("batch_stride_residual", "size", False)
         return out
 
     def check_roles(self, args) -> None:
         """Raise ValueError naming the unknown, repeated or missing roles of ``args``."""
         roles = self.roles()
+        args = [a for a in args if not isinstance(a, Const)]
         unknown = [a for a in args if a not in roles]
         if unknown:
             raise ValueError(f"{self.name}: unknown role(s) {unknown}; a {self.family} "
@@ -178,8 +209,10 @@ class Op:
             if (pair[0] in args) != (pair[1] in args):
                 missing.append(pair[1] if pair[0] in args else pair[0])
         sides = ("pad_top", "pad_left", "pad_bottom", "pad_right")
-        if any(s in args for s in sides) and not all(s in args for s in sides):
-            missing.extend(s for s in sides if s not in args)
+        # the bottom and right padding follow from the output size, when given
+        needed = sides if not ("out_h" in args and "out_w" in args) else sides[:2]
+        if any(s in args for s in sides) and not all(s in args for s in needed):
+            missing.extend(s for s in needed if s not in args)
         if missing:
             raise ValueError(f"{self.name}: the kernel's arguments lack the role(s) "
                              f"{missing}")
@@ -271,14 +304,17 @@ def matmul(epilogue=(), *, weight="nn", dtype="float32", **constraints) -> Op:
 
 
 def conv2d(epilogue=(), *, layout="NCHW", weight="OIHW", dtype="float32", stride=None,
-           dilation=None, groups=None, kernel=None, pad=None, **constraints) -> Op:
+           dilation=None, groups=None, kernel=None, pad=None, depthwise=None,
+           **constraints) -> Op:
     """A 2-D convolution and its epilogue. ``stride``, ``dilation``, ``kernel``: an int
     (both axes), a pair, or a predicate of the pair; ``pad``: an int (all four sides) or
     a predicate of (top, left, bottom, right); ``groups``: an int or a predicate (a
     depthwise kernel: ``groups=lambda g: g > 1`` with ``in_channels`` = ``out_channels``
-    = groups, or any). Other constraints: batch, in_channels, out_channels, height,
-    width."""
-    given = dict(constraints, stride=_pair("stride", stride),
+    = groups, or any); ``depthwise=True``: one filter per channel (groups = in_channels
+    = out_channels, a weight [C, 1, KH, KW]: the kernel takes neither groups nor
+    out_channels), ``False``: never that. Other constraints: batch, in_channels,
+    out_channels, height, width."""
+    given = dict(constraints, stride=_pair("stride", stride), depthwise=depthwise,
                  dilation=_pair("dilation", dilation), kernel=_pair("kernel", kernel),
                  groups=groups,
                  pad=(pad,) * 4 if isinstance(pad, int) else pad)
@@ -308,6 +344,16 @@ def avg_pool2d(*, layout="NCHW", dtype="float32", kernel=None, stride=None, pad=
     (a region is only given to the kernel when it divides the same way)."""
     return _pool("avg_pool2d", layout, dtype, kernel, stride, pad,
                  dict(constraints, count_include_pad=bool(count_include_pad)))
+
+
+def attention(*, k_layout="nt", dtype="float32", **constraints) -> Op:
+    """``y = softmax(q @ k^T * scale (masked)) @ v`` over a batch: q [seq_q, head_dim],
+    k [seq_k, head_dim] (``k_layout="nt"``) or [head_dim, seq_k] (``"nn"``), v [seq_k,
+    value_dim], an optional boolean mask [seq_q, seq_k]. Constraints: batch, seq_q, seq_k,
+    head_dim, value_dim. The graph level matches attention for the built-in kernel only
+    so far: a library's attention kernel can be declared and checked, not yet matched."""
+    return Op("attention", (), {"k": _layout("attention", "k", k_layout)}, _dtypes(dtype),
+              _constraints("attention", constraints))
 
 
 def softmax(*, dtype="float32", **constraints) -> Op:

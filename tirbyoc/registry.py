@@ -60,6 +60,11 @@ class Registry:
         return [lib.name for lib in self.libraries] + (["tirbyoc"] if self.builtin else [])
 
     def library(self, name):
+        """The library called ``name`` among this compile's (the built-in one too)."""
+        if name == "tirbyoc" and self.builtin:
+            from .builtin import builtin
+
+            return builtin
         return next((lib for lib in self.libraries if lib.name == name), None)
 
     def kernels(self, family: str) -> list:
@@ -73,18 +78,24 @@ class Registry:
         # declaration among those of one length), as in the built-in registry.
         out = [matrix_intrinsic(k) for lib in self.libraries
                for k in sorted(lib.kernels, key=lambda k: -len(k.op.epilogue))
-               if k.op.family in ("dense", "matmul")]
+               if k.op.family in ("dense", "matmul") and k.matcher is None]
         if self.builtin:
             from .schedule_rule import registry
 
             out += registry(self._intrinsics)
         return out
 
-    @property
-    def graph_level_builtin(self) -> bool:
-        """Whether the built-in library's graph-level kernels (conv, pooling, softmax,
-        attention) are offered: with the built-in library and its default intrinsics."""
-        return self.builtin and self._intrinsics is None
+    def builtin_families(self) -> set:
+        """The families whose graph-level rewrite the built-in library offers (its
+        declared kernels with such a matcher): none without the built-in library, or
+        when only some of its intrinsics were asked for."""
+        if not self.builtin or self._intrinsics is not None:
+            return set()
+        from .builtin import builtin
+        from .intrinsic import Intrinsic
+
+        return {k.op.family for k in builtin.kernels
+                if k.matcher is not None and not isinstance(k.matcher, Intrinsic)}
 
 
 def matrix_intrinsic(kernel) -> Intrinsic:

@@ -101,6 +101,11 @@ def prepare(mod, fuse="auto", softmax=True, passes=None, registry=None):
     scope = claims(mod, registry.names if registry is not None else ("tirbyoc",))
     declared = {f: registry.kernels(f) for f in ("conv2d", "max_pool2d", "avg_pool2d",
                                                   "softmax")} if registry is not None else {}
+    # the built-in library's graph-level rewrites, per family
+    ours = registry.builtin_families() if registry is not None else \
+        {"conv2d", "max_pool2d", "attention", "softmax"}
+    if not softmax:
+        ours = set()
     external = {gv.name_hint: f for gv, f in mod.functions_items()
                 if isinstance(f, T.Function) and f.attrs and "Codegen" in f.attrs}
     legalized = is_legalized(mod)
@@ -113,18 +118,19 @@ def prepare(mod, fuse="auto", softmax=True, passes=None, registry=None):
         from .pool import offload_pools
         from .softmax import offload_softmax
 
-        if softmax or declared.get("conv2d"):
-            mod = offload_convs(mod, passes, declared.get("conv2d", ()), builtin=softmax)
-        if softmax or declared.get("max_pool2d") or declared.get("avg_pool2d"):
+        if "conv2d" in ours or declared.get("conv2d"):
+            mod = offload_convs(mod, passes, declared.get("conv2d", ()),
+                                builtin="conv2d" in ours)
+        if "max_pool2d" in ours or declared.get("max_pool2d") or declared.get("avg_pool2d"):
             mod = offload_pools(mod, declared.get("max_pool2d", ()) +
-                                declared.get("avg_pool2d", ()), builtin=softmax)
+                                declared.get("avg_pool2d", ()), builtin="max_pool2d" in ours)
         mod = sink_reshapes(mod)
-        if softmax:
+        if "attention" in ours:
             from .attention import offload_attention
 
             mod = offload_attention(mod)
-        if softmax or declared.get("softmax"):
-            mod = offload_softmax(mod, declared.get("softmax", ()), builtin=softmax)
+        if "softmax" in ours or declared.get("softmax"):
+            mod = offload_softmax(mod, declared.get("softmax", ()), builtin="softmax" in ours)
     if fuse:
         mod = T.Sequential(T.relax_default_prepare_passes())(mod)
     elif not legalized:

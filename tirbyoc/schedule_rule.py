@@ -22,12 +22,25 @@ TRACE_ATTR = "tirbyoc.offloaded"
 
 
 def registry(intrinsics=None) -> list:
-    """The intrinsics to match, in order (default: the ``intrinsics`` package registry)."""
+    """The intrinsics to match, in order (default: the built-in library's, from its
+    declarations: ``tirbyoc.builtin``)."""
     if intrinsics is not None:
         return list(intrinsics)
-    from intrinsics import REGISTRY
+    return builtin_intrinsics()
 
-    return REGISTRY
+
+def builtin_intrinsics() -> list:
+    """The TIR matcher's intrinsics of the built-in library's declared kernels, in the
+    order they are declared (each once)."""
+    from .builtin import builtin
+    from .intrinsic import Intrinsic
+
+    out = []
+    for kernel in builtin.kernels:
+        if isinstance(kernel.matcher, Intrinsic) and \
+                not any(kernel.matcher is i for i in out):
+            out.append(kernel.matcher)
+    return out
 
 
 class ScheduleRule(T.DlightScheduleRule):
