@@ -354,7 +354,7 @@ def _shapes_fit(q, k, v, pv, qk) -> bool:
 
 
 def _kernel_func(region: _Region):
-    from .rewrite import status_checks
+    from .calls import status_checks
 
     names = {}
     tensors = _call_tensors(region, region.operands, region.final)
@@ -445,9 +445,14 @@ def _rewrite_func(func, builder, gvars):
     return R.analysis.remove_all_unused(new)
 
 
-def offload_attention(mod):
+def offload_attention(mod, kernels=(), builtin=True, passes=None):  # noqa: ARG001
     """``mod`` with every attention region (see the module docstring) one call of the
-    fused kernel (a new module; functions with a ``Codegen`` attribute untouched)."""
+    fused kernel (a new module; functions with a ``Codegen`` attribute untouched).
+    ``kernels``: declared attention kernels, which are not matched yet (a library
+    cannot declare one: ``Library.kernel`` refuses it); ``builtin``: whether the
+    built-in kernel takes the regions (else nothing changes)."""
+    if not builtin:
+        return mod
     gvars = {}
     return rewrite_relax_functions(mod, lambda func, builder: _rewrite_func(func, builder,
                                                                              gvars))

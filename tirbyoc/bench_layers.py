@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .bench import SETTLE_SECONDS, interleaved
+from .timing import SETTLE_SECONDS, interleaved
 from .bench_models import (RTOL, _first, _ort_session, _rel_err, _set_threads, _torch_call,
                            _vm, onnx_bytes, write_json)
 

@@ -26,7 +26,7 @@ from typing import Callable
 
 import numpy as np
 
-from .bench import SETTLE_SECONDS, interleaved
+from .timing import SETTLE_SECONDS, interleaved
 
 RTOL = 1e-4
 

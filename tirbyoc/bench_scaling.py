@@ -81,7 +81,7 @@ def _child(folder: str, name: str, threads: int, reps: int, settle: float) -> di
     import tvm
     from tvm.runtime import vm as rvm
 
-    from .bench import interleaved
+    from .timing import interleaved
     from .bench_models import _first, _registry, _rel_err
 
     torch.set_num_threads(threads)

@@ -121,3 +121,20 @@ def rewrite_relax_functions(mod, rewrite):
     for gv, func in rewritten.items():
         out.update_func(gv, func)
     return out
+
+
+def call_tir_sites(mod):
+    """Yield ``(var2val, call, args)`` for every call_tir in every Relax function."""
+    call_tir = T.call_tir_op()
+    for _, func in mod.functions_items():
+        if not isinstance(func, T.Function):
+            continue
+        var2val = R.analysis.get_var2val(func)
+        for value in var2val.values():
+            if isinstance(value, R.Call) and value.op.same_as(call_tir):
+                yield var2val, value, call_args(value)
+
+
+def call_args(call) -> list:
+    """The tensor arguments of a call_tir."""
+    return list(call.args[1].fields) if isinstance(call.args[1], R.Tuple) else [call.args[1]]

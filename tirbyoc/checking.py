@@ -94,7 +94,10 @@ def check(library, *, cases: int = 24, seed: int = 0, kernels=None) -> Report:
     for kernel in library.kernels:
         if kernels is not None and kernel.symbol not in kernels:
             continue
-        checker = _CHECKERS.get(kernel.op.family)
+        from .ops import family, resolve
+
+        path = family(kernel.op.family).checker
+        checker = resolve(path) if path else None
         if checker is None:
             report.kernels.append(KernelReport(
                 kernel.name, _computes(kernel.op),
@@ -296,7 +299,7 @@ def _padded(rng, shape, pad):
     return full[..., :shape[-1]], full
 
 
-def _check_matrix(kernel, count, seed):
+def check_matrix(kernel, count, seed):
     op = kernel.op
     report = KernelReport(kernel.name, _computes(op))
     layout = op.layouts["weight"]
@@ -399,7 +402,7 @@ def _pick(rng, want, choices):
     return ok[int(rng.integers(len(ok)))] if ok else None
 
 
-def _check_conv(kernel, count, seed):
+def check_conv(kernel, count, seed):
     op = kernel.op
     report = KernelReport(kernel.name, _computes(op))
     rng = np.random.default_rng(seed)
@@ -519,7 +522,7 @@ def _pool_module(family, shape, kern, stride, pad, count_include_pad):
     return build
 
 
-def _check_pool(kernel, count, seed):
+def check_pool(kernel, count, seed):
     op = kernel.op
     report = KernelReport(kernel.name, _computes(op))
     rng = np.random.default_rng(seed)
@@ -581,7 +584,7 @@ def _softmax_module():
     return bb.get()
 
 
-def _check_softmax(kernel, count, seed):
+def check_softmax(kernel, count, seed):
     op = kernel.op
     report = KernelReport(kernel.name, _computes(op))
     rng = np.random.default_rng(seed)
@@ -609,5 +612,3 @@ def _check_softmax(kernel, count, seed):
     return report
 
 
-_CHECKERS = {"dense": _check_matrix, "matmul": _check_matrix, "conv2d": _check_conv,
-             "max_pool2d": _check_pool, "avg_pool2d": _check_pool, "softmax": _check_softmax}

@@ -297,8 +297,15 @@ def pack_weight(plan: _Plan):
 
 
 def _conv_steps(passes):
-    """The ``conv_region`` forms of ``passes``, in order."""
-    return [step for step in (getattr(p, "conv_region", None) for p in passes) if step]
+    """The forms of ``passes`` on a conv region, in order: this module's for the default
+    passes of ``tirbyoc.weights`` (``fold_batch_norm``, ``pack_constants``), a pass's
+    own ``conv_region`` attribute for any other."""
+    from . import weights
+
+    ours = {id(weights.fold_batch_norm): fold_batch_norm,
+            id(weights.pack_constants): pack_weight}
+    steps = (ours.get(id(p), getattr(p, "conv_region", None)) for p in passes)
+    return [step for step in steps if step]
 
 
 def _run_passes(plan: _Plan, steps) -> _Plan:
@@ -349,7 +356,7 @@ def _kernel_func(plan: _Plan, x, residual, out_ty, packed_size=None, winograd=Fa
     bias) in place of the weight and the bias (``winograd``:
     ``tirbyoc_conv2d_winograd_f32``, its weight transformed); for a depthwise ``plan``,
     ``tirbyoc_depthwise_conv2d_f32`` (the weight [C, 1, KH, KW], no groups)."""
-    from .rewrite import status_checks
+    from .calls import status_checks
 
     names = {}
     xb = T.decl_buffer(tir_dims(shape_of(x), names), "float32", "x")
@@ -650,7 +657,7 @@ def _offer(plan: _Plan, kernels, steps, builtin):
     return _run_passes(plan, steps) if builtin else None
 
 
-def offload_convs(mod, passes=None, kernels=(), builtin=True):
+def offload_convs(mod, kernels=(), builtin=True, passes=None):
     """``mod`` with every convolution of the form above one kernel call (a depthwise one
     the depthwise kernel's); a new module, functions with a ``Codegen`` attribute
     untouched. ``passes``: the region passes (default ``tirbyoc.weights.DEFAULT_PASSES``);

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from . import _tvm as T
 from .registry import Registry
-from .relax_prep import call_args
+from .bindings import call_args
 from .weights import transposed_source
 
 R = T.relax_ns

@@ -374,6 +374,10 @@ class Library:
             raise LibraryError(f"library {self.name}, kernel {symbol}: returns "
                                f"`{proto.result.text}`; a kernel returns an integer status "
                                "(0: success) or void")
+        if computes.family == "attention" and matcher is None:
+            raise LibraryError(f"library {self.name}, kernel {symbol}: attention kernels "
+                               "of a library are not matched yet (only the built-in "
+                               "fused attention is)")
         if any(k.symbol == symbol and k.op == computes and k.args == args
                for k in self.kernels):
             raise LibraryError(f"library {self.name}: {symbol} is declared twice as "

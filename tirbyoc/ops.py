@@ -90,20 +90,57 @@ def _size(name, required=True, implied=()):
     return Role(name, "size", required, tuple(implied))
 
 
+@dataclass(frozen=True)
+class Family:
+    """One family's registration: its roles, whether it takes an epilogue, its layouts
+    and constraints; where it is matched: ``stage`` ("module:function") is the
+    graph-level rewrite that offers its regions to the declared kernels before
+    legalization (called ``f(mod, kernels=..., builtin=..., passes=...)``; rewrites of
+    ``phase`` 0 run before reshapes move, those of phase 1 after), None for a family the
+    TIR matcher takes (``tirbyoc.registry``); ``checker`` ("module:function") is its
+    ``tirbyoc.check`` (``f(kernel, cases, seed) -> KernelReport``)."""
+
+    name: str
+    roles: tuple
+    steps: bool
+    layouts: dict
+    constraints: tuple
+    stage: str | None = None
+    phase: int = 0
+    checker: str | None = None
+
+
 _FAMILIES = {}
 
 
-def _family(name, roles, steps=True, layouts=None, constraints=()):
-    _FAMILIES[name] = (tuple(roles), steps, dict(layouts or {}), tuple(constraints))
+def _family(name, roles, steps=True, layouts=None, constraints=(), stage=None, phase=0,
+            checker=None):
+    _FAMILIES[name] = Family(name, tuple(roles), steps, dict(layouts or {}),
+                             tuple(constraints), stage, phase, checker)
+
+
+def family(name: str) -> Family:
+    """The registration of family ``name``."""
+    return _FAMILIES[name]
+
+
+def resolve(path: str):
+    """The function a "module:function" registration names."""
+    import importlib
+
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 _MATRIX = [_tensor("x"), _tensor("weight"), _tensor("y", "out"), _size("m"), _size("n"),
            _size("k"), _size("lda", False), _size("ldw", False), _size("ldc", False)]
-_family("dense", _MATRIX, layouts={"weight": ("nt", "nn")}, constraints=("m", "n", "k"))
+_family("dense", _MATRIX, layouts={"weight": ("nt", "nn")}, constraints=("m", "n", "k"),
+        checker="tirbyoc.checking:check_matrix")
 _family("matmul", _MATRIX + [_size("batch"), _size("batch_stride_x", False),
                              _size("batch_stride_weight", False),
                              _size("batch_stride_y", False)],
-        layouts={"weight": ("nt", "nn")}, constraints=("batch", "m", "n", "k"))
+        layouts={"weight": ("nt", "nn")}, constraints=("batch", "m", "n", "k"),
+        checker="tirbyoc.checking:check_matrix")
 _GEOMETRY = [
     _size("stride", False), _size("stride_h", False, ("stride",)),
     _size("stride_w", False, ("stride",)), _size("pad", False),
@@ -120,19 +157,19 @@ _family("conv2d", [
     _size("groups", True, ("groups", "depthwise"))],
     layouts={"layout": ("NCHW",), "weight": ("OIHW", "OHWI")},
     constraints=("stride", "dilation", "groups", "depthwise", "kernel", "pad", "batch",
-                 "in_channels", "out_channels", "height", "width"))
+                 "in_channels", "out_channels", "height", "width"),
+    stage="tirbyoc.conv:offload_convs", checker="tirbyoc.checking:check_conv")
 _POOL = [_tensor("x"), _tensor("y", "out"), _size("batch"), _size("channels"),
          _size("height"), _size("width"), _size("out_h", False), _size("out_w", False),
          _size("kernel_h", True, ("kernel",)), _size("kernel_w", True, ("kernel",)),
          *_GEOMETRY, _size("dilation_h", False), _size("dilation_w", False)]
 _POOL_CONSTRAINTS = ("kernel", "stride", "pad", "batch", "channels", "height", "width")
 _family("max_pool2d", _POOL, steps=False, layouts={"layout": ("NCHW",)},
-        constraints=_POOL_CONSTRAINTS)
+        constraints=_POOL_CONSTRAINTS, stage="tirbyoc.pool:offload_pools",
+        checker="tirbyoc.checking:check_pool")
 _family("avg_pool2d", _POOL, steps=False, layouts={"layout": ("NCHW",)},
-        constraints=_POOL_CONSTRAINTS + ("count_include_pad",))
-_family("softmax", [_tensor("x"), _tensor("y", "out"), _size("rows"), _size("cols"),
-                    _size("ldx", False), _size("ldy", False)],
-        steps=False, constraints=("rows", "cols"))
+        constraints=_POOL_CONSTRAINTS + ("count_include_pad",),
+        stage="tirbyoc.pool:offload_pools", checker="tirbyoc.checking:check_pool")
 _family("attention", [
     _tensor("q"), _tensor("k"), _tensor("v"), _tensor("y", "out"), _size("batch"),
     _size("seq_q"), _size("seq_k"), _size("head_dim"), _size("value_dim"),
@@ -142,7 +179,13 @@ _family("attention", [
     Role("mask", "in", False), _size("ldmask", False), _size("batch_stride_mask", False),
     Role("scale", "float", False)],
     steps=False, layouts={"k": ("nt", "nn")},
-    constraints=("batch", "seq_q", "seq_k", "head_dim", "value_dim"))
+    constraints=("batch", "seq_q", "seq_k", "head_dim", "value_dim"),
+    stage="tirbyoc.attention:offload_attention", phase=1)
+_family("softmax", [_tensor("x"), _tensor("y", "out"), _size("rows"), _size("cols"),
+                    _size("ldx", False), _size("ldy", False)],
+        steps=False, constraints=("rows", "cols"), stage="tirbyoc.softmax:offload_softmax",
+        phase=1, checker="tirbyoc.checking:check_softmax")
+
 
 
 def families() -> list:
@@ -172,7 +215,7 @@ class Op:
 
     def roles(self) -> dict:
         """Every role a kernel of this op may take: ``{name: Role}``."""
-        roles, _, _, _ = _FAMILIES[self.family]
+        roles = _FAMILIES[self.family].roles
         out = {r.name: r for r in roles}
         for step in self.epilogue:
             for name in _STEP_ROLES.get(step, ()):
@@ -275,14 +318,14 @@ def _pair(name, value):
 
 
 def _layout(family, key, value):
-    allowed = _FAMILIES[family][2][key]
+    allowed = _FAMILIES[family].layouts[key]
     if value not in allowed:
         raise ValueError(f"{family}: {key} layout {value!r} is not one of {list(allowed)}")
     return value
 
 
 def _constraints(family, given: dict) -> dict:
-    allowed = _FAMILIES[family][3]
+    allowed = _FAMILIES[family].constraints
     unknown = [k for k in given if k not in allowed]
     if unknown:
         raise ValueError(f"{family}: unknown constraint(s) {unknown}; known: {list(allowed)}")

@@ -50,7 +50,7 @@ def _params(call):
 
 
 def _kernel_func(x, out_ty, params):
-    from .rewrite import status_checks
+    from .calls import status_checks
 
     names = {}
     xb = T.decl_buffer(tir_dims(shape_of(x), names), "float32", "x")
@@ -168,7 +168,7 @@ def _rewrite_func(func, builder, gvars, kernels, builtin):
                       func.is_pure, func.attrs)
 
 
-def offload_pools(mod, kernels=(), builtin=True):
+def offload_pools(mod, kernels=(), builtin=True, passes=None):  # noqa: ARG001
     """``mod`` with every max pool the kernel takes (see the module docstring) one kernel
     call (a new module; functions with a ``Codegen`` attribute untouched). ``kernels``:
     declared ``max_pool2d`` / ``avg_pool2d`` kernels (``tirbyoc.Library``), offered each

@@ -69,8 +69,9 @@ class Registry:
 
     def kernels(self, family: str) -> list:
         """The declared kernels of a graph-level family, in library then declaration
-        order (the built-in library's are not among them)."""
-        return [k for lib in self.libraries for k in lib.family(family)]
+        order (the built-in library's are not among them: its rewrites take what these
+        leave)."""
+        return [k for lib in self.libraries for k in lib.family(family) if k.matcher is None]
 
     def intrinsics(self) -> list:
         """What the TIR matcher tries, in order."""

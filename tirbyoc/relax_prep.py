@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from . import _tvm as T
+from .bindings import call_args, call_tir_sites  # noqa: F401 (part of this module's API)
+from .ops import resolve
 
 R = T.relax_ns
 
@@ -85,27 +87,29 @@ def prepare(mod, fuse="auto", softmax=True, passes=None, registry=None):
     further; its composites (tirbyoc's and other codegens' alike) become PrimFuncs by
     ``FuseTIR`` as TVM would make them.
 
-    ``softmax``: before legalization, convolutions with what follows them become one
-    kernel call each (``tirbyoc.conv``), attention regions (matmul, scale, mask, softmax,
-    matmul) one fused kernel call (``tirbyoc.attention``), then any other float32
-    ``R.nn.softmax`` over the last axis a kernel call (``tirbyoc.softmax``); not in a
-    module the graph level partitioned. ``passes``: the region passes whose
-    ``conv_region`` forms run on each convolution's region (``tirbyoc.conv``; default
-    ``tirbyoc.weights.DEFAULT_PASSES``). ``registry``: the libraries
-    (``tirbyoc.registry.Registry``) whose declared graph-level kernels are offered each
-    region first; ``softmax`` then says whether the built-in ones take the rest.
+    Before legalization (not in a module the graph level partitioned), the graph-level
+    families registered in ``tirbyoc.ops`` (a ``stage`` each) rewrite their regions into
+    kernel calls, in the order registered: convolutions with what follows them
+    (``tirbyoc.conv``), pooling (``tirbyoc.pool``); then, once reshapes have moved out of
+    the way (``sink_reshapes``), attention regions (``tirbyoc.attention``) and any other
+    float32 softmax over the last axis (``tirbyoc.softmax``). Each is offered first to the
+    declared kernels of ``registry``'s libraries (``tirbyoc.registry.Registry``; default:
+    the built-in library only), then to the built-in library's rewrite of that family
+    unless ``softmax`` (a historical name: the built-in graph-level rewrites) is False.
+    ``passes``: the region passes whose conv forms run on each convolution's region
+    (``tirbyoc.conv``; default ``tirbyoc.weights.DEFAULT_PASSES``).
     """
     if not has_relax_functions(mod):
         return mod, Scope()
     given = {gv.name_hint for gv in mod.get_global_vars()}
     scope = claims(mod, registry.names if registry is not None else ("tirbyoc",))
-    declared = {f: registry.kernels(f) for f in ("conv2d", "max_pool2d", "avg_pool2d",
-                                                  "softmax")} if registry is not None else {}
-    # the built-in library's graph-level rewrites, per family
-    ours = registry.builtin_families() if registry is not None else \
-        {"conv2d", "max_pool2d", "attention", "softmax"}
-    if not softmax:
-        ours = set()
+    if registry is None:
+        from .registry import Registry
+
+        registry = Registry()
+    # the graph-level families: the declared kernels of each, and whether the built-in
+    # library's rewrite takes the rest
+    ours = registry.builtin_families() if softmax else set()
     external = {gv.name_hint: f for gv, f in mod.functions_items()
                 if isinstance(f, T.Function) and f.attrs and "Codegen" in f.attrs}
     legalized = is_legalized(mod)
@@ -114,23 +118,14 @@ def prepare(mod, fuse="auto", softmax=True, passes=None, registry=None):
     if scope.chosen:
         fuse = False  # the graph level already chose what goes together
     if not legalized and not scope.chosen:
-        from .conv import offload_convs
-        from .pool import offload_pools
-        from .softmax import offload_softmax
-
-        if "conv2d" in ours or declared.get("conv2d"):
-            mod = offload_convs(mod, passes, declared.get("conv2d", ()),
-                                builtin="conv2d" in ours)
-        if "max_pool2d" in ours or declared.get("max_pool2d") or declared.get("avg_pool2d"):
-            mod = offload_pools(mod, declared.get("max_pool2d", ()) +
-                                declared.get("avg_pool2d", ()), builtin="max_pool2d" in ours)
-        mod = sink_reshapes(mod)
-        if "attention" in ours:
-            from .attention import offload_attention
-
-            mod = offload_attention(mod)
-        if "softmax" in ours or declared.get("softmax"):
-            mod = offload_softmax(mod, declared.get("softmax", ()), builtin="softmax" in ours)
+        for phase in (0, 1):
+            if phase == 1:
+                mod = sink_reshapes(mod)
+            for stage, families in _stages(phase):
+                kernels = [k for f in families for k in registry.kernels(f)]
+                builtin = any(f in ours for f in families)
+                if kernels or builtin:
+                    mod = resolve(stage)(mod, kernels=kernels, builtin=builtin, passes=passes)
     if fuse:
         mod = T.Sequential(T.relax_default_prepare_passes())(mod)
     elif not legalized:
@@ -145,6 +140,19 @@ def prepare(mod, fuse="auto", softmax=True, passes=None, registry=None):
             if gv.name_hint in external:
                 mod.update_func(gv, external[gv.name_hint])
     return _drop_unused(mod, given, scope), scope
+
+
+def _stages(phase: int) -> list:
+    """``[(stage, families)]``: the graph-level rewrites of one phase, in the order their
+    families are registered (``tirbyoc.ops``), each once."""
+    from .ops import families, family
+
+    out: dict = {}
+    for name in families():
+        f = family(name)
+        if f.stage is not None and f.phase == phase:
+            out.setdefault(f.stage, []).append(name)
+    return list(out.items())
 
 
 def _referenced(func) -> set:
@@ -179,23 +187,6 @@ def _drop_unused(mod, given: set, scope: Scope):
         for gv in dead:
             del mod[gv]
     return mod
-
-
-def call_tir_sites(mod):
-    """Yield ``(var2val, call, args)`` for every call_tir in every Relax function."""
-    call_tir = T.call_tir_op()
-    for _, func in mod.functions_items():
-        if not isinstance(func, T.Function):
-            continue
-        var2val = R.analysis.get_var2val(func)
-        for value in var2val.values():
-            if isinstance(value, R.Call) and value.op.same_as(call_tir):
-                yield var2val, value, call_args(value)
-
-
-def call_args(call) -> list:
-    """The tensor arguments of a call_tir."""
-    return list(call.args[1].fields) if isinstance(call.args[1], R.Tuple) else [call.args[1]]
 
 
 # ---- moving reshapes out of the way of fusion ----

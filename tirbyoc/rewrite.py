@@ -10,22 +10,9 @@ as they were.
 from __future__ import annotations
 
 from . import _tvm as T
+from .calls import status_checks
 from .matcher import Region
 from .normalize import INTRINSIC_ATTR, LIBRARY_ATTR, OFFLOADED_ATTR, NormalFunc
-
-
-def status_checks(symbol: str, call):
-    """``status = call`` then one assertion per error status, each raising a RuntimeError
-    that names the kernel and the reason (the library's own ``tirbyoc_status_string``)."""
-    from . import kernels
-
-    status = T.Var("status", "int32")
-    checks = [T.assert_stmt(status != T.const(code, "int32"),
-                            f"tirbyoc: kernel {symbol} failed: {reason}")
-              for code, reason in kernels.error_statuses().items()]
-    checks.append(T.assert_stmt(status == T.const(kernels.TIRBYOC_OK, "int32"),
-                                f"tirbyoc: kernel {symbol} failed: unknown status"))
-    return T.seq([T.bind(status, call)] + checks)
 
 
 def block_name(region: Region) -> str:

@@ -27,7 +27,7 @@ INTRINSIC = "softmax"
 def _kernel_func(rank: int):
     """PrimFunc ``(X, Y)`` for a rank-``rank`` float32 tensor of any (symbolic) shape:
     ``Y = softmax(X, axis=-1)`` through the kernel."""
-    from .rewrite import status_checks
+    from .calls import status_checks
 
     dims = [T.Var(f"d{i}", "int64") for i in range(rank)]
     x = T.decl_buffer(dims, "float32", "x")
@@ -80,7 +80,7 @@ def _declared(kernels, call):
     return None
 
 
-def offload_softmax(mod, kernels=(), builtin=True):
+def offload_softmax(mod, kernels=(), builtin=True, passes=None):  # noqa: ARG001
     """``mod`` with every float32 ``R.nn.softmax`` over the last axis a kernel call (a
     new module; one PrimFunc per rank, shared by every call of that rank): the first of
     the declared ``kernels`` (``tirbyoc.Library``) that takes it, else (``builtin``)

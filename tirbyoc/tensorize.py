@@ -20,7 +20,7 @@ from __future__ import annotations
 from . import _tvm as T
 from .matcher import match_dense
 from .normalize import normalize
-from .rewrite import status_checks
+from .calls import status_checks
 
 _REGISTERED: set = set()
 

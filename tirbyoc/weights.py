@@ -29,9 +29,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from . import _tvm as T
-from . import conv as conv_passes
 from .normalize import NormalFunc, normalize
-from .relax_prep import call_args, call_tir_sites
+from .bindings import call_args, call_tir_sites
 
 R = T.relax_ns
 
@@ -178,11 +177,6 @@ def fold_batch_norm(normal: NormalFunc, region, source: WeightSource):
     batch norm, which TVM then computes. Dense regions: nothing to do."""
     return None
 
-
-# The passes' forms on an offloaded convolution's region (tirbyoc.conv): a plan in, a
-# new plan out (or None: unchanged). They run in the order of the pass list, as above.
-fold_batch_norm.conv_region = conv_passes.fold_batch_norm
-pack_constants.conv_region = conv_passes.pack_weight
 
 DEFAULT_PASSES = (untranspose, fold_batch_norm, pack_constants)
 

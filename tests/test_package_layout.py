@@ -1,0 +1,71 @@
+"""The package's shape: imports flow one way, and every family registration resolves."""
+
+import ast
+import pathlib
+
+import pytest
+
+from tirbyoc import ops
+
+PACKAGE = pathlib.Path(__file__).parent.parent / "tirbyoc"
+
+
+def _imports() -> dict:
+    """``{module: {modules of the package it imports}}``, deferred imports included."""
+    names = {p.stem for p in PACKAGE.glob("*.py")}
+    out = {}
+    for path in PACKAGE.glob("*.py"):
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                if node.module:
+                    deps.add(node.module.split(".")[0])
+                else:
+                    deps.update(a.name for a in node.names)
+        out[path.stem] = {d for d in deps if d in names and d != path.stem}
+    return out
+
+
+def _cycle(graph):
+    """One import cycle as a list of modules, or None."""
+    state, stack = {}, []
+
+    def visit(v):
+        state[v] = 1
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if state.get(w) == 1:
+                return stack[stack.index(w):] + [w]
+            if w not in state:
+                found = visit(w)
+                if found:
+                    return found
+        state[v] = 2
+        stack.pop()
+        return None
+
+    for v in sorted(graph):
+        if v not in state:
+            found = visit(v)
+            if found:
+                return found
+    return None
+
+
+def test_no_import_cycles():
+    graph = _imports()
+    assert len(graph) > 30
+    assert _cycle(graph) is None, " -> ".join(_cycle(graph))
+
+
+def test_the_cycle_finder_finds_one():
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+
+
+@pytest.mark.parametrize("name", ops.families())
+def test_family_registrations_resolve(name):
+    family = ops.family(name)
+    for path in (family.stage, family.checker):
+        if path is not None:
+            assert callable(ops.resolve(path)), path
+    assert family.stage is not None or name in ("dense", "matmul")  # the TIR matcher's

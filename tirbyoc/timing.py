@@ -1,0 +1,56 @@
+"""Timing side by side: interleaved medians (shared by every benchmark)."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+SETTLE_SECONDS = 0.3
+WARM_SECONDS = 0.06
+BATCH_SECONDS = 0.02
+
+
+def _time(fn, number: int = 1, settle: float = 0.0) -> float:
+    """Seconds per call of ``fn``, over ``number`` calls in a row."""
+    # NOTE: BLAS and OpenMP pools (numpy's, PyTorch's, ours) keep spinning for a while
+    # after a call and slow down whoever runs next on the same two cores; letting them
+    # go idle before each measurement keeps the contenders from measuring each other.
+    # Idle cores come back slowly (measured here: batches right after a 0.3 s sleep ran
+    # at a third of the speed), so the function runs untimed for a moment first: every
+    # contender alike, the slow ones (TVM's default build) at least once.
+    if settle:
+        time.sleep(settle)
+        warm_until = time.perf_counter() + WARM_SECONDS
+        fn()
+        while time.perf_counter() < warm_until:
+            fn()
+    start = time.perf_counter()
+    for _ in range(number):
+        fn()
+    return (time.perf_counter() - start) / number
+
+
+def interleaved(fns: dict, reps: int, settle: float = SETTLE_SECONDS, few: tuple = (),
+                few_reps: int = 1, samples: dict | None = None) -> dict:
+    """Median seconds per call of each function: ``reps`` rounds, each timing every
+    function once, starting one further along each round so that no function always
+    follows the same one (``few``: slow ones, timed in the first ``few_reps`` rounds
+    only, one call at a time). ``samples``: if given, filled with each function's
+    seconds per call round by round (a slow stretch of one contender shows there)."""
+    number = {}
+    for name, fn in fns.items():
+        if name in few:
+            number[name] = 1
+            continue
+        once = _time(fn)  # also the warm-up
+        number[name] = max(1, min(1000, int(BATCH_SECONDS / max(once, 1e-7))))
+    times = {name: [] for name in fns}
+    names = list(fns)
+    for rep in range(reps):
+        for name in names[rep % len(names):] + names[:rep % len(names)]:
+            if name in few and rep >= few_reps:
+                continue
+            times[name].append(_time(fns[name], number[name], settle))
+    if samples is not None:
+        samples.update(times)
+    return {name: statistics.median(t) for name, t in times.items()}
