@@ -410,3 +410,92 @@ def test_without_the_builtin_library_nothing_is_its():
     with torch.no_grad():
         ref = net(torch.ones(1, 3, 8, 8)).numpy()
     assert np.abs(out - ref).max() <= TOL * max(1.0, np.abs(ref).max())
+
+
+# ---- the other families: batched matmul, softmax, average pooling ----
+
+def declare_more(lib):
+    lib.kernel("toy_softmax", computes=ops.softmax(), args=("x", "y", "rows", "cols"))
+    lib.kernel("toy_avg_pool2d", computes=ops.avg_pool2d(count_include_pad=False),
+               args=("x", "y", "batch", "channels", "height", "width", "kernel_h",
+                     "kernel_w", "stride", "pad"))
+    lib.kernel("toy_bmm", computes=ops.matmul(weight="nn"),
+               args=("x", "weight", "y", "batch", "m", "n", "k"))
+    return lib
+
+
+def test_softmax_pool_and_batched_matmul_kernels_of_a_library():
+    import torch
+
+    class Net(torch.nn.Module):
+        def forward(self, a, b, img):
+            scores = torch.softmax(torch.bmm(a, b), dim=-1)
+            pooled = torch.nn.functional.avg_pool2d(img, 3, stride=2, padding=1,
+                                                    count_include_pad=False)
+            return scores, pooled
+
+    args = (torch.randn(3, 8, 16), torch.randn(3, 16, 12), torch.randn(2, 4, 9, 9))
+    with torch.no_grad():
+        ep = torch.export.export(Net(), args)
+    from tvm.relax.frontend.torch import from_exported_program
+
+    mod = from_exported_program(ep)
+    lib = declare_more(tirbyoc.Library("more", sources=[TOY_C], cdef=TOY_H))
+    report = tirbyoc.explain(mod, libraries=[lib], builtin=False)
+    print(report)
+    assert by_library(report) == {"more": ["toy_avg_pool2d", "toy_bmm", "toy_softmax"]}
+    out = tirbyoc.run(tirbyoc.compile(mod, libraries=[lib], builtin=False),
+                      *[a.numpy() for a in args])
+    with torch.no_grad():
+        ref = Net()(*args)
+    for got, want in zip(out, ref):
+        assert np.abs(got - want.numpy()).max() <= TOL
+    assert tirbyoc.check(lib, cases=6)
+
+
+def test_a_pool_the_kernel_cannot_say_stays_with_the_builtin_library():
+    import torch
+
+    class Net(torch.nn.Module):
+        def forward(self, img):  # counts the padding: not what toy_avg_pool2d computes
+            return torch.nn.functional.avg_pool2d(img, 3, stride=2, padding=1)
+
+    img = torch.randn(1, 2, 8, 8)
+    with torch.no_grad():
+        ep = torch.export.export(Net(), (img,))
+    from tvm.relax.frontend.torch import from_exported_program
+
+    mod = from_exported_program(ep)
+    lib = declare_more(tirbyoc.Library("more", sources=[TOY_C], cdef=TOY_H))
+    assert not tirbyoc.explain(mod, libraries=[lib]).offloaded
+    out = tirbyoc.run(tirbyoc.compile(mod, libraries=[lib]), img.numpy())
+    out = out[0] if isinstance(out, list) else out
+    assert np.abs(out - Net()(img).numpy()).max() <= TOL
+
+
+def test_a_compiled_model_runs_from_many_threads(toy, mlp):
+    from concurrent.futures import ThreadPoolExecutor
+
+    mod, x, ref = mlp
+    ex = tirbyoc.compile(mod, libraries=[toy])
+
+    def one(i):
+        return tirbyoc.run(ex, x * (1 + i % 3))
+
+    with ThreadPoolExecutor(8) as pool:
+        outs = list(pool.map(one, range(24)))
+    layers = examples.mlp_weights()
+    for i, out in enumerate(outs):
+        want = examples.mlp_numpy(x * (1 + i % 3), layers)
+        assert np.abs(out - want).max() <= TOL * max(1.0, np.abs(want).max())
+
+
+def test_an_attention_kernel_of_a_library_is_refused_clearly():
+    lib = tirbyoc.Library("att", sources=[TOY_C],
+                          cdef="int att(const float *q, const float *k, const float *v, "
+                               "float *y, int b, int m, int n, int d, int dv);")
+    with pytest.raises(tirbyoc.LibraryError, match="attention kernels of a library are not "
+                                                    "matched yet"):
+        lib.kernel("att", computes=ops.attention(),
+                   args=("q", "k", "v", "y", "batch", "seq_q", "seq_k", "head_dim",
+                         "value_dim"))

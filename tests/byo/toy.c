@@ -66,3 +66,52 @@ void toy_dense_bias_void(const float *x, const float *w, const float *b, float *
                          long n, long k) {
     dense(x, w, b, y, m, n, k, 0);
 }
+
+/* Softmax over the last axis: x, y [rows, cols]. */
+#include <math.h>
+int toy_softmax(const float *x, float *y, int64_t rows, int64_t cols) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * cols;
+        float *yr = y + r * cols;
+        float mx = -INFINITY, sum = 0.0f;
+        for (int64_t c = 0; c < cols; c++) mx = xr[c] > mx ? xr[c] : mx;
+        for (int64_t c = 0; c < cols; c++) sum += (yr[c] = expf(xr[c] - mx));
+        for (int64_t c = 0; c < cols; c++) yr[c] /= sum;
+    }
+    return 0;
+}
+
+/* Average pooling, NCHW, the same stride and padding on both axes, padding not counted. */
+int toy_avg_pool2d(const float *x, float *y, int batch, int c, int h, int w, int kh, int kw,
+                   int stride, int pad) {
+    int oh = (h + 2 * pad - kh) / stride + 1, ow = (w + 2 * pad - kw) / stride + 1;
+    for (int n = 0; n < batch * c; n++)
+        for (int i = 0; i < oh; i++)
+            for (int j = 0; j < ow; j++) {
+                float acc = 0.0f;
+                int count = 0;
+                for (int u = 0; u < kh; u++)
+                    for (int v = 0; v < kw; v++) {
+                        int r = i * stride - pad + u, s = j * stride - pad + v;
+                        if (r < 0 || r >= h || s < 0 || s >= w) continue;
+                        acc += x[((int64_t)n * h + r) * w + s];
+                        count++;
+                    }
+                y[((int64_t)n * oh + i) * ow + j] = acc / (float)count;
+            }
+    return 0;
+}
+
+/* Batched y[b] = x[b] @ w[b] (w [batch, k, n]: "nn"), dense batches. */
+int toy_bmm(const float *x, const float *w, float *y, int64_t batch, int64_t m, int64_t n,
+            int64_t k) {
+    for (int64_t b = 0; b < batch; b++)
+        for (int64_t i = 0; i < m; i++)
+            for (int64_t j = 0; j < n; j++) {
+                float acc = 0.0f;
+                for (int64_t p = 0; p < k; p++)
+                    acc += x[(b * m + i) * k + p] * w[(b * k + p) * n + j];
+                y[(b * m + i) * n + j] = acc;
+            }
+    return 0;
+}
