@@ -36,8 +36,17 @@ max_pool2d x [batch, channels, height, width], y [batch, channels, out_h, out_w]
 avg_pool2d batch, channels, height, width, out_h, out_w, kernel_h, kernel_w; geometry
            stride, stride_h, stride_w, pad, pad_top, pad_left, pad_bottom, pad_right
            (avg_pool2d: padding counts in the divisor when ``count_include_pad``)
-softmax    x, y [rows, cols] (over the last axis; leading axes are rows); sizes rows, cols
+softmax    x, y [rows, cols] (over the last axis; leading axes are rows); sizes rows, cols;
+           row strides ldx, ldy
+attention  q, k, v, mask (bytes), y; sizes batch, seq_q, seq_k, head_dim, value_dim; row
+           and batch strides; scale (declared and checked; matched for the built-in
+           kernel only so far)
 ========== ==================================================================================
+
+Each family is registered once, below (``_family``): its roles, layouts and
+constraints, where it is matched (``stage``: a graph-level rewrite, or None for the TIR
+matcher) and its ``tirbyoc.check`` (``checker``). Adding a family is its rewrite file
+and one registration here (with its constructor).
 
 Epilogue steps: bias, relu, relu6, gelu (erf form), gelu_tanh, silu, sigmoid, tanh,
 scale (``* c``), residual (``+ r``, a tensor of the output's shape). Matrix and
