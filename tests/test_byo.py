@@ -392,9 +392,20 @@ def test_check_passes_the_builtin_library():
     report = tirbyoc.check(tirbyoc.builtin, cases=6)
     print(report)
     assert report.ok
-    ran = [k for k in report.kernels if not k.skipped]
-    assert len(ran) == len(tirbyoc.builtin.kernels) - 1 and all(k.cases >= 4 for k in ran)
-    assert [k.computes for k in report.kernels if k.skipped] == ["attention (nt)"]
+    assert len(report.kernels) == len(tirbyoc.builtin.kernels) >= 30
+    assert all(not k.skipped and k.cases >= 4 for k in report.kernels)
+    assert "depthwise_conv2d_bias_relu6 (NCHW, OIHW)" in str(report)
+    # a wrong declaration of a built-in kernel fails too: tirbyoc_dense_f32_nt with a
+    # relu it does not apply
+    lib = tirbyoc.builtin
+    wrong = next(k for k in lib.kernels if k.symbol == "tirbyoc_dense_f32_nt" and
+                 k.op.epilogue == ("bias",))
+    from dataclasses import replace
+
+    bad = replace(wrong, op=ops.dense(("bias", "relu"), weight="nt"))
+    from tirbyoc.checking import check_matrix
+
+    assert not check_matrix(bad, 6, 0).ok
 
 
 def test_without_the_builtin_library_nothing_is_its():

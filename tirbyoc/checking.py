@@ -72,10 +72,11 @@ class Report:
         lines = [f"tirbyoc.check({self.library}): {len(self.kernels)} kernels, "
                  f"{sum(k.cases for k in self.kernels)} cases against TVM's own build"]
         width = max([len(k.kernel) for k in self.kernels] + [6])
+        cw = max([len(k.computes) for k in self.kernels] + [8])
         for k in self.kernels:
             verdict = f"not run: {k.skipped}" if k.skipped else \
                 "ok" if k.ok else f"FAILED {k.failures} of {k.cases}"
-            lines.append(f"  {k.kernel.ljust(width)}  {k.computes:<34} {k.cases:4d} cases  "
+            lines.append(f"  {k.kernel.ljust(width)}  {k.computes:<{cw}} {k.cases:4d} cases  "
                          f"{verdict}")
             if k.first is not None:
                 case = ", ".join(f"{a}={b}" for a, b in k.first.case.items())
@@ -166,8 +167,10 @@ def _compare(got, ref, terms, tainted=None) -> str | None:
 
 def _computes(op) -> str:
     """``dense_bias_relu (nt)``: the op's name and its layouts."""
+    name = op.name.replace("conv2d", "depthwise_conv2d") if op.constraints.get("depthwise") \
+        else op.name
     layouts = ", ".join(str(v) for v in op.layouts.values())
-    return f"{op.name} ({layouts})" if layouts else op.name
+    return f"{name} ({layouts})" if layouts else name
 
 
 def _record(report, case, detail):
@@ -213,8 +216,11 @@ def _call(kernel, arrays: dict, values: dict):
             a = np.ascontiguousarray(arrays[role])
             if a is not arrays[role]:
                 raise AssertionError(f"{role}: the checker passes contiguous arrays only")
-            args.append(ffi.from_buffer("float[]", a) if ct.element == "float32" else
-                        ffi.from_buffer(a))
+            cname = {"float32": "float[]", "uint8": "uint8_t[]", "int8": "int8_t[]"}.get(
+                ct.element)
+            args.append(ffi.from_buffer(cname, a) if cname else ffi.from_buffer(a))
+        elif values.get(role) is None and ct.kind == "pointer":
+            args.append(ffi.NULL)
         else:
             args.append(values[role])
     status = getattr(lib, kernel.symbol)(*args)
@@ -612,3 +618,74 @@ def check_softmax(kernel, count, seed):
     return report
 
 
+# ---- attention ----
+
+def _attention_module(k_layout, masked):
+    from tvm import relax as R
+    from tvm import tirx
+
+    bb = R.BlockBuilder()
+    b, m, n, d, dv = (tirx.Var(v, "int64") for v in ("b", "m", "n", "d", "dv"))
+    q = R.Var("q", R.TensorType([b, m, d], "float32"))
+    k = R.Var("k", R.TensorType([b, n, d] if k_layout == "nt" else [b, d, n], "float32"))
+    v = R.Var("v", R.TensorType([b, n, dv], "float32"))
+    scale = R.Var("scale", R.TensorType([], "float32"))
+    params = [q, k, v, scale]
+    if masked:
+        mask = R.Var("mask", R.TensorType([b, m, n], "bool"))
+        params.append(mask)
+    with bb.function("main", params):
+        with bb.dataflow():
+            kt = bb.emit(R.op.permute_dims(k, [0, 2, 1])) if k_layout == "nt" else k
+            s = bb.emit(R.op.multiply(bb.emit(R.op.matmul(q, kt)), scale))
+            if masked:
+                s = bb.emit(R.op.where(mask, R.const(-np.inf, "float32"), s))
+            p = bb.emit(R.op.nn.softmax(s, axis=-1))
+            out = bb.emit_output(bb.emit(R.op.matmul(p, v)))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def check_attention(kernel, count, seed):
+    """Attention against TVM: random sizes, half the cases with a boolean mask (never a
+    whole row: a fully masked row is NaN in both, and not compared)."""
+    op = kernel.op
+    report = KernelReport(kernel.name, _computes(op))
+    layout = op.layouts["k"]
+    rng = np.random.default_rng(seed)
+    draws = _draw(rng, ["batch", "seq_q", "seq_k", "head_dim", "value_dim"], op,
+                  count=count)
+    for index, case in enumerate(draws):
+        masked = "mask" in kernel.args and index % 2 == 1
+        vm = _vm(("attention", layout, masked),
+                 lambda masked=masked: _attention_module(layout, masked))
+        crng = np.random.default_rng([seed, index])
+        b, m, n = case["batch"], case["seq_q"], case["seq_k"]
+        d, dv = case["head_dim"], case["value_dim"]
+        q = crng.standard_normal((b, m, d)).astype(np.float32)
+        k = crng.standard_normal((b, n, d) if layout == "nt" else (b, d, n)).astype(
+            np.float32)
+        v = crng.standard_normal((b, n, dv)).astype(np.float32)
+        scale = np.float32(1.0 / math.sqrt(d))
+        inputs = [q, k, v, np.array(scale, np.float32)]
+        arrays = {"q": q, "k": k, "v": v}
+        if masked:
+            mask = crng.random((b, m, n)) < 0.3
+            mask[..., 0] = False
+            inputs.append(mask)
+            arrays["mask"] = mask.astype(np.uint8)
+        y = np.full((b, m, dv), np.nan, np.float32)
+        arrays["y"] = y
+        values = {"batch": b, "seq_q": m, "seq_k": n, "head_dim": d, "value_dim": dv,
+                  "ldq": d, "ldk": k.shape[-1], "ldv": dv, "ldy": dv, "ldmask": n,
+                  "batch_stride_q": m * d, "batch_stride_k": n * d,
+                  "batch_stride_v": n * dv, "batch_stride_y": m * dv,
+                  "batch_stride_mask": m * n, "scale": float(scale), "mask": None}
+        ref = _run_vm(vm, *inputs).astype(np.float64)
+        status = _call(kernel, arrays, values)
+        case = dict(case, seed=seed, case=index, mask=masked)
+        if status:
+            _record(report, case, f"returned status {status}")
+            continue
+        _record(report, case, _compare(y, ref, n + d))
+    return report

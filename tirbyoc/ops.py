@@ -189,7 +189,8 @@ _family("attention", [
     Role("scale", "float", False)],
     steps=False, layouts={"k": ("nt", "nn")},
     constraints=("batch", "seq_q", "seq_k", "head_dim", "value_dim"),
-    stage="tirbyoc.attention:offload_attention", phase=1)
+    stage="tirbyoc.attention:offload_attention", phase=1,
+    checker="tirbyoc.checking:check_attention")
 _family("softmax", [_tensor("x"), _tensor("y", "out"), _size("rows"), _size("cols"),
                     _size("ldx", False), _size("ldy", False)],
         steps=False, constraints=("rows", "cols"), stage="tirbyoc.softmax:offload_softmax",
