@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import _tvm as T
-from . import attention, conv, fallback, pool, relax_prep, softmax, weights
+from . import attention, conv, fallback, fixups, pool, relax_prep, softmax, weights
 from .matcher import Region
 from .normalize import INTRINSIC_ATTR, NOTES_ATTR, normalize
 from .registry import Registry
@@ -287,6 +287,8 @@ def pipeline(target=None, *, libraries=(), builtin=True, intrinsics=None,
     @T.module_pass(opt_level=0, name="tirbyoc.pipeline")
     def _pipeline(mod, _ctx):
         with target:
+            # NOTE: before TVM's library dispatch, which lowers a cumsum to a scan
+            mod = fixups.apply(mod)
             mod = T.Sequential(T.relax_library_dispatch_passes(target))(mod)
             mod = apply_tir_byoc(mod, fuse=True, libraries=reg, region_passes=region_passes)
             # NOTE: what tirbyoc left to TVM is fused as usual (kernel calls are opaque to

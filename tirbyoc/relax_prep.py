@@ -101,6 +101,9 @@ def prepare(mod, fuse="auto", softmax=True, passes=None, registry=None):
     """
     if not has_relax_functions(mod):
         return mod, Scope()
+    from .fixups import apply as fix_frontend
+
+    mod = fix_frontend(mod)  # what TVM's frontends get wrong (tirbyoc.fixups)
     given = {gv.name_hint for gv in mod.get_global_vars()}
     scope = claims(mod, registry.names if registry is not None else ("tirbyoc",))
     if registry is None:
