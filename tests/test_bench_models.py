@@ -67,12 +67,13 @@ def test_bench_reports_a_missing_file():
 
 def test_scaling_benchmark_runs_each_count_in_its_own_process(tmp_path, capsys):
     """``--models --threads 1,3``: the small CNN at one and three threads (3 is above the
-    2 cores of CI's machine, and said so), each against ONNX Runtime and PyTorch, numerics
-    checked; the table, the JSON and the plot."""
+    2 cores of CI's machine, and said so), each against ONNX Runtime and PyTorch (each
+    contender in a process of its own), numerics checked; the table, the JSON
+    and the plot."""
     from tirbyoc import bench, bench_scaling
 
     assert bench.main(["--models", "--model", "small_cnn", "--threads", "1,3", "--reps", "2",
-                       "--settle", "0", "--out", str(tmp_path)]) == 0
+                       "--settle", "0", "--rounds", "1", "--out", str(tmp_path)]) == 0
     data = json.load(open(tmp_path / "scaling.json"))
     assert data["counts"] == [1, 3] and data["cores"] == bench_scaling.available_cores()
     assert [(r["model"], r["threads"]) for r in data["rows"]] == [("small_cnn", 1),
@@ -81,7 +82,7 @@ def test_scaling_benchmark_runs_each_count_in_its_own_process(tmp_path, capsys):
         assert set(r["ms"]) == {"tirbyoc", "ort", "torch"}
         assert all(math.isfinite(t) and t > 0 for t in r["ms"].values())
         assert max(r["rel_err"].values()) <= bench_scaling.RTOL, r["rel_err"]
-        assert r["offloaded"] >= 3
+        assert r["offloaded"] >= 3 and r["rounds"] == 1
     text = capsys.readouterr().out
     assert "speed-up" in text and "small_cnn" in text
     if data["cores"] < 3:

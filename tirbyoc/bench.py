@@ -309,6 +309,9 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", default="2", help="with --models or --layers: "
                         "threads for every contender; with --models a list (1,2,4,8,16) "
                         "runs the scaling benchmark (tirbyoc.bench_scaling)")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="with --models and several --threads: rounds of one process "
+                        "per contender (each time: the median over the rounds)")
     parser.add_argument("--layers", action="store_true",
                         help="the models' conv layers one by one against ONNX Runtime and "
                              "PyTorch eager, from chains of them (tirbyoc.bench_layers)")
@@ -328,7 +331,8 @@ def main(argv=None) -> int:
         from . import bench_models, bench_scaling
 
         return bench_scaling.run_scaling(args.model or list(bench_models.MODELS), counts,
-                                         args.reps or 15, args.settle, args.out)
+                                         args.reps or 15, args.settle, args.out,
+                                         args.rounds)
     if args.layers:
         from . import bench_layers
 
