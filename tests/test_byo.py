@@ -510,3 +510,46 @@ def test_an_attention_kernel_of_a_library_is_refused_clearly():
         lib.kernel("att", computes=ops.attention(),
                    args=("q", "k", "v", "y", "batch", "seq_q", "seq_k", "head_dim",
                          "value_dim"))
+
+
+def test_a_gelu_epilogue_written_as_several_blocks():
+    """PyTorch's GELU legalizes to several blocks (erf, multiplies, adds): the declared
+    ``dense + bias + gelu`` takes them all; ``check`` agrees with TVM's build."""
+    import torch
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(24, 40), torch.nn.GELU(),
+                              torch.nn.Linear(40, 8)).eval()
+    x = torch.randn(5, 24)
+    mod = examples.import_torch(net, x)
+    lib = tirbyoc.Library("gelu", sources=[TOY_C], cdef=TOY_H)
+    lib.kernel("toy_dense_bias_gelu", computes=ops.dense(epilogue=("bias", "gelu")),
+               args=DENSE_ARGS)
+    report = tirbyoc.explain(mod, libraries=[lib])
+    print(report)
+    assert by_library(report) == {"gelu": ["toy_dense_bias_gelu"],
+                                  "tirbyoc": ["tirbyoc_dense_f32_packed"]}
+    out = tirbyoc.run(tirbyoc.compile(mod, libraries=[lib]), x.numpy())
+    out = out[0] if isinstance(out, list) else out
+    with torch.no_grad():
+        ref = net(x).numpy()
+    assert np.abs(out - ref).max() <= TOL * max(1.0, np.abs(ref).max())
+    assert tirbyoc.check(lib, cases=8)
+
+
+def test_libraries_are_tried_in_the_order_given(mlp):
+    mod, x, ref = mlp
+    first = tirbyoc.Library("first", sources=[TOY_C], cdef=TOY_H)
+    first.kernel("toy_dense_bias", computes=ops.dense(epilogue=("bias",)), args=DENSE_ARGS)
+    second = declare_dense(tirbyoc.Library("second", sources=[TOY_C], cdef=TOY_H))
+    # first's dense_bias takes the bias of both layers (the relu then stays TVM's)
+    assert by_library(tirbyoc.explain(mod, libraries=[first, second])) == \
+        {"first": ["toy_dense_bias", "toy_dense_bias"]}
+    # the other way round, second's kernels take both layers whole
+    assert by_library(tirbyoc.explain(mod, libraries=[second, first])) == \
+        {"second": ["toy_dense_bias", "toy_dense_bias_relu"]}
+    for libs in ([first, second], [second, first]):
+        out = tirbyoc.run(tirbyoc.compile(mod, libraries=libs), x)
+        assert np.abs(out - ref).max() <= TOL * max(1.0, np.abs(ref).max())
+    with pytest.raises(ValueError, match="two libraries of the same name"):
+        tirbyoc.explain(mod, libraries=[first, first])

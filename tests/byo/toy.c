@@ -115,3 +115,12 @@ int toy_bmm(const float *x, const float *w, float *y, int64_t batch, int64_t m, 
             }
     return 0;
 }
+
+/* y = gelu(x @ w.T + b), the erf form. */
+int toy_dense_bias_gelu(const float *x, const float *w, const float *b, float *y,
+                        int64_t m, int64_t n, int64_t k) {
+    dense(x, w, b, y, m, n, k, 0);
+    for (int64_t i = 0; i < m * n; i++)
+        y[i] = 0.5f * y[i] * (1.0f + erff(y[i] * 0.70710678118654752f));
+    return 0;
+}
