@@ -351,10 +351,8 @@ def check_matrix(kernel, count, seed):
         values.update(ldc=ldc, batch_stride_x=int(np.prod(x_full.shape[-2:])),
                       batch_stride_weight=int(np.prod(w_full.shape[-2:])),
                       batch_stride_y=m * ldc)
-        ref = _run_vm(vm, *inputs).astype(np.float64)
-        status = _call(kernel, arrays, values)
-        if status:
-            _record(report, case, f"returned status {status}")
+        ref = _run(report, case, vm, inputs, kernel, arrays, values)
+        if ref is None:
             continue
         tainted = None
         if poisoned:
@@ -363,6 +361,17 @@ def check_matrix(kernel, count, seed):
         _record(report, _describe_case(case, poisoned),
                 _compare(y_full[..., :n], ref, k, tainted))
     return report
+
+
+def _run(report, case, vm, inputs, kernel, arrays, values):
+    """TVM's output on ``inputs`` (float64), after calling the kernel; None when the
+    kernel returned an error status (recorded as the case's failure)."""
+    ref = _run_vm(vm, *inputs).astype(np.float64)
+    status = _call(kernel, arrays, values)
+    if status:
+        _record(report, case, f"returned status {status}")
+        return None
+    return ref
 
 
 def _describe_case(case, poisoned):
@@ -486,10 +495,8 @@ def check_conv(kernel, count, seed):
                      pad_top=pad[0], pad_left=pad[1], pad_bottom=pad[2], pad_right=pad[3],
                      dilation=dilation[0], dilation_h=dilation[0], dilation_w=dilation[1],
                      groups=groups)
-        ref = _run_vm(vm, *inputs).astype(np.float64)
-        status = _call(kernel, arrays, sizes)
-        if status:
-            _record(report, case, f"returned status {status}")
+        ref = _run(report, case, vm, inputs, kernel, arrays, sizes)
+        if ref is None:
             continue
         tainted = None
         if poisoned:  # the outputs of batch 0 whose window reads row 0, columns 0..2
@@ -567,10 +574,8 @@ def check_pool(kernel, count, seed):
                  "stride_h": stride[0], "stride_w": stride[1], "pad": pad[0],
                  "pad_top": pad[0], "pad_left": pad[1], "pad_bottom": pad[2],
                  "pad_right": pad[3], "dilation_h": 1, "dilation_w": 1}
-        ref = _run_vm(vm, x).astype(np.float64)
-        status = _call(kernel, {"x": x, "y": y}, sizes)
-        if status:
-            _record(report, case, f"returned status {status}")
+        ref = _run(report, case, vm, [x], kernel, {"x": x, "y": y}, sizes)
+        if ref is None:
             continue
         _record(report, case, _compare(y, ref, kern[0] * kern[1]))
     return report
@@ -603,12 +608,10 @@ def check_softmax(kernel, count, seed):
         if poisoned:
             x = _poison(x)
         y = np.full_like(x, np.nan)
-        ref = _run_vm(vm, x).astype(np.float64)
-        status = _call(kernel, {"x": x, "y": y}, dict(case, ldx=case["cols"],
-                                                        ldy=case["cols"]))
+        sizes = dict(case, ldx=case["cols"], ldy=case["cols"])
         case = _describe_case(dict(case, seed=seed, case=index), poisoned)
-        if status:
-            _record(report, case, f"returned status {status}")
+        ref = _run(report, case, vm, [x], kernel, {"x": x, "y": y}, sizes)
+        if ref is None:
             continue
         tainted = None
         if poisoned:
@@ -681,11 +684,9 @@ def check_attention(kernel, count, seed):
                   "batch_stride_q": m * d, "batch_stride_k": n * d,
                   "batch_stride_v": n * dv, "batch_stride_y": m * dv,
                   "batch_stride_mask": m * n, "scale": float(scale), "mask": None}
-        ref = _run_vm(vm, *inputs).astype(np.float64)
-        status = _call(kernel, arrays, values)
         case = dict(case, seed=seed, case=index, mask=masked)
-        if status:
-            _record(report, case, f"returned status {status}")
+        ref = _run(report, case, vm, inputs, kernel, arrays, values)
+        if ref is None:
             continue
         _record(report, case, _compare(y, ref, n + d))
     return report

@@ -24,18 +24,24 @@ SYMBOL = "tirbyoc_softmax_f32"
 INTRINSIC = "softmax"
 
 
-def _kernel_func(rank: int):
-    """PrimFunc ``(X, Y)`` for a rank-``rank`` float32 tensor of any (symbolic) shape:
-    ``Y = softmax(X, axis=-1)`` through the kernel."""
-    from .calls import status_checks
-
+def _rows(rank: int):
+    """``(x, y, rows, cols)``: the buffers of a rank-``rank`` softmax of any (symbolic)
+    shape, and its rows (the leading dimensions' product) and row length."""
     dims = [T.Var(f"d{i}", "int64") for i in range(rank)]
     x = T.decl_buffer(dims, "float32", "x")
     y = T.decl_buffer(dims, "float32", "y")
     rows = T.const(1, "int64")
     for d in dims[:-1]:
         rows = rows * d
-    n = dims[-1]
+    return x, y, rows, dims[-1]
+
+
+def _kernel_func(rank: int):
+    """PrimFunc ``(X, Y)`` for a rank-``rank`` float32 tensor of any (symbolic) shape:
+    ``Y = softmax(X, axis=-1)`` through the kernel."""
+    from .calls import status_checks
+
+    x, y, rows, n = _rows(rank)
     call = T.call_extern("int32", SYMBOL, [rows, n, T.buffer_pointer(x, "r"), n,
                                             T.buffer_pointer(y, "w"), n])
     block = T.make_block("tirbyoc_softmax", status_checks(SYMBOL, call),
@@ -57,13 +63,8 @@ def _softmax_rank(call) -> int | None:
 
 def _declared_func(kernel, rank: int):
     """A declared softmax kernel's PrimFunc for rank-``rank`` tensors (dense rows)."""
-    dims = [T.Var(f"d{i}", "int64") for i in range(rank)]
-    x = T.decl_buffer(dims, "float32", "x")
-    y = T.decl_buffer(dims, "float32", "y")
-    rows = T.const(1, "int64")
-    for d in dims[:-1]:
-        rows = rows * d
-    return kernel.prim_func([("x", x)], ("y", y), {"rows": rows, "cols": dims[-1]})
+    x, y, rows, cols = _rows(rank)
+    return kernel.prim_func([("x", x)], ("y", y), {"rows": rows, "cols": cols})
 
 
 def _declared(kernels, call):
