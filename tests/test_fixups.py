@@ -98,3 +98,71 @@ def test_huggingface_decoders_compile_and_match_pytorch(name, batch, attention, 
     # shared by both layers
     report = tirbyoc.explain(mod)
     assert len(report.offloaded) == offloaded, report
+
+
+# ---- ONNX Clip: the frontend's max / min call_tirs written as R.clip again ----
+
+def _onnx(net, x):
+    import io
+
+    import onnx
+    from tvm.relax.frontend.onnx import from_onnx
+
+    buf = io.BytesIO()
+    torch.onnx.export(net, (x,), buf, input_names=["x"], dynamo=False, opset_version=13)
+    return from_onnx(onnx.load_from_string(buf.getvalue()), keep_params_in_input=False)
+
+
+def test_onnx_clip_0_6_becomes_the_convolutions_relu6():
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.ReLU6(),
+        torch.nn.Conv2d(16, 16, 3, padding=1, groups=16), torch.nn.ReLU6(),
+        torch.nn.Conv2d(16, 8, 1), torch.nn.Hardtanh(-1.0, 5.0)).eval()
+    x = torch.randn(2, 3, 12, 12)
+    mod = _onnx(net, x)
+    assert "R.clip" not in mod.script() and "call_tir(cls.minimum" in mod.script()
+    fixed = fixups.fix_onnx_clip(mod)
+    assert fixed.script().count("R.clip(") == 3
+    report = tirbyoc.explain(mod)
+    assert sorted(r.intrinsic for r in report.offloaded) == \
+        ["conv2d_bias", "conv2d_bias_relu6", "depthwise_conv2d_bias_relu6"]
+    # the clip to [-1, 5] is not a relu6: it stays TVM's, as one clip
+    assert [n for n, how in report.schedules.items() if not how.startswith("kernel")] == \
+        ["tir_clip"]
+    out = tirbyoc.run(tirbyoc.compile(mod), x.numpy())
+    with torch.no_grad():
+        ref = net(x).numpy()
+    assert np.abs(out - ref).max() <= 1e-5 * np.abs(ref).max()
+
+
+def test_only_elementwise_max_and_min_with_a_scalar_are_read_as_clip_bounds():
+    from tvm.script import tirx as T
+
+    @T.prim_func(s_tir=True)
+    def maximum(a: T.Buffer((4, 8), "float32"), s: T.Buffer((), "float32"),
+                out: T.Buffer((4, 8), "float32")):
+        for i, j in T.grid(4, 8):
+            with T.sblock("m"):
+                vi, vj = T.axis.remap("SS", [i, j])
+                out[vi, vj] = T.max(s[()], a[vi, vj])
+
+    @T.prim_func(s_tir=True)
+    def shifted(a: T.Buffer((4, 8), "float32"), s: T.Buffer((), "float32"),
+                out: T.Buffer((4, 8), "float32")):
+        for i, j in T.grid(4, 8):
+            with T.sblock("m"):
+                vi, vj = T.axis.remap("SS", [i, j])
+                out[vi, vj] = T.max(a[vi, 7 - vj], s[()])
+
+    @T.prim_func(s_tir=True)
+    def plus(a: T.Buffer((4, 8), "float32"), s: T.Buffer((), "float32"),
+             out: T.Buffer((4, 8), "float32")):
+        for i, j in T.grid(4, 8):
+            with T.sblock("m"):
+                vi, vj = T.axis.remap("SS", [i, j])
+                out[vi, vj] = a[vi, vj] + s[()]
+
+    assert fixups._elementwise_with_scalar(maximum) == "max"
+    assert fixups._elementwise_with_scalar(shifted) is None  # reads another element
+    assert fixups._elementwise_with_scalar(plus) is None

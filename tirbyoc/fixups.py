@@ -8,6 +8,14 @@ PyTorch evaluates in int64 (sequence ids 0, 1, 2...). TVM 0.27's frontend turns 
 ``fix_bool_cumsum`` makes it ``R.cumsum(astype(x, int64), dtype=int64)``, PyTorch's
 result, and the ops after it are typed again from there (an equality of two ids stays
 an equality of ids, not of truth values).
+
+TVM's ONNX frontend turns ``Clip(x, 0, 6)`` (MobileNet's ReLU6) into two ``call_tir``s of
+PrimFuncs it has already lowered, an elementwise maximum with a scalar and a minimum
+with another, the scalars computed as ``where(isnan(c), -inf, c)``; the convolution
+before it then cannot take the clip as its relu6 epilogue, and the clip runs as a
+separate pass over the tensor. ``fix_onnx_clip`` recognizes those PrimFuncs by what
+they compute and writes ``R.clip(x, lo, hi)`` back (``R.nn.relu(x)`` for a maximum
+with 0 alone).
 """
 
 from __future__ import annotations
@@ -65,6 +73,119 @@ def fix_bool_cumsum(mod):
     return out
 
 
+# ---- ONNX Clip ----
+
+def _scalar(expr, values):
+    """The float value of a 0-d constant, seen through variables and
+    ``where(isnan(c), +-inf, c)`` of constants (the ONNX frontend's bounds); else None."""
+    for _ in range(8):
+        if isinstance(expr, R.Var) and expr in values:
+            expr = values[expr]
+            continue
+        break
+    if isinstance(expr, T.RelaxConstant):
+        value = T.constant_value(expr)
+        return float(value) if value.ndim == 0 else None
+    if isinstance(expr, R.Call) and isinstance(expr.op, T.Op) and \
+            expr.op.name == "relax.where":
+        cond = _bool_scalar(expr.args[0], values)
+        if cond is None:
+            return None
+        return _scalar(expr.args[1] if cond else expr.args[2], values)
+    return None
+
+
+def _bool_scalar(expr, values):
+    """``isnan(c)`` of a 0-d constant, through variables; else None."""
+    while isinstance(expr, R.Var) and expr in values:
+        expr = values[expr]
+    if isinstance(expr, R.Call) and isinstance(expr.op, T.Op) and \
+            expr.op.name == "relax.isnan":
+        value = _scalar(expr.args[0], values)
+        return None if value is None else value != value
+    return None
+
+
+def _elementwise_with_scalar(func) -> str | None:
+    """``"max"`` or ``"min"`` when PrimFunc ``func`` computes ``out[i] = max/min(a[i],
+    s[()])`` (``a``, ``s``, ``out`` its buffer params, in that order), else None."""
+    if not isinstance(func, T.PrimFunc):
+        return None
+    params = [p for p in func.params if T.is_buffer(p)]
+    if len(params) != 3:
+        return None
+    stores = []
+    T.structural_walk(func.body, [(T.BufferStore, stores.append)])
+    if len(stores) != 1:
+        return None
+    (store,) = stores
+    value = store.value
+    kind = "max" if isinstance(value, T.Max) else "min" if isinstance(value, T.Min) else None
+    if kind is None or not store.buffer.same_as(params[2]):
+        return None
+    loads = [value.a, value.b]
+    for first, second in (loads, loads[::-1]):
+        if isinstance(first, T.BufferLoad) and isinstance(second, T.BufferLoad) and \
+                first.source.same_as(params[0]) and second.source.same_as(params[1]) and \
+                len(second.indices) == 0 and len(first.indices) == len(store.indices) and \
+                all(x.same_as(y) for x, y in zip(first.indices, store.indices)):
+            return kind
+    return None
+
+
+@R.expr_functor.mutator
+class _FixClip(R.PyExprMutator):
+    def __init__(self, mod, values, uses):
+        super().__init__(mod)
+        self.mod_, self.values, self.uses = mod, values, uses
+
+    def _bound(self, call):
+        """``(kind, x, scalar)`` of a call_tir of an elementwise max/min with a scalar."""
+        if not isinstance(call, R.Call) or not call.op.same_as(T.call_tir_op()):
+            return None
+        gv = call.args[0]
+        func = self.mod_[gv] if isinstance(gv, T.GlobalVar) else None
+        kind = _elementwise_with_scalar(func)
+        args = list(call.args[1].fields) if isinstance(call.args[1], R.Tuple) else []
+        if kind is None or len(args) != 2:
+            return None
+        value = _scalar(args[1], self.values)
+        return None if value is None else (kind, args[0], value)
+
+    def visit_call_(self, call):
+        outer = self._bound(call)
+        if outer is not None:
+            kind, inner_var, c = outer
+            inner = self.values.get(inner_var) if isinstance(inner_var, R.Var) else None
+            found = self._bound(inner) if inner is not None and \
+                self.uses.get(inner_var, 0) == 1 else None
+            if found is not None and found[0] != kind:
+                lo, hi = (found[2], c) if kind == "min" else (c, found[2])
+                if lo <= hi:
+                    return R.op.clip(self.visit_expr(found[1]), lo, hi)
+            if kind == "max" and c == 0.0:
+                return R.op.nn.relu(self.visit_expr(inner_var))
+        return super().visit_call_(call)
+
+
+def fix_onnx_clip(mod):
+    """``mod`` with the ONNX frontend's clip (a max then a min with scalars, as
+    call_tirs) written as ``R.clip`` (see the module docstring)."""
+    from .bindings import Bindings
+
+    out, changed = mod, False
+    for gv, func in mod.functions_items():
+        if not isinstance(func, R.Function) or (func.attrs and "Codegen" in func.attrs):
+            continue
+        b = Bindings(func)
+        new = _FixClip(mod, b.values, b.uses).visit_expr(func)
+        if not new.same_as(func) and not T.structural_equal(new, func):
+            if not changed:
+                out, changed = mod.clone(), True
+            out[gv] = R.analysis.remove_all_unused(new)
+    return out
+
+
 def apply(mod):
     """Every fix-up, in order."""
-    return fix_bool_cumsum(mod)
+    return fix_onnx_clip(fix_bool_cumsum(mod))
