@@ -28,11 +28,12 @@ def offload_prim_func(func, intrinsics=None, sources=None, passes=None):
     return sch.mod["main"].with_attr("tirx.is_scheduled", True), results
 
 
-def _static_modules(mod, reg: Registry) -> list:
-    """The static-library modules of every library whose kernels ``mod`` calls."""
+def _static_modules(mod, reg: Registry, used=None) -> list:
+    """The static-library modules of every library whose kernels ``mod`` calls
+    (``used``: ``offloaded_by_library(mod)``, if known)."""
     from . import kernels
 
-    used = offloaded_by_library(mod)
+    used = dict(offloaded_by_library(mod) if used is None else used)
     ours = used.pop("tirbyoc", set())
     out = []
     if ours:
@@ -54,10 +55,11 @@ def _static_modules(mod, reg: Registry) -> list:
     return out
 
 
-def _attach_kernels(mod, reg: Registry):
+def _attach_kernels(mod, reg: Registry, used=None):
     existing = list(mod.attrs["external_mods"]) if mod.attrs and "external_mods" in mod.attrs \
         else []
-    new = [m for m in _static_modules(mod, reg) if not any(m.same_as(e) for e in existing)]
+    new = [m for m in _static_modules(mod, reg, used)
+           if not any(m.same_as(e) for e in existing)]
     if not new:
         return mod
     return mod.with_attr("external_mods", existing + new)
@@ -124,18 +126,18 @@ def apply_tir_byoc(mod, *, fuse="auto", libraries=(), builtin=True, intrinsics=N
     out, rows = _transform(mod, fuse, reg, region_passes)
     if not any(r.offloaded for r in rows):
         return out
+    used = offloaded_by_library(out)
     if not relax_prep.has_relax_functions(out):
         # NOTE: TVM's TIR-only build ignores external_mods; its in-process JIT finds the
         # kernels among the process's global symbols instead (see tirbyoc.compile).
         from . import kernels
 
-        used = offloaded_by_library(out)
         if "tirbyoc" in used:
             kernels.make_symbols_global()
         for name in used:
             if name != "tirbyoc" and reg.library(name) is not None:
                 reg.library(name).make_symbols_global()
-    return _attach_kernels(out, reg)
+    return _attach_kernels(out, reg, used)
 
 
 @dataclass

@@ -95,9 +95,9 @@ def _prototypes() -> dict:
         params = []
         for arg in fn.args:
             if arg.kind == "pointer":
-                params.append(_classify(arg.item.cname, True) if arg.item.kind == "primitive"
-                              else CType(arg.cname, "pointer", 64, "pointer"))
-                params[-1] = CType(arg.cname, "pointer", 64, params[-1].element)
+                element = _classify(arg.item.cname, True).element \
+                    if arg.item.kind == "primitive" else "pointer"
+                params.append(CType(arg.cname, "pointer", 64, element))
             else:
                 params.append(_classify(arg.cname, False))
         result = _classify(fn.result.cname, False) if fn.result.kind != "void" else \
@@ -113,7 +113,7 @@ def _declare():
     from intrinsics import dense as dense_family
     from intrinsics import dense_relu6, matmul
 
-    from . import attention, conv, pool, softmax
+    from . import attention, conv, kernels, pool, softmax
 
     # ---- matrices, matched in TIR: the chain intrinsic first (it leaves a run that a
     # fixed intrinsic computes exactly to that one), then longer fusions first ----
@@ -154,7 +154,7 @@ def _declare():
                 "out_h", "out_w")
     for chain in ((), ("bias",), ("bias", "relu"), ("bias", "relu6"), ("bias", "residual"),
                   ("bias", "residual", "relu"), ("relu",)):
-        code = sum(conv._EPI[s] << (4 * i) for i, s in enumerate(chain))
+        code = kernels.encode_epilogue(chain)
         tail = (const(code), "bias" if "bias" in chain else const(0),
                 "residual" if "residual" in chain else const(0), "y")
         builtin.kernel("tirbyoc_conv2d_f32", computes=ops.conv2d(chain, depthwise=False),

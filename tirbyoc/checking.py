@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .ops import geometry_roles, out_size
+
 EDGE_SIZES = (1, 2, 3, 7, 8, 9, 15, 16, 17, 31, 33, 64, 65)
 RTOL = 1e-4
 ATOL_PER_TERM = 1e-5
@@ -390,8 +392,8 @@ def _conv_module(shape, geometry, epilogue):
         x = R.Var("x", R.TensorType([n, c, h, w], "float32"))
         wt = R.Var("w", R.TensorType([oc, c // groups, kh, kw], "float32"))
         params = {"x": x, "weight": wt}
-        oh = (h + pad[0] + pad[2] - dilation[0] * (kh - 1) - 1) // stride[0] + 1
-        ow = (w + pad[1] + pad[3] - dilation[1] * (kw - 1) - 1) // stride[1] + 1
+        oh = out_size(h, kh, stride[0], pad[0], pad[2], dilation[0])
+        ow = out_size(w, kw, stride[1], pad[1], pad[3], dilation[1])
         if "bias" in epilogue:
             params["bias"] = R.Var("bias", R.TensorType([1, oc, 1, 1], "float32"))
         if "residual" in epilogue:
@@ -472,8 +474,8 @@ def check_conv(kernel, count, seed):
         inputs = [x, wt]
         kw_layout = np.ascontiguousarray(wt.transpose(0, 2, 3, 1)) \
             if op.layouts["weight"] == "OHWI" else wt
-        oh = (h + pad[0] + pad[2] - dilation[0] * (kern[0] - 1) - 1) // stride[0] + 1
-        ow = (w + pad[1] + pad[3] - dilation[1] * (kern[1] - 1) - 1) // stride[1] + 1
+        oh = out_size(h, kern[0], stride[0], pad[0], pad[2], dilation[0])
+        ow = out_size(w, kern[1], stride[1], pad[1], pad[3], dilation[1])
         arrays = {"x": x, "weight": kw_layout}
         if "bias" in op.epilogue:
             bias = crng.standard_normal(oc).astype(np.float32)
@@ -490,11 +492,8 @@ def check_conv(kernel, count, seed):
         y = np.full((n, oc, oh, ow), np.nan, np.float32)
         arrays["y"] = y
         sizes = dict(scalars, batch=n, in_channels=c, height=h, width=w, out_channels=oc,
-                     kernel_h=kern[0], kernel_w=kern[1], out_h=oh, out_w=ow,
-                     stride=stride[0], stride_h=stride[0], stride_w=stride[1], pad=pad[0],
-                     pad_top=pad[0], pad_left=pad[1], pad_bottom=pad[2], pad_right=pad[3],
-                     dilation=dilation[0], dilation_h=dilation[0], dilation_w=dilation[1],
-                     groups=groups)
+                     kernel_h=kern[0], kernel_w=kern[1], out_h=oh, out_w=ow, groups=groups,
+                     **geometry_roles(stride, pad, dilation))
         ref = _run(report, case, vm, inputs, kernel, arrays, sizes)
         if ref is None:
             continue
@@ -566,14 +565,11 @@ def check_pool(kernel, count, seed):
         x = crng.standard_normal((n, c, h, w)).astype(np.float32)
         vm = _vm(("pool", op.family, (n, c, h, w), kern, stride, pad, include),
                  _pool_module(op.family, (n, c, h, w), kern, stride, pad, include))
-        oh = (h + pad[0] + pad[2] - kern[0]) // stride[0] + 1
-        ow = (w + pad[1] + pad[3] - kern[1]) // stride[1] + 1
+        oh = out_size(h, kern[0], stride[0], pad[0], pad[2])
+        ow = out_size(w, kern[1], stride[1], pad[1], pad[3])
         y = np.full((n, c, oh, ow), np.nan, np.float32)
         sizes = {"batch": n, "channels": c, "height": h, "width": w, "out_h": oh, "out_w": ow,
-                 "kernel_h": kern[0], "kernel_w": kern[1], "stride": stride[0],
-                 "stride_h": stride[0], "stride_w": stride[1], "pad": pad[0],
-                 "pad_top": pad[0], "pad_left": pad[1], "pad_bottom": pad[2],
-                 "pad_right": pad[3], "dilation_h": 1, "dilation_w": 1}
+                 "kernel_h": kern[0], "kernel_w": kern[1], **geometry_roles(stride, pad)}
         ref = _run(report, case, vm, [x], kernel, {"x": x, "y": y}, sizes)
         if ref is None:
             continue

@@ -90,8 +90,6 @@ DEPTHWISE_LAYOUTS_SYMBOL = "tirbyoc_depthwise_conv2d_f32_layouts"
 DEPTHWISE_INTRINSIC = "depthwise_conv2d"
 DEPTHWISE_DESCRIPTION = ("depthwise R.nn.conv2d (+ bias, batch norm, shortcut, relu) as one "
                          "kernel call")
-# Mirrors tirbyoc_epilogue_op (tirbyoc_kernels.h).
-_EPI = {"bias": 1, "relu": 2, "relu6": 3, "residual": 11}
 
 
 def _static_shape(expr):
@@ -380,9 +378,10 @@ def _kernel_func(plan: _Plan, x, residual, out_ty, packed_size=None, winograd=Fa
     pt, pl, _, _ = plan.padding
     dh, dw = plan.dilation
     # the chain, in order: bias, shortcut, activation
-    names_ = ((["bias"] if bb is not None else []) + (["residual"] if rb is not None else [])
-              + ([plan.act] if plan.act else []))
-    code = sum(_EPI[op] << (4 * i) for i, op in enumerate(names_))
+    from . import kernels
+
+    names_ = list(_chain(plan))  # the passes have folded any batch norm into the bias
+    code = kernels.encode_epilogue(names_)
 
     def i64(v):
         return T.const(int(v), "int64")
@@ -477,17 +476,15 @@ def _declared_func(plan: _Plan, x, residual, out_ty):
     if residual is not None:
         inputs.append(("residual", T.decl_buffer(tir_dims(shape_of(residual), names),
                                                  "float32", "residual")))
+    from .ops import geometry_roles
+
     n, c, h, w = xb.shape
     i64 = lambda v: T.const(int(v), "int64")  # noqa: E731
-    (sh, sw), (dh, dw) = plan.strides, plan.dilation
-    pt, pl, pb, pr = plan.padding
     values = {"batch": n, "in_channels": c, "height": h, "width": w,
               "out_channels": i64(oc), "kernel_h": i64(kh), "kernel_w": i64(kw),
-              "out_h": yb.shape[2], "out_w": yb.shape[3], "stride": i64(sh),
-              "stride_h": i64(sh), "stride_w": i64(sw), "pad": i64(pt), "pad_top": i64(pt),
-              "pad_left": i64(pl), "pad_bottom": i64(pb), "pad_right": i64(pr),
-              "dilation": i64(dh), "dilation_h": i64(dh), "dilation_w": i64(dw),
-              "groups": i64(plan.groups)}
+              "out_h": yb.shape[2], "out_w": yb.shape[3], "groups": i64(plan.groups),
+              **{role: i64(v) for role, v in geometry_roles(
+                  plan.strides, plan.padding, plan.dilation).items()}}
     return kernel.prim_func(inputs, ("y", yb), values, "; ".join(plan.notes))
 
 

@@ -287,6 +287,21 @@ class Op:
         return None
 
 
+def geometry_roles(stride, pad, dilation=(1, 1)) -> dict:
+    """The value of every geometry role (``stride``, ``stride_h``, ..., ``pad_right``,
+    ``dilation_w``) for a (stride_h, stride_w), a (top, left, bottom, right) padding and a
+    (dilation_h, dilation_w); the one-value roles take the first axis's."""
+    return {"stride": stride[0], "stride_h": stride[0], "stride_w": stride[1],
+            "pad": pad[0], "pad_top": pad[0], "pad_left": pad[1], "pad_bottom": pad[2],
+            "pad_right": pad[3], "dilation": dilation[0], "dilation_h": dilation[0],
+            "dilation_w": dilation[1]}
+
+
+def out_size(size, kernel, stride, pad_before, pad_after, dilation=1) -> int:
+    """A convolution's or pooling's output size along one axis (floor mode)."""
+    return (size + pad_before + pad_after - dilation * (kernel - 1) - 1) // stride + 1
+
+
 def _show(want) -> str:
     return "a value its predicate accepts" if callable(want) else repr(want)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 from . import _tvm as T
 from .bindings import is_op, rewrite_relax_functions, shape_of, tir_dims
 from .normalize import INTRINSIC_ATTR, OFFLOADED_ATTR
+from .ops import geometry_roles, out_size
 
 R = T.relax_ns
 SYMBOL = "tirbyoc_max_pool2d_f32"
@@ -87,8 +88,7 @@ def _geometry(call):
     batch = int(xs[0].value) if isinstance(xs[0], T.IntImm) else None
     return {"batch": batch, "channels": int(xs[1]), "height": int(xs[2]),
             "width": int(xs[3]), "out_h": int(ys[2]), "out_w": int(ys[3]),
-            "kernel_h": kh, "kernel_w": kw, "stride_h": sh, "stride_w": sw,
-            "pad_top": top, "pad_left": left, "pad_bottom": bottom, "pad_right": right,
+            "kernel_h": kh, "kernel_w": kw,
             "dilation": (dh, dw), "kernel": (kh, kw), "stride": (sh, sw),
             "pad": (top, left, bottom, right),
             "count_include_pad": bool(getattr(attrs, "count_include_pad", False)),
@@ -102,11 +102,12 @@ def _takes(kernel, g) -> bool:
     args = kernel.args
     if "pad" in args and len(set(g["pad"])) != 1:
         return False
-    if "stride" in args and g["stride_h"] != g["stride_w"]:
+    (sh, sw), (top, left, bottom, right) = g["stride"], g["pad"]
+    if "stride" in args and sh != sw:
         return False
-    floor_h = (g["height"] + g["pad_top"] + g["pad_bottom"] - g["kernel_h"]) // g["stride_h"] + 1
-    floor_w = (g["width"] + g["pad_left"] + g["pad_right"] - g["kernel_w"]) // g["stride_w"] + 1
-    floor = (g["out_h"], g["out_w"]) == (floor_h, floor_w)
+    floor = (g["out_h"], g["out_w"]) == (
+        out_size(g["height"], g["kernel_h"], sh, top, bottom),
+        out_size(g["width"], g["kernel_w"], sw, left, right))
     if kernel.op.family == "avg_pool2d":
         # the divisor: a window past the padding (ceil mode) divides differently
         return floor and g["count_include_pad"] == kernel.op.constraints.get(
@@ -120,8 +121,8 @@ def _declared_func(kernel, x, out_ty, g):
     yb = T.decl_buffer(tir_dims(shape_of(out_ty), names), "float32", "y")
     values = {k: T.const(v, "int64") for k, v in g.items() if isinstance(v, int)
               and not isinstance(v, bool)}
-    values.update(batch=xb.shape[0], stride=T.const(g["stride_h"], "int64"),
-                  pad=T.const(g["pad_top"], "int64"))
+    values.update({role: T.const(v, "int64") for role, v in geometry_roles(
+        g["stride"], g["pad"], g["dilation"]).items()}, batch=xb.shape[0])
     return kernel.prim_func([("x", xb)], ("y", yb), values)
 
 

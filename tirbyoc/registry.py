@@ -168,8 +168,7 @@ def _matrix_accepts(kernel, region: Region) -> str | None:
             return str(getattr(have, "reason", have))  # a NoMatch from batch_stride
         if role in kernel.args:
             continue
-        if role == "batch_stride_residual" or role == "ldr":
-            pass  # no argument: the residual must have the output's dense layout
+        # no argument for it: the operand must have the dense layout
         if not an.can_prove_equal(have, dense):
             return (f"{role} is {have}, the kernel takes no {role} argument and assumes "
                     f"{dense} (the dense layout)")
