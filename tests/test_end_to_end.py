@@ -56,6 +56,26 @@ def test_seed_mlp_relax_static(bind_weights):
     assert_close(tirbyoc.run(ex, *args), examples.mlp_numpy(x, layers))
 
 
+def test_layers_of_one_shape_share_a_prim_func_and_each_weight_is_packed():
+    # three 48 -> 48 layers with different weights: one fused PrimFunc for the first two
+    # (TVM deduplicates it), called at two sites with two constants; each site's own
+    # constant is packed, not the first site's for both
+    rng = np.random.default_rng(3)
+    layers = [(rng.standard_normal((48, 48)).astype(np.float32),
+               rng.standard_normal(48).astype(np.float32)) for _ in range(3)]
+    mod = examples.mlp_relax(16, layers)
+    offloaded = tirbyoc.apply_tir_byoc(mod)
+    relu = [gv for gv, f in offloaded.functions_items()
+            if isinstance(f, tvm.tirx.PrimFunc) and "relu" in gv.name_hint]
+    assert len(relu) == 1
+    assert offloaded.script().count(f"cls.{relu[0].name_hint}") == 2
+    assert tirbyoc.offloaded_kernels(offloaded) == ["tirbyoc_dense_f32_packed",
+                                                    "tirbyoc_dense_relu_f32_packed"]
+    x, args = _inputs(16, layers, True)
+    assert_close(tirbyoc.run(tvm.compile(offloaded, target="llvm"), *args),
+                 examples.mlp_numpy(x, layers))
+
+
 def test_seed_mlp_symbolic_batch():
     layers = examples.mlp_weights()
     mod = examples.mlp_relax(None, layers, bind_weights=False)

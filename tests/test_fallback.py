@@ -154,7 +154,11 @@ def _erf64(x):
     return erf(x)
 
 
-@pytest.mark.parametrize("name", ["exp", "tanh", "erf"])
+def _sigmoid64(x):
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+@pytest.mark.parametrize("name", ["exp", "tanh", "erf", "sigmoid"])
 def test_fast_math_is_accurate_over_the_float_range(name):
     """Relative error within 1e-5 wherever the exact result is a normal float, below
     FLT_MIN where it is subnormal, and the same infinities and NaNs."""
@@ -175,7 +179,8 @@ def test_fast_math_is_accurate_over_the_float_range(name):
     lib(tvm.runtime.tensor(xs), out)
     with np.errstate(all="ignore"):  # signalling NaNs among the inputs
         got = out.numpy().astype(np.float64)
-        ref = {"exp": np.exp, "tanh": np.tanh, "erf": _erf64}[name](xs.astype(np.float64))
+        ref = {"exp": np.exp, "tanh": np.tanh, "erf": _erf64,
+               "sigmoid": _sigmoid64}[name](xs.astype(np.float64))
         ref32 = ref.astype(np.float32).astype(np.float64)
     assert np.array_equal(np.isnan(got), np.isnan(ref))
     inf = np.isinf(ref32)

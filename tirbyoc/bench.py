@@ -312,6 +312,11 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=3,
                         help="with --models and several --threads: rounds of one process "
                         "per contender (each time: the median over the rounds)")
+    parser.add_argument("--zoo", action="store_true",
+                        help="with --models: models from HuggingFace transformers "
+                             "(tirbyoc.bench_zoo), with build time and library size")
+    parser.add_argument("--batch", default="1,8",
+                        help="with --zoo: batch sizes of the transformers (default 1,8)")
     parser.add_argument("--layers", action="store_true",
                         help="the models' conv layers one by one against ONNX Runtime and "
                              "PyTorch eager, from chains of them (tirbyoc.bench_layers)")
@@ -338,6 +343,12 @@ def main(argv=None) -> int:
 
         return bench_layers.run_layers(args.layer, args.threads, args.reps or 15, args.settle,
                                        args.out)
+    if args.models and args.zoo:
+        from . import bench_zoo
+
+        return bench_zoo.run_zoo(args.model or list(bench_zoo.ZOO),
+                                 tuple(int(b) for b in args.batch.split(",")), args.threads,
+                                 args.reps or 20, args.settle, args.out)
     if args.models:
         from . import bench_models
 

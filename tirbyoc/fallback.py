@@ -19,7 +19,7 @@ every PrimFunc that is not scheduled yet (offloaded ones are):
     OuterParallel()      any other function: each block's leading spatial loops in parallel
 
 Before RowReduction, dl.cpu.Reduction and Injective schedule a function, its float32
-exp/tanh/erf calls are expanded to vectorizable expressions (``tirbyoc.fastmath``; LLVM
+exp/tanh/erf/sigmoid calls are expanded to vectorizable expressions (``tirbyoc.fastmath``; LLVM
 makes a vector exp a scalar libm call per lane). A function no rule takes stays as it
 was; ``schedule_rules()`` is the list, ``describe_schedules`` says which rule takes what.
 
@@ -213,7 +213,7 @@ class RowReduction(_GuardedRule):
     computed inside them, elementwise steps vectorized, and each sum / max over the row
     accumulated in ``VECTOR_LANES`` vector lanes (rfactor) when the row length is a
     static multiple of them (otherwise a scalar loop, as dlight's cpu.Reduction does).
-    exp/tanh/erf are expanded to vectorizable forms (``tirbyoc.fastmath``).
+    exp/tanh/erf/sigmoid are expanded to vectorizable forms (``tirbyoc.fastmath``).
 
     Only spatial loops are split over threads and each row is reduced by one thread, so
     a result does not depend on the thread count."""
@@ -246,7 +246,7 @@ class RowReduction(_GuardedRule):
             # global pooling (a mean over each channel's pixels) is one.
             return None
         # NOTE: elementwise producers that are cheap are inlined into their consumers; one
-        # that calls exp/tanh/erf (softmax's exp) is kept, not computed once per consumer.
+        # that calls exp/tanh/erf/sigmoid (softmax's exp) is kept, not computed once per consumer.
         rest = _inline_where(sch, infos[:-1], lambda b: b.is_injective() and len(b.iters) > lead
                              and sch.get(b.block_rv).name_hint not in costly)
         # rfactor needs each reduction alone in its loop nest: before compute_at
@@ -480,7 +480,7 @@ def _count_reductions(func) -> int:
 
 
 def _blocks_with_math(func) -> set:
-    """Names of the blocks whose body calls exp/tanh/erf (``tirbyoc.fastmath``)."""
+    """Names of the blocks whose body calls exp/tanh/erf/sigmoid (``tirbyoc.fastmath``)."""
     names = set()
 
     def visit(block):
@@ -492,7 +492,7 @@ def _blocks_with_math(func) -> set:
 
 
 class WithFastMath(T.DlightScheduleRule):
-    """``rule`` applied to the function with its exp/tanh/erf expanded (``fastmath``)."""
+    """``rule`` applied to the function with its exp/tanh/erf/sigmoid expanded (``fastmath``)."""
 
     def __init__(self, rule):
         self.rule = rule

@@ -96,13 +96,16 @@ def _source_of(mod, var2val, arg) -> WeightSource | None:
     return WeightSource(src, const)
 
 
-def _same(a, b) -> bool:
-    return (a is None and b is None) or (a is not None and b is not None and a.same_as(b))
+def _alike(a, b) -> bool:
+    return (a is None) == (b is None)
 
 
 def sources(mod) -> dict:
     """``{prim func name: {input index: WeightSource}}``, kept only where every call site
-    of the function passes the same thing."""
+    of the function passes the same kind of thing (a constant, a transpose), not
+    necessarily the same one: layers of one shape share a PrimFunc (GPT-2's two blocks
+    call one ``fused_matmul_add``), and a reroute computes each site's argument from
+    that site's own (``apply_reroutes``). The WeightSource kept is the first site's."""
     seen: dict = {}
     for var2val, call, args in call_tir_sites(mod):
         name = call.args[0].name_hint
@@ -115,8 +118,8 @@ def sources(mod) -> dict:
             seen[name] = here
             continue
         seen[name] = {i: ws for i, ws in seen[name].items() if i in here
-                      and _same(ws.transposed_from, here[i].transposed_from)
-                      and _same(ws.constant, here[i].constant)}
+                      and _alike(ws.transposed_from, here[i].transposed_from)
+                      and _alike(ws.constant, here[i].constant)}
     return seen
 
 

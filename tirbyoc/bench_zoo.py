@@ -1,0 +1,259 @@
+"""The model zoo: models from HuggingFace ``transformers`` (built from their configs with
+random weights: nothing is downloaded), imported with ``torch.export`` as a user would.
+
+    python -m tirbyoc.bench --models --zoo [--model gpt2] [--batch 1,8]
+
+Each model runs through the same measurement as ``--models`` (``tirbyoc.bench_models``):
+numerics against PyTorch, tirbyoc against PyTorch eager and ONNX Runtime interleaved on
+the same threads, where the time goes. The table adds what a build costs: seconds to
+compile, the exported library's size and its ratio to the model's weights.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+SEQ = 128
+VOCAB = 1000
+
+
+@dataclass
+class ZooModel:
+    """``build()``: the eval-mode module taking one tensor ``x``; ``example(batch, seq)``:
+    an input; ``text``: token ids (batch x seq, int64) rather than images."""
+
+    name: str
+    build: Callable
+    text: bool
+
+    def example(self, batch: int, seq: int = SEQ, seed: int = 0):
+        import torch
+
+        g = torch.Generator().manual_seed(seed)
+        if self.text:
+            return torch.randint(0, VOCAB, (batch, seq), generator=g)
+        return torch.randn(batch, 3, 224, 224, generator=g)
+
+
+def _hidden(model, text):
+    """The model's last hidden state from one argument ``x``."""
+    import torch
+
+    class Hidden(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model.eval()
+
+        def forward(self, x):
+            if text:
+                return self.model(input_ids=x, use_cache=False).last_hidden_state \
+                    if _takes_cache(self.model) else self.model(input_ids=x).last_hidden_state
+            return self.model(pixel_values=x).last_hidden_state
+
+    return Hidden().eval()
+
+
+def _takes_cache(model) -> bool:
+    import inspect
+
+    return "use_cache" in inspect.signature(model.forward).parameters
+
+
+def _text(name):
+    def build():
+        import torch
+        import transformers as tf
+
+        torch.manual_seed(0)
+        if name == "gpt2":
+            cfg = tf.GPT2Config(n_layer=2, vocab_size=VOCAB, n_positions=512, bos_token_id=0,
+                                 eos_token_id=0)
+            model = tf.GPT2Model(cfg)
+        elif name == "llama":  # grouped-query attention, RoPE, RMSNorm, SiLU-gated MLP
+            cfg = tf.LlamaConfig(num_hidden_layers=2, hidden_size=768, intermediate_size=2048,
+                                 num_attention_heads=12, num_key_value_heads=4,
+                                 vocab_size=VOCAB, max_position_embeddings=512)
+            model = tf.LlamaModel(cfg)
+        else:
+            cfg = tf.BertConfig(num_hidden_layers=2, vocab_size=VOCAB)
+            model = tf.BertModel(cfg, add_pooling_layer=False)
+        cfg._attn_implementation = "sdpa"
+        return _hidden(model, True)
+    return build
+
+
+def _vision(name):
+    def build():
+        import torch
+        import transformers as tf
+
+        torch.manual_seed(0)
+        if name == "resnet50":
+            model = tf.ResNetModel(tf.ResNetConfig())  # the defaults are ResNet-50's
+        elif name == "mobilenet_v2":
+            model = tf.MobileNetV2Model(tf.MobileNetV2Config(), add_pooling_layer=False)
+        elif name == "efficientnet_b0":
+            # NOTE: the config's defaults are B7's (width 2.0, depth 3.1, 600 px)
+            model = tf.EfficientNetModel(tf.EfficientNetConfig(
+                width_coefficient=1.0, depth_coefficient=1.0, image_size=224, hidden_dim=1280))
+        else:
+            model = tf.ConvNextModel(tf.ConvNextConfig())  # ConvNeXt-T
+        if name != "resnet50":  # ResNet's initializers (He, unit batch norms) are fine
+            _trained_scale(model)
+        return _hidden(model, False)
+    return build
+
+
+def _trained_scale(model):
+    """Weights of a trained model's scale instead of the configs' initializers, whose
+    N(0, 0.02) batch-norm scales make EfficientNet's activations vanish to denormals
+    (0.0 at the last stage): convolutions He-initialized, batch norms near identity,
+    ConvNeXt's layer scale at 0.1 instead of 1e-6. Seeded: the same model every run."""
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for mod in model.modules():
+            if isinstance(mod, torch.nn.Conv2d):
+                fan_in = mod.weight[0].numel()
+                mod.weight.copy_(torch.randn(mod.weight.shape, generator=g) *
+                                 (2.0 / fan_in) ** 0.5)
+            elif isinstance(mod, torch.nn.BatchNorm2d):
+                for t, lo, hi in ((mod.weight, 0.5, 1.5), (mod.bias, -0.2, 0.2),
+                                  (mod.running_mean, -0.2, 0.2), (mod.running_var, 0.5, 1.5)):
+                    t.copy_(torch.rand(t.shape, generator=g) * (hi - lo) + lo)
+            if hasattr(mod, "layer_scale_parameter") and \
+                    isinstance(mod.layer_scale_parameter, torch.nn.Parameter):
+                mod.layer_scale_parameter.fill_(0.1)
+
+
+ZOO = {
+    **{n: ZooModel(n, _text(n), True) for n in ("gpt2", "llama", "bert")},
+    **{n: ZooModel(n, _vision(n), False)
+       for n in ("resnet50", "mobilenet_v2", "efficientnet_b0", "convnext")},
+}
+
+
+def _weight_bytes(mod) -> int:
+    """Bytes of the module's constants (its weights: imported with weights as constants)."""
+    from . import _tvm as T
+
+    seen, total = set(), 0
+
+    def visit(e):
+        nonlocal total
+        if isinstance(e, T.RelaxConstant) and e not in seen:
+            seen.add(e)
+            total += int(T.constant_value(e).nbytes)
+
+    for gv, func in mod.functions.items():
+        if isinstance(func, T.relax_ns.Function):
+            T.relax_ns.analysis.post_order_visit(func, visit)
+    return total
+
+
+def _library_bytes(ex) -> int:
+    import os
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "model.so")
+        ex.export_library(path)
+        return os.path.getsize(path)
+
+
+def bench_zoo_model(zoo: ZooModel, batch: int, threads: int, reps: int, settle: float,
+                    progress=print) -> dict:
+    """One row: ``zoo`` at ``batch`` (sequence ``SEQ`` for text)."""
+    import time
+
+    import numpy as np
+    import torch
+    import tvm
+
+    import tirbyoc
+    from . import bench_models as bm
+    from . import examples
+
+    model = zoo.build()
+    example = zoo.example(batch)
+    mod = examples.import_torch(model, example)
+    report = tirbyoc.explain(mod)
+    start = time.perf_counter()
+    ours = tirbyoc.compile(mod)
+    build_s = time.perf_counter() - start
+    lib_bytes, weights = _library_bytes(ours), _weight_bytes(mod)
+    sess = bm._ort_session(bm.onnx_bytes(model, example), threads)
+    x = zoo.example(batch, seed=1)
+    xn = x.numpy()
+    with torch.no_grad():
+        ref = model(x).numpy().astype(np.float64)
+    vm = bm._vm(ours)
+    xt = tvm.runtime.tensor(xn)
+    c = bm.Contenders()
+    c.fns["tirbyoc"] = lambda: vm["main"](xt)
+    c.fns["torch"] = lambda: bm._torch_call(model, x)
+    c.fns["ort"] = lambda: sess.run(None, {"x": xn})
+    c.outputs = {"tirbyoc": bm._first(vm["main"](xt)), "torch": ref.astype(np.float32),
+                 "ort": sess.run(None, {"x": xn})[0]}
+    row = bm._measure(zoo.name, c, ref, reps, 1, settle, vm, [xt],
+                      {"shape": list(xn.shape), "build": "static",
+                       "offloaded": [r.intrinsic for r in report.offloaded],
+                       "build_s": build_s, "library_mb": lib_bytes / 2**20,
+                       "weights_mb": weights / 2**20})
+    progress(f"  measured {zoo.name} {list(xn.shape)}: build {build_s:.1f} s")
+    return row
+
+
+def report(rows, threads) -> str:
+    from . import bench_models as bm
+
+    lines = bm.report(rows, threads).split("\n")
+    extra = [f"{'model':28s} {'shape':16s} {'build s':>8s} {'library MB':>11s} "
+             f"{'weights MB':>11s} {'lib/weights':>12s}"]
+    for r in rows:
+        shape = "x".join(str(d) for d in r["shape"])
+        extra.append(f"{r['model']:28s} {shape:16s} {r['build_s']:8.1f} "
+                     f"{r['library_mb']:11.1f} {r['weights_mb']:11.1f} "
+                     f"{r['library_mb'] / max(r['weights_mb'], 1e-9):11.2f}x")
+    cut = next(i for i, line in enumerate(lines) if line.startswith("where the time goes"))
+    return "\n".join(lines[:cut] + extra + [""] + lines[cut:])
+
+
+def run_zoo(names, batches=(1, 8), threads=2, reps=20, settle=None, out="bench-results") -> int:
+    import sys
+
+    from . import bench_models as bm
+    from .timing import SETTLE_SECONDS
+
+    try:
+        import transformers  # noqa: F401
+    except ImportError as exc:
+        raise SystemExit("the zoo needs transformers: pip install 'tirbyoc[bench]'") from exc
+    bm._set_threads(threads)
+    unknown = [n for n in names if n not in ZOO]
+    if unknown:
+        raise SystemExit(f"unknown zoo model(s) {unknown}; known: {', '.join(ZOO)}")
+    rows, failed = [], []
+    for name in names:
+        for batch in (batches if ZOO[name].text else (1,)):
+            try:
+                rows.append(bench_zoo_model(ZOO[name], batch, threads, reps,
+                                            SETTLE_SECONDS if settle is None else settle,
+                                            progress=lambda s: print(s, file=sys.stderr)))
+            except Exception as exc:  # noqa: BLE001 (reported in the table's footer)
+                failed.append(f"{name} batch {batch}: {type(exc).__name__}: "
+                              f"{str(exc).strip().splitlines()[-1][:300] if str(exc) else ''}")
+                print(f"  {name} batch {batch} FAILED: {failed[-1]}", file=sys.stderr)
+    print(report(rows, threads) if rows else "no model ran")
+    if rows:
+        paths = bm.write(rows, out, threads, name="zoo")
+        print(f"\nwrote {paths[0]} and {paths[1]}")
+    bad = [f"{r['model']} {p}: {e:.1e}" for r in rows for p, e in r["rel_err"].items()
+           if e > bm.RTOL]
+    if failed:
+        print("FAILED:\n  " + "\n  ".join(failed))
+    if bad:
+        print("NUMERICS OUT OF TOLERANCE:\n  " + "\n  ".join(bad))
+    return 1 if bad or failed else 0
