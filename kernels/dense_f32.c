@@ -15,12 +15,13 @@
  *   packs A transposed instead of W (W's rows are read in place); for a few
  *   dozen rows, transposing W costs about as much as the product.
  *
- *   Otherwise, blocked: for each block of NC columns and KC steps of K, W is
- *   packed into 16-column panels (or read in place when pre-packed, which
- *   uses the same panel format) and kept in L2; for each group of mr rows,
- *   A is packed into a small L1-resident panel and the register-tiled
- *   micro-kernel sweeps it over all W panels of the block. Partial sums
- *   live in C between K blocks.
+ *   Otherwise, blocked (BLIS's loop order, see blocked()): for each block of
+ *   columns and KC steps of K, W is packed into 16-column panels (or read
+ *   in place when pre-packed, which uses the same panel format); for each
+ *   block of rows sized to L2 from the cache sizes the CPU reports, A is
+ *   packed once into mr-row micro-panels, and the register-tiled
+ *   micro-kernel runs each W micro-panel (kept in L1) over all of them.
+ *   Partial sums live in C between K blocks.
  *
  * Every path applies the epilogue chain (bias, activations, scale,
  * residual, ...) to each register of finished outputs before storing it,
@@ -132,7 +133,16 @@ static void accumulate_plain(tb_wlayout layout, int64_t m, int64_t n,
 
 /* The blocked algorithm for C[0:m, 0:n]; w and c already offset, C[0, 0]
  * is the output at row ci0, column cj0 of its matrix. acc: C holds values
- * to add to (every K block accumulates). */
+ * to add to (every K block accumulates).
+ *
+ * The loops of Goto's algorithm as BLIS orders them: for each block of
+ * columns and each K block (W's kc x nc block, packed here unless it comes
+ * pre-packed), for each block of rows (A's rows x kc block packed once, in
+ * mr-row micro-panels, sized to L2 by tb_rows_per_ablock), for each W
+ * micro-panel (kc x nr: it stays in L1), for each row group: one register
+ * tile. A's micro-panels stream from L2, so L2 carries mr floats per k step
+ * instead of nr. The order of the tiles changes no result: each output is
+ * one FMA chain per K block, the blocks added in order. */
 static void blocked(const tb_isa *isa, tb_wlayout layout, int acc, int64_t m,
                     int64_t n, int64_t k, const float *a, int64_t lda,
                     const float *w, int64_t ldw, float *c, int64_t ldc,
@@ -140,9 +150,17 @@ static void blocked(const tb_isa *isa, tb_wlayout layout, int acc, int64_t m,
 {
     float *scratch = tb_scratch();
     float *wbuf, *abuf;
-    int64_t kblocks, mpanels, ncb, jc, kb, mp;
+    int64_t kblocks, mpanels, ncb, jc, kb, per_block;
 
-    if (scratch == NULL) {
+    /* Equal K blocks and equal row groups: no tiny leftover block. They
+     * depend on k and m only, so the rounding does not depend on threads. */
+    kblocks = tb_kblocks(k, isa->kc);
+    mpanels = cdiv(m, isa->mr);
+    per_block = tb_rows_per_ablock(isa->kc, isa->mr, isa->nr) / isa->mr;
+    if (per_block > mpanels)
+        per_block = mpanels;
+    abuf = tb_ablock((size_t)per_block * isa->mr * isa->kc);
+    if (scratch == NULL || abuf == NULL) {
         /* No scratch memory: the unpacked paths are slower but need none. */
         if (acc)
             accumulate_plain(layout, m, n, k, a, lda, w, ldw, c, ldc);
@@ -152,13 +170,11 @@ static void blocked(const tb_isa *isa, tb_wlayout layout, int acc, int64_t m,
         return;
     }
     wbuf = scratch;
-    abuf = scratch + (size_t)TB_KC_MAX * TB_NC_MAX;
-    /* Equal K blocks and equal row groups: no tiny leftover block. They
-     * depend on k and m only, so the rounding does not depend on threads. */
-    kblocks = tb_kblocks(k, isa->kc);
-    mpanels = cdiv(m, isa->mr);
-    /* Column blocks of about equal width, in whole register tiles. */
-    ncb = cdiv(cdiv(n, cdiv(n, isa->nc)), isa->nr) * isa->nr;
+    /* Column blocks of about equal width, in whole register tiles, where W
+     * is packed here (its buffer holds kc x nc); pre-packed W is read in
+     * place, so one block: A is packed once per K block and row block. */
+    ncb = layout == TB_W_PACKED ? n
+                                : cdiv(cdiv(n, cdiv(n, isa->nc)), isa->nr) * isa->nr;
 
     for (jc = 0; jc < n; jc += ncb) {
         const int64_t nc = min_i64(ncb, n - jc);
@@ -168,7 +184,7 @@ static void blocked(const tb_isa *isa, tb_wlayout layout, int acc, int64_t m,
             const int flags = (kb > 0 || acc ? TB_ACCUMULATE : 0) |
                               (kb == kblocks - 1 ? TB_LAST : 0);
             const float *wblk;
-            int64_t wps;
+            int64_t wps, mb;
             if (layout == TB_W_PACKED) {
                 wblk = w + (jc / TB_NR) * ldw + pc * TB_NR;
                 wps = ldw;
@@ -179,20 +195,34 @@ static void blocked(const tb_isa *isa, tb_wlayout layout, int acc, int64_t m,
                 wblk = wbuf;
                 wps = kc * TB_NR;
             }
-            for (mp = 0; mp < mpanels; ++mp) {
-                const int64_t i0 = m * mp / mpanels;
-                const int mr = (int)(m * (mp + 1) / mpanels - i0);
-                int64_t jr;
-                int pf;
-                isa->pack_a(mr, kc, a + i0 * lda + pc, lda, abuf);
-                /* Pre-packed W is read from memory on the first row group
-                 * only; later ones find it in L2. */
-                pf = layout == TB_W_PACKED && mp == 0 ? TB_PREFETCH_W : 0;
-                for (jr = 0; jr < nc; jr += isa->nr)
-                    isa->ukernel(kc, abuf, wblk + (jr / TB_NR) * wps, wps,
-                                 c + i0 * ldc + jc + jr, ldc, mr,
-                                 (int)min_i64(isa->nr, nc - jr), flags | pf,
-                                 chain, ci0 + i0, cj0 + jc + jr);
+            for (mb = 0; mb < mpanels; mb += per_block) {
+                const int64_t mpe = min_i64(mpanels, mb + per_block);
+                int64_t mp, jr;
+                for (mp = mb; mp < mpe; ++mp) {
+                    const int64_t i0 = m * mp / mpanels;
+                    isa->pack_a((int)(m * (mp + 1) / mpanels - i0), kc,
+                                a + i0 * lda + pc, lda,
+                                abuf + (mp - mb) * isa->mr * kc);
+                }
+                for (jr = 0; jr < nc; jr += isa->nr) {
+                    const int nr = (int)min_i64(isa->nr, nc - jr);
+                    for (mp = mb; mp < mpe; ++mp) {
+                        const int64_t i0 = m * mp / mpanels;
+                        const int mr = (int)(m * (mp + 1) / mpanels - i0);
+                        /* Pre-packed W is read from memory by the first
+                         * tile of each micro-panel only; the rest find it
+                         * in L1. */
+                        const int pf = layout == TB_W_PACKED && mb == 0 &&
+                                               mp == mb
+                                           ? TB_PREFETCH_W
+                                           : 0;
+                        isa->ukernel(kc, abuf + (mp - mb) * isa->mr * kc,
+                                     wblk + (jr / TB_NR) * wps, wps,
+                                     c + i0 * ldc + jc + jr, ldc, mr, nr,
+                                     flags | pf, chain, ci0 + i0,
+                                     cj0 + jc + jr);
+                    }
+                }
             }
         }
     }

@@ -52,17 +52,34 @@ ALWAYS_INLINE void tile(const int MR, const int FULL, int64_t kc,
         acc1[i] = _mm256_setzero_ps();
         _mm_prefetch((const char *)(c + i * ldc), _MM_HINT_T0);
     }
-    for (p = 0; p < kc; ++p) {
-        const __m256 b0 = _mm256_loadu_ps(wp + p * 16);
-        const __m256 b1 = _mm256_loadu_ps(wp + p * 16 + 8);
-        _mm_prefetch((const char *)(wp + (p + Y_PF) * 16), _MM_HINT_T0);
-#pragma GCC unroll 16
-        for (i = 0; i < MR; ++i) {
-            const __m256 x = _mm256_broadcast_ss(ap + p * MR + i);
-            acc0[i] = _mm256_fmadd_ps(x, b0, acc0[i]);
-            acc1[i] = _mm256_fmadd_ps(x, b1, acc1[i]);
-        }
+    /* One k step: two W loads, MR broadcasts of A, 2 MR FMAs. Unrolled by
+     * four, and the W prefetch only where W is not in cache yet: the loop
+     * is then as many instructions as the FMA ports take cycles, or fewer
+     * (at one step per iteration, the front end, not the FMAs, set the
+     * pace on Zen 3). */
+#define Y_STEP(PREFETCH)                                                      \
+    do {                                                                      \
+        const __m256 b0 = _mm256_loadu_ps(wp + p * 16);                       \
+        const __m256 b1 = _mm256_loadu_ps(wp + p * 16 + 8);                   \
+        if (PREFETCH)                                                         \
+            _mm_prefetch((const char *)(wp + (p + Y_PF) * 16), _MM_HINT_T0);  \
+        _Pragma("GCC unroll 16") for (i = 0; i < MR; ++i)                     \
+        {                                                                     \
+            const __m256 x = _mm256_broadcast_ss(ap + p * MR + i);            \
+            acc0[i] = _mm256_fmadd_ps(x, b0, acc0[i]);                        \
+            acc1[i] = _mm256_fmadd_ps(x, b1, acc1[i]);                        \
+        }                                                                     \
+    } while (0)
+    if (flags & TB_PREFETCH_W) {
+#pragma GCC unroll 4
+        for (p = 0; p < kc; ++p)
+            Y_STEP(1);
+    } else {
+#pragma GCC unroll 4
+        for (p = 0; p < kc; ++p)
+            Y_STEP(0);
     }
+#undef Y_STEP
     if (flags & TB_ACCUMULATE) {
 #pragma GCC unroll 16
         for (i = 0; i < MR; ++i) {

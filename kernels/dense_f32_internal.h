@@ -63,6 +63,9 @@ TB_INTERNAL int tb_chain_length(int64_t ops, int *uses_bias,
 #define TB_MR_MAX 16
 #define TB_KC_MAX 528
 #define TB_NC_MAX 512
+/* Rows of A in one packed block of the blocked dense path (its buffer:
+ * TB_MC_MAX x TB_KC_MAX floats per thread, 1.6 MiB). */
+#define TB_MC_MAX 768
 
 /*
  * Micro-kernel: C[0:mr, 0:nr] (+)= Ap @ Wp for one register tile.
@@ -338,6 +341,30 @@ TB_INTERNAL float *tb_scratch(void);
  * exit; its contents do not survive that next request. NULL if it cannot be
  * allocated. For buffers a call shares with its workers. */
 TB_INTERNAL float *tb_workspace(size_t floats);
+/* The calling thread's buffer for the blocked dense path's packed block of A
+ * (rows x K block), like tb_workspace but its own: the blocked path runs on
+ * a caller's thread while the caller's workspace is in use. */
+TB_INTERNAL float *tb_ablock(size_t floats);
+
+/*
+ * The data caches the blocked paths are sized for (dispatch.c: cpuid leaf 4
+ * on Intel, 0x8000001D on AMD, read once; the defaults below where the CPU
+ * does not say): size in bytes, ways and line size of L1d and of L2.
+ */
+typedef struct tb_caches {
+    int64_t l1_bytes, l1_ways, l2_bytes, l2_ways, line;
+} tb_caches;
+TB_INTERNAL const tb_caches *tb_cache_sizes(void);
+/*
+ * Rows of A packed per block of the blocked dense path for a K block of kc
+ * and register tiles of mr x nr (Low et al., "Analytical modeling is enough
+ * for high-performance BLIS", 2016): the kc x nr micro-panel of W stays in
+ * L1 while the mr x kc micro-panels of A stream from L2, so the A block is
+ * sized to the L2 ways left after one for W's micro-panel and one for C and
+ * other traffic. A multiple of mr, at least mr.
+ */
+TB_INTERNAL int64_t tb_rows_per_ablock(int64_t kc, int mr, int nr);
+
 #define TB_SCRATCH_FLOATS \
     ((size_t)TB_KC_MAX * TB_NC_MAX + (size_t)TB_MR_MAX * TB_KC_MAX)
 

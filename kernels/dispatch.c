@@ -13,6 +13,7 @@
  * TIRBYOC_ISA=generic|avx2|avx512, and can be changed with tirbyoc_set_isa.
  * It is one atomic int: racing first uses compute the same value.
  */
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -125,3 +126,88 @@ int32_t tirbyoc_set_isa(const char *name)
 }
 
 const char *tirbyoc_isa(void) { return tb_active_isa()->name; }
+
+/* ---- cache sizes ---- */
+
+/* The defaults where cpuid does not describe the caches (a hypervisor that
+ * hides them, another architecture): the smallest of the x86 CPUs tirbyoc
+ * is fast on (32 KiB 8-way L1d; 256 KiB 4-way L2 of Intel's client cores). */
+static const tb_caches default_caches = {32 * 1024, 8, 256 * 1024, 4, 64};
+static tb_caches caches;
+static pthread_once_t caches_once = PTHREAD_ONCE_INIT;
+
+#ifdef TB_X86
+/* Level `level` data (1) or unified (3) cache from the deterministic cache
+ * parameters leaf (`leaf`: 4 or 0x8000001D); 0 if not listed. */
+static int read_cache_leaf(unsigned int leaf, int level, int64_t *bytes,
+                           int64_t *ways, int64_t *line)
+{
+    unsigned int eax, ebx, ecx, edx, sub;
+    for (sub = 0; sub < 16; ++sub) {
+        int type;
+        if (!__get_cpuid_count(leaf, sub, &eax, &ebx, &ecx, &edx))
+            return 0;
+        type = (int)(eax & 31);
+        if (type == 0)
+            return 0;
+        if ((type == 1 || type == 3) && (int)((eax >> 5) & 7) == level) {
+            *ways = (int64_t)((ebx >> 22) & 1023) + 1;
+            *line = (int64_t)(ebx & 4095) + 1;
+            *bytes = *ways * ((int64_t)((ebx >> 12) & 1023) + 1) * *line *
+                     ((int64_t)ecx + 1);
+            return 1;
+        }
+    }
+    return 0;
+}
+#endif
+
+static void read_caches_into(tb_caches *out)
+{
+    *out = default_caches;
+#ifdef TB_X86
+    {
+        unsigned int eax, ebx, ecx, edx, leaf = 4;
+        tb_caches c = default_caches;
+        if (__get_cpuid(0, &eax, &ebx, &ecx, &edx) &&
+            ebx == 0x68747541 /* "Auth"enticAMD */) {
+            if (!__get_cpuid(0x80000000, &eax, &ebx, &ecx, &edx) ||
+                eax < 0x8000001D)
+                return;
+            leaf = 0x8000001D;
+        } else if (!__get_cpuid(0, &eax, &ebx, &ecx, &edx) || eax < 4) {
+            return;
+        }
+        if (!read_cache_leaf(leaf, 1, &c.l1_bytes, &c.l1_ways, &c.line) ||
+            !read_cache_leaf(leaf, 2, &c.l2_bytes, &c.l2_ways, &c.line))
+            return;
+        /* Implausible answers (a hypervisor's zeros) keep the defaults. */
+        if (c.l1_bytes < 8 * 1024 || c.l2_bytes < c.l1_bytes ||
+            c.l1_ways < 2 || c.l2_ways < 2 || c.line < 32 || c.line > 256)
+            return;
+        *out = c;
+    }
+#endif
+}
+
+static void read_caches(void) { read_caches_into(&caches); }
+
+const tb_caches *tb_cache_sizes(void)
+{
+    pthread_once(&caches_once, read_caches);
+    return &caches;
+}
+
+int64_t tb_rows_per_ablock(int64_t kc, int mr, int nr)
+{
+    const tb_caches *c = tb_cache_sizes();
+    const int64_t way = c->l2_bytes / c->l2_ways; /* bytes per way */
+    const int64_t w_ways = ((int64_t)nr * kc * 4 + way - 1) / way;
+    int64_t ways = c->l2_ways - 1 - w_ways, rows;
+    if (ways < 1)
+        ways = 1;
+    rows = ways * way / (kc * 4) / mr * mr;
+    if (rows > TB_MC_MAX)
+        rows = TB_MC_MAX / mr * mr;
+    return rows < mr ? mr : rows;
+}

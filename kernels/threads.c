@@ -155,7 +155,7 @@ typedef struct {
 } tls_buf_t;
 
 static pthread_once_t keys_once = PTHREAD_ONCE_INIT;
-static pthread_key_t scratch_key, workspace_key;
+static pthread_key_t scratch_key, workspace_key, ablock_key;
 static int keys_ok;
 
 static void tls_buf_free(void *v)
@@ -168,7 +168,8 @@ static void tls_buf_free(void *v)
 static void keys_init(void)
 {
     keys_ok = pthread_key_create(&scratch_key, tls_buf_free) == 0 &&
-              pthread_key_create(&workspace_key, tls_buf_free) == 0;
+              pthread_key_create(&workspace_key, tls_buf_free) == 0 &&
+              pthread_key_create(&ablock_key, tls_buf_free) == 0;
 }
 
 /* The calling thread's buffer under key, at least floats floats. */
@@ -203,6 +204,8 @@ static float *tls_buf(pthread_key_t *key, size_t floats)
 float *tb_scratch(void) { return tls_buf(&scratch_key, TB_SCRATCH_FLOATS); }
 
 float *tb_workspace(size_t floats) { return tls_buf(&workspace_key, floats); }
+
+float *tb_ablock(size_t floats) { return tls_buf(&ablock_key, floats); }
 
 /* ---- worker pool ---- */
 

@@ -518,3 +518,39 @@ def test_nhwc_conv_with_a_weight_passed_in_stays_tvms():
                                      torch.from_numpy(ws).permute(0, 3, 1, 2),
                                      padding=1).permute(0, 2, 3, 1).numpy()
     assert float(np.abs(got - ref).max()) <= RTOL * float(np.abs(ref).max())
+
+
+class _PaddedConvs(torch.nn.Module):
+    """TF-style "same" padding as exported from HuggingFace's MobileNetV2/EfficientNet:
+    an explicit asymmetric zero pad before a stride-2 conv, a symmetric one before a
+    depthwise conv, a zero-width one before a 1x1 conv, and a pad read by a max pool
+    too (which must keep it: a zero pad is not a max pool's padding)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.c1 = torch.nn.Conv2d(3, 16, 3, stride=2)
+        self.dw = torch.nn.Conv2d(16, 16, 3, groups=16)
+        self.pw = torch.nn.Conv2d(16, 24, 1)
+
+    def forward(self, x):
+        x = torch.relu(self.c1(torch.nn.functional.pad(x, (0, 1, 0, 1))))
+        p = torch.nn.functional.pad(x, (1, 1, 1, 1))
+        x = torch.relu(self.dw(p)) + torch.nn.functional.max_pool2d(p, 3, 1)
+        return self.pw(torch.nn.functional.pad(x, (0, 0, 0, 0)))
+
+
+def test_zero_pads_fold_into_the_convolutions_they_feed():
+    from tirbyoc import conv
+
+    x = torch.randn(1, 3, 33, 33)
+    mod = _import(_PaddedConvs().eval(), x)
+    pads = lambda m: m["main"].script().count("R.nn.pad(")  # noqa: E731
+    folded = conv.fold_pads(mod)
+    assert pads(mod) == 3 and pads(folded) == 1  # the max pool's stays
+    text = folded["main"].script()
+    assert "padding=[0, 0, 1, 1]" in text and "padding=[1, 1, 1, 1]" in text
+    report = _check(_PaddedConvs().eval(), (1, 3, 33, 33),
+                    ["conv2d_bias_relu", "depthwise_conv2d_bias_relu", "conv2d_bias",
+                     "max_pool2d"])
+    assert [n for n in report.schedules if n.startswith("pad")] == ["pad"]  # the pool's

@@ -654,6 +654,62 @@ def _offer(plan: _Plan, kernels, steps, builtin):
     return _run_passes(plan, steps) if builtin else None
 
 
+def _pad_into_conv(call, values):
+    """``conv2d(pad(x), padding=p)`` as ``conv2d(x, padding=p + the pad)`` when the pad is
+    a zero pad of the spatial axes only (NCHW), else None."""
+    if not is_op(call, "relax.nn.conv2d") or str(call.attrs.data_layout) != "NCHW":
+        return None
+    pad = values.get(call.args[0])
+    if not is_op(pad, "relax.nn.pad") or str(pad.attrs.pad_mode) != "constant" or \
+            float(pad.attrs.pad_value) != 0.0:
+        return None
+    width = [int(v) for v in pad.attrs.pad_width]
+    if len(width) != 8 or any(width[:4]) or min(width) < 0:
+        return None
+    top, bottom, left, right = width[4:]
+    p = [int(v) for v in call.attrs.padding]
+    a = call.attrs
+    return R.op.nn.conv2d(pad.args[0], call.args[1], strides=a.strides,
+                          padding=[p[0] + top, p[1] + left, p[2] + bottom, p[3] + right],
+                          dilation=a.dilation, groups=int(a.groups),
+                          data_layout=str(a.data_layout), kernel_layout=str(a.kernel_layout),
+                          out_layout=str(a.out_layout), out_dtype=str(a.out_dtype))
+
+
+@R.expr_functor.mutator
+class _FoldPads(R.PyExprMutator):
+    def __init__(self, mod, values):
+        super().__init__(mod)
+        self.values = values
+
+    def visit_call_(self, call):  # noqa: N802 (TVM's visitor naming)
+        folded = _pad_into_conv(call, self.values)
+        return super().visit_call_(call if folded is None else folded)
+
+
+def fold_pads(mod):
+    """``mod`` with every zero padding that feeds a convolution folded into the
+    convolution's own padding (``R.nn.pad`` then ``conv2d``: what TF-style "same"
+    padding exports as, HuggingFace's MobileNetV2 and EfficientNet among them, and a
+    zero-width pad of MobileNetV2's 1x1 convs). The kernels read the padding as taps
+    outside the input, so the padded copy (0.8 ms a run of MobileNetV2) is never
+    made; a pad that something else also reads stays for it. ``mod`` itself when
+    there is none."""
+    found = {}
+    for gv, func in mod.functions_items():
+        if isinstance(func, R.Function) and not (func.attrs and "Codegen" in func.attrs):
+            values = R.analysis.get_var2val(func)
+            if any(_pad_into_conv(v, values) is not None for v in values.values()):
+                found[gv] = values
+    if not found:
+        return mod
+    out = mod.clone()
+    for gv, values in found.items():
+        new = _FoldPads(mod, values).visit_expr(mod[gv])
+        out[gv] = R.analysis.remove_all_unused(new)
+    return out
+
+
 def offload_convs(mod, kernels=(), builtin=True, passes=None):
     """``mod`` with every convolution of the form above one kernel call (a depthwise one
     the depthwise kernel's); a new module, functions with a ``Codegen`` attribute
@@ -665,6 +721,7 @@ def offload_convs(mod, kernels=(), builtin=True, passes=None):
     the built-in kernels take the regions they leave."""
     from . import weights
 
+    mod = fold_pads(mod)
     passes = weights.DEFAULT_PASSES if passes is None else tuple(passes)
     steps = _conv_steps(passes)
     batch_norms = fold_batch_norm in steps  # else a region ends before its batch norm

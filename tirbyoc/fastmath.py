@@ -1,5 +1,5 @@
-"""Vectorizable float32 ``exp``, ``tanh``, ``erf`` and ``sigmoid`` for the fallback
-schedules.
+"""Vectorizable float32 ``exp``, ``tanh``, ``erf``, ``sigmoid`` and ``pow(x, n)`` (n = 1..4)
+for the fallback schedules.
 
 LLVM lowers TIR's ``exp``/``tanh``/``erf`` on a vector to one scalar libm call per lane
 (``expf@PLT`` twice per ``tanh`` element; ``sigmoid`` is an ``expf`` call too: a SiLU over
@@ -133,13 +133,43 @@ def sigmoid(x):
 _EXPANSIONS = {"tirx.exp": exp, "tirx.tanh": tanh, "tirx.erf": erf, "tirx.sigmoid": sigmoid}
 
 
+# pow(x, n) for these whole n: n - 1 multiplications (GPT-2's GELU has x ** 3; LLVM
+# makes a vector pow a powf call per lane). Other exponents stay pow calls.
+_POW_EXPONENTS = (1.0, 2.0, 3.0, 4.0)
+
+
+def _power(x, n: int):
+    def body(v):
+        acc = v
+        for _ in range(n - 1):
+            acc = acc * v
+        return acc
+    return _let("pow_x", x, body)
+
+
+def _expansion(call):
+    """The vectorizable expression for a float32 math call, or None."""
+    op = getattr(call, "op", None)
+    name = getattr(op, "name", None)
+    if T.dtype_of(call) != F32:
+        return None
+    if name in _EXPANSIONS:
+        return _EXPANSIONS[name](call.args[0])
+    if name == "tirx.pow" and isinstance(call.args[1], T.FloatImm) and \
+            float(call.args[1].value) in _POW_EXPONENTS:
+        return _power(call.args[0], int(call.args[1].value))
+    return None
+
+
 def _is_math_call(call) -> bool:
     op = getattr(call, "op", None)
-    return getattr(op, "name", None) in _EXPANSIONS and T.dtype_of(call) == F32
+    name = getattr(op, "name", None)
+    return (name in _EXPANSIONS or name == "tirx.pow") and _expansion(call) is not None
 
 
 def calls_math(node) -> bool:
-    """Whether a TIR statement or expression calls float32 exp/tanh/erf/sigmoid."""
+    """Whether a TIR statement or expression calls float32 exp/tanh/erf/sigmoid (or pow
+with a small whole exponent)."""
     found = []
     T.structural_walk(node, [(T.Call, lambda c: found.append(c) if _is_math_call(c) else None)],
                       order="pre")
@@ -153,10 +183,7 @@ def expand_math(func):
         return func
 
     def rewrite(call):
-        op = getattr(call, "op", None)
-        name = getattr(op, "name", None)
-        if name in _EXPANSIONS and T.dtype_of(call) == F32:
-            return _EXPANSIONS[name](call.args[0])
-        return call
+        expanded = _expansion(call) if isinstance(call, T.Call) else None
+        return call if expanded is None else expanded
 
     return T.structural_map(func, [(T.Call, rewrite)], order="post")
