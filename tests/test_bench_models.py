@@ -5,7 +5,6 @@ import json
 import math
 import statistics
 
-import numpy as np
 import pytest
 
 import torch  # noqa: E402  (the test extra installs it)

@@ -485,3 +485,32 @@ def test_a_padding_read_by_several_taps_stays_its_own_loop_nest(hw):
                                           (17, 16)])
 def test_lanes_avoid_a_partial_last_vector(extent, lanes):
     assert fallback._lanes(extent) == lanes
+
+
+def test_blocks_beside_a_kernel_call_are_scheduled():
+    """Llama's SwiGLU: ``silu(x @ Wg) * up``: the kernel takes the product and the SiLU,
+    the multiply by ``up`` stays in the same PrimFunc and is scheduled there (parallel,
+    vectorized), not left as a naive loop; numerics against numpy."""
+    rng = np.random.default_rng(4)
+    w = rng.standard_normal((96, 256)).astype(np.float32) * 0.1
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((128, 96), "float32"))
+    up = relax.Var("up", relax.TensorType((128, 256), "float32"))
+    with bb.function("main", [x, up]):
+        with bb.dataflow():
+            h = bb.emit(relax.op.matmul(x, relax.const(w)))
+            out = bb.emit_output(bb.emit(relax.op.multiply(relax.op.nn.silu(h), up)))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    report = tirbyoc.explain(mod)
+    (fused,) = [n for n in report.schedules if "multiply" in n]
+    assert report.schedules[fused].startswith("kernel ")
+    assert "1 other block(s) scheduled beside it" in report.schedules[fused]
+    offloaded = tirbyoc.apply_tir_byoc(mod, fuse=True)
+    text = offloaded[fused].script()
+    assert "T.parallel" in text and "T.vectorized" in text
+    xs = rng.standard_normal((128, 96)).astype(np.float32)
+    us = rng.standard_normal((128, 256)).astype(np.float32)
+    h = xs.astype(np.float64) @ w
+    ref = h / (1 + np.exp(-h)) * us
+    assert_close(tirbyoc.run(tirbyoc.compile(mod), xs, us), ref)

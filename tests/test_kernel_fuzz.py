@@ -2017,7 +2017,7 @@ def test_fuzz_figures(request, report_lines):
         f"{sum(r[2] for r in results):.1f} s ({len(results)} kernel x ISA runs of {CASES} "
         f"cases, seed {SEED}, library {LIBRARY.path})")
     report_lines.append(
-        f"  cases split over threads, by thread count: "
+        "  cases split over threads, by thread count: "
         + " ".join(f"{t}:{n}" for t, n in sorted(_THREADED.items()))
         + f" ({sum(_THREADED.values())} cases, {len(_THREADED)} counts)")
     for symbol in KERNEL_SYMBOLS:

@@ -25,7 +25,8 @@ def offload_prim_func(func, intrinsics=None, sources=None, passes=None):
     # NOTE: marked scheduled, as dlight marks what a rule returns: MetaSchedule and later
     # rules leave the function alone (its kernel calls cannot be built without the
     # kernel library, and the kernel is the schedule of what it replaced).
-    return sch.mod["main"].with_attr("tirx.is_scheduled", True), results
+    func = fallback.schedule_beside_kernels(sch.mod["main"])
+    return func.with_attr("tirx.is_scheduled", True), results
 
 
 def _static_modules(mod, reg: Registry, used=None) -> list:

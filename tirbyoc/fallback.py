@@ -503,6 +503,47 @@ class WithFastMath(T.DlightScheduleRule):
         return self.rule.apply(fastmath.expand_math(func), target, tunable)
 
 
+def schedule_beside_kernels(func):
+    """``func`` (a PrimFunc with kernel calls) with its other elementwise blocks scheduled
+    as ``Injective`` schedules them: outer loops in parallel, the inner one vectorized,
+    float32 math expanded. A kernel call leaves what it could not take in its function
+    (Llama's SwiGLU: ``silu(x @ Wg) * up`` offloads the product and the SiLU, the
+    multiply by ``up`` stays; ConvNeXt's layer scale after a dense), and a function with
+    a kernel call is marked scheduled, so no fallback rule sees it: these blocks would
+    run as naive single-threaded loops. A block that is not elementwise, or that a
+    schedule step rejects, stays as it was; ``func`` itself when there is nothing."""
+    from .normalize import OFFLOADED_ATTR
+
+    def rest_of(sch):
+        return [b for b in T.dlight_blocks(sch) if OFFLOADED_ATTR not in
+                sch.get(b.block_rv).annotations]
+
+    if not rest_of(T.Schedule(func)):
+        return func
+    expanded = fastmath.expand_math(func)
+    done = 0
+    sch = T.Schedule(expanded)
+    for block in rest_of(sch):
+        if not block.is_injective() or not sch.get_loops(block.block_rv):
+            continue
+        trial = sch.copy()
+        try:
+            Injective._schedule_block(trial, trial.get_sblock(
+                sch.get(block.block_rv).name_hint))
+        except Exception:  # noqa: BLE001 (a step this block's loops reject: left as is)
+            continue
+        sch, done = trial, done + 1
+    return sch.mod["main"] if done else func
+
+
+def _rest_scheduled(func) -> bool:
+    """Whether a loop of the function (its kernel calls have none) runs in parallel or
+    in vector lanes: what ``schedule_beside_kernels`` made of the blocks beside them."""
+    kinds = []
+    T.structural_walk(func.body, [(T.For, lambda f: kinds.append(int(f.kind)))])
+    return any(k != 0 for k in kinds)
+
+
 def schedule_rules() -> list:
     """The rules ``tirbyoc.pipeline`` applies after offloading, in order."""
     return [T.dlight_cpu_gemv(), WindowReduction(), RowReduction(),
@@ -539,8 +580,10 @@ def describe(func, target=None) -> str:
         rest = [n for n in normal.nests if not n.offloaded_kernel]
         text = "kernel " + ", ".join(kernels)
         if rest:
-            text += (f"; {len(rest)} other block(s) run as written (unscheduled: a function "
-                     "with a kernel call is not given to the fallback rules)")
+            text += f"; {len(rest)} other block(s) " + (
+                "scheduled beside it (tirbyoc Injective)" if func.attrs and
+                "tirx.is_scheduled" in func.attrs and _rest_scheduled(func) else
+                "run as written (unscheduled: not elementwise)")
         return text
     if func.attrs and "tirx.is_scheduled" in func.attrs:
         return "already scheduled"

@@ -151,7 +151,7 @@ def _expansion(call):
     """The vectorizable expression for a float32 math call, or None."""
     op = getattr(call, "op", None)
     name = getattr(op, "name", None)
-    if T.dtype_of(call) != F32:
+    if (name not in _EXPANSIONS and name != "tirx.pow") or T.dtype_of(call) != F32:
         return None
     if name in _EXPANSIONS:
         return _EXPANSIONS[name](call.args[0])

@@ -186,6 +186,80 @@ def fix_onnx_clip(mod):
     return out
 
 
+# ---- a matrix product between two reshapes (HF GPT-2's Conv1D) ----
+
+def _dims(expr):
+    from .bindings import shape_of
+
+    shape = shape_of(expr)
+    if shape is None or not all(isinstance(d, T.IntImm) for d in shape):
+        return None
+    return [int(d) for d in shape]
+
+
+def _unflattened(call, b):
+    """For ``reshape(add(matmul(reshape(x, [P, K]), W), bias), x.shape[:-1] + [N])``
+    (the add optional), ``add(matmul(x, W), bias)`` on ``x`` itself; else None."""
+    from .bindings import is_op
+
+    if not is_op(call, "relax.reshape"):
+        return None
+    inner, bias, inner_var = b.producer(call.args[0]), None, call.args[0]
+    if is_op(inner, "relax.add") and b.uses.get(call.args[0]) == 1:
+        # addmm's bias comes first in the add (either order is taken)
+        first = is_op(b.producer(inner.args[0]), "relax.matmul")
+        bias, inner_var = (inner.args[1], inner.args[0]) if first else inner.args
+        inner = b.producer(inner_var)
+    if not is_op(inner, "relax.matmul") or b.uses.get(inner_var) != 1:
+        return None
+    flat = b.producer(inner.args[0])
+    if not is_op(flat, "relax.reshape") or b.uses.get(inner.args[0]) != 1:
+        return None
+    x, w = flat.args[0], inner.args[1]
+    xs, ws, out = _dims(x), _dims(w), _dims(call)
+    if xs is None or ws is None or out is None or len(xs) < 3 or len(ws) != 2 or \
+            ws[0] != xs[-1] or out != xs[:-1] + [ws[1]]:
+        return None
+    if bias is not None and (_dims(bias) is None or len(_dims(bias)) > 1):
+        return None
+    product = R.op.matmul(x, w, out_dtype=inner.attrs.out_dtype)
+    return product if bias is None else R.op.add(product, bias)
+
+
+@R.expr_functor.mutator
+class _Unflatten(R.PyExprMutator):
+    def __init__(self, mod, b):
+        super().__init__(mod)
+        self.b = b
+
+    def visit_call_(self, call):  # noqa: N802 (TVM's visitor naming)
+        new = _unflattened(call, self.b)
+        return super().visit_call_(call if new is None else new)
+
+
+def fix_flattened_matmul(mod):
+    """``mod`` with every matrix product that a frontend wrote between two reshapes
+    (HuggingFace GPT-2's ``Conv1D``: ``addmm(bias, x.view(-1, K), W).view(..., N)``)
+    written on the unflattened tensor: ``matmul(x, W) + bias`` gives the same [..., N]
+    result, and the elementwise ops after it (GPT-2's GELU) then follow the product
+    directly, so the dense kernel takes them as its epilogue instead of leaving them to
+    a separate pass over the tensor. ``mod`` itself when there is none."""
+    from .bindings import Bindings
+
+    found = {}
+    for gv, func in mod.functions_items():
+        if isinstance(func, R.Function) and not (func.attrs and "Codegen" in func.attrs):
+            b = Bindings(func)
+            if any(_unflattened(v, b) is not None for v in b.values.values()):
+                found[gv] = b
+    if not found:
+        return mod
+    out = mod.clone()
+    for gv, b in found.items():
+        out[gv] = R.analysis.remove_all_unused(_Unflatten(mod, b).visit_expr(mod[gv]))
+    return out
+
+
 def apply(mod):
     """Every fix-up, in order."""
-    return fix_onnx_clip(fix_bool_cumsum(mod))
+    return fix_flattened_matmul(fix_onnx_clip(fix_bool_cumsum(mod)))
