@@ -166,3 +166,83 @@ def test_only_elementwise_max_and_min_with_a_scalar_are_read_as_clip_bounds():
     assert fixups._elementwise_with_scalar(maximum) == "max"
     assert fixups._elementwise_with_scalar(shifted) is None  # reads another element
     assert fixups._elementwise_with_scalar(plus) is None
+
+
+# ---- a matrix product between two reshapes (HuggingFace GPT-2's Conv1D) ----
+
+class _Conv1DMLP(torch.nn.Module):
+    """GPT-2's MLP as transformers writes it: ``addmm(b, x.view(-1, K), W).view(...)``,
+    then the tanh GELU written out (x used three times) and a second Conv1D."""
+
+    def __init__(self, k=48, n=96):
+        super().__init__()
+        g = torch.Generator().manual_seed(5)
+        self.w1, self.b1 = torch.randn(k, n, generator=g) * 0.2, torch.randn(n, generator=g)
+        self.w2, self.b2 = torch.randn(n, k, generator=g) * 0.2, torch.randn(k, generator=g)
+
+    def forward(self, x):
+        h = torch.addmm(self.b1, x.view(-1, x.shape[-1]), self.w1).view(*x.shape[:-1], -1)
+        h = 0.5 * h * (1.0 + torch.tanh(0.7978845608 * (h + 0.044715 * torch.pow(h, 3.0))))
+        return torch.addmm(self.b2, h.view(-1, h.shape[-1]), self.w2).view(*x.shape)
+
+
+def test_a_flattened_matmul_is_written_on_the_unflattened_tensor():
+    x = torch.randn(2, 16, 48)
+    mod = _import(_Conv1DMLP().eval(), x)
+    reshapes = lambda m: m["main"].script().count("R.reshape(")  # noqa: E731
+    fixed = fixups.fix_flattened_matmul(mod)
+    assert reshapes(mod) == 4 and reshapes(fixed) == 0
+    assert fixups.fix_flattened_matmul(fixed) is fixed
+    report = tirbyoc.explain(mod)
+    # the GELU's blocks join the first product's PrimFunc, scheduled beside its kernel
+    (gelu,) = [how for name, how in report.schedules.items() if "tanh" in name]
+    assert gelu.startswith("kernel tirbyoc_dense_f32_packed") and "scheduled beside" in gelu
+    assert len(report.offloaded) == 2, report
+    out = tirbyoc.run(tirbyoc.compile(mod), x.numpy())
+    with torch.no_grad():
+        ref = _Conv1DMLP().eval()(x).numpy()
+    assert np.abs(out - ref).max() <= 1e-4 * np.abs(ref).max()
+
+
+# ---- a constant per-column scale after a matrix product (ConvNeXt's layer scale) ----
+
+class _LayerScale(torch.nn.Module):
+    """ConvNeXt's block tail: a Linear, then ``gamma * x`` with gamma per channel."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(6)
+        self.fc = torch.nn.Linear(32, 24)
+        self.gamma = torch.nn.Parameter(torch.rand(24) + 0.5)
+
+    def forward(self, x):
+        return self.gamma * self.fc(x) + 1.0
+
+
+def test_a_constant_column_scale_folds_into_the_weight_and_bias():
+    x = torch.randn(2, 7, 7, 32)
+    mod = _import(_LayerScale().eval(), x)
+    fixed = fixups.apply(mod)
+    text = fixed["main"].script()
+    assert "R.multiply" not in text and text.count("R.matmul") == 1
+    report = tirbyoc.explain(mod)
+    assert [r.intrinsic for r in report.offloaded] == ["dense_bias"]
+    assert not [n for n in report.schedules if "multiply" in n], report  # the + 1 stays
+    out = tirbyoc.run(tirbyoc.compile(mod), x.numpy())
+    with torch.no_grad():
+        ref = _LayerScale().eval().double()(x.double()).numpy()
+    assert np.abs(out - ref).max() <= 1e-5 * np.abs(ref).max()
+
+
+def test_a_scale_that_is_not_per_column_or_not_constant_stays():
+    class _RowScale(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(8, 6)
+
+        def forward(self, x, s):
+            return (self.fc(x) * torch.arange(1.0, 4.0)[:, None]) * s
+
+    x, s = torch.randn(3, 8), torch.randn(3, 6)
+    mod = _import(_RowScale().eval(), x, s)
+    assert fixups.fold_column_scale(mod) is mod

@@ -78,7 +78,12 @@ def test_refused_epilogues_stay_as_tir(name, func, intrinsic, stays, reason):
     new, results = offload_prim_func(func)
     blocks = _kernel_blocks(new)
     assert [str(b.block.annotations["tirbyoc.intrinsic"]) for b in blocks] == [intrinsic]
-    tvm.ir.assert_structural_equal(_nest(new, stays).stmt, _nest(func, stays).stmt)
+    # what the kernel refused stays as its block, reading and writing the same buffers
+    # (scheduled beside the call: its loops parallel / vectorized, its math expanded)
+    kept, original = _nest(new, stays).block, _nest(func, stays).block
+    names = lambda regions: sorted(r.source.name for r in regions)  # noqa: E731
+    assert names(kept.reads) == names(original.reads)
+    assert names(kept.writes) == names(original.writes)
     report = tirbyoc.explain(_module(func))
     assert reason in str(report)
 

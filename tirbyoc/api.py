@@ -77,6 +77,9 @@ def _transform(mod, fuse, reg: Registry, passes=None):
     # NOTE: the built-in graph-level kernels (conv, pooling, attention, softmax) come with
     # the default intrinsics only; a caller that names its intrinsics gets those and
     # nothing else of the built-in library.
+    # NOTE: the frontend fix-ups first, as in tirbyoc.pipeline (a second run there
+    # finds nothing), so that explain reports what compile builds
+    mod = fixups.apply(mod)
     mod, scope = relax_prep.prepare(mod, fuse, passes=passes, registry=reg)
     srcs = weights.sources(mod)
     out = mod.clone()

@@ -69,16 +69,17 @@ def _text(name):
         if name == "gpt2":
             cfg = tf.GPT2Config(n_layer=2, vocab_size=VOCAB, n_positions=512, bos_token_id=0,
                                  eos_token_id=0)
-            model = tf.GPT2Model(cfg)
         elif name == "llama":  # grouped-query attention, RoPE, RMSNorm, SiLU-gated MLP
             cfg = tf.LlamaConfig(num_hidden_layers=2, hidden_size=768, intermediate_size=2048,
                                  num_attention_heads=12, num_key_value_heads=4,
                                  vocab_size=VOCAB, max_position_embeddings=512)
-            model = tf.LlamaModel(cfg)
         else:
             cfg = tf.BertConfig(num_hidden_layers=2, vocab_size=VOCAB)
-            model = tf.BertModel(cfg, add_pooling_layer=False)
-        cfg._attn_implementation = "sdpa"
+        # NOTE: GPT-2 with PyTorch's SDPA attention does not export at batch > 1 (a
+        # data-dependent guard in torch.export); its eager attention does
+        cfg._attn_implementation = "eager" if name == "gpt2" else "sdpa"
+        model = {"gpt2": lambda: tf.GPT2Model(cfg), "llama": lambda: tf.LlamaModel(cfg),
+                 "bert": lambda: tf.BertModel(cfg, add_pooling_layer=False)}[name]()
         return _hidden(model, True)
     return build
 
@@ -255,8 +256,10 @@ def run_zoo(names, batches=(1, 8), threads=2, reps=20, settle=None, out="bench-r
     if rows:
         paths = bm.write(rows, out, threads, name="zoo")
         print(f"\nwrote {paths[0]} and {paths[1]}")
-    bad = [f"{r['model']} {p}: {e:.1e}" for r in rows for p, e in r["rel_err"].items()
-           if e > bm.RTOL]
+    # NOTE: the peers' errors are in the table; tirbyoc's decide (MobileNetV2's random
+    # batch norms put PyTorch's and ONNX Runtime's float32 at 1.1-1.3e-4 of float64)
+    bad = [f"{r['model']} {r['shape']}: {r['rel_err']['tirbyoc']:.1e}" for r in rows
+           if r["rel_err"]["tirbyoc"] > bm.RTOL]
     if failed:
         print("FAILED:\n  " + "\n  ".join(failed))
     if bad:

@@ -260,6 +260,89 @@ def fix_flattened_matmul(mod):
     return out
 
 
+# ---- a constant per-column scale after a matrix product (ConvNeXt's layer scale) ----
+
+def _const_value(expr, b):
+    """The numpy value of a constant, or of ``permute_dims(constant)`` of a matrix."""
+    from .bindings import is_op
+
+    bound = b.producer(expr)
+    expr = expr if bound is None else bound
+    if isinstance(expr, T.RelaxConstant):
+        return T.constant_value(expr)
+    if is_op(expr, "relax.permute_dims") and isinstance(expr.args[0], T.RelaxConstant):
+        value = T.constant_value(expr.args[0])
+        axes = expr.attrs.axes
+        return value.transpose([int(a) for a in axes]) if axes is not None else value.T
+    return None
+
+
+def _column_scaled(call, b):
+    """For ``gamma * (matmul(x, W) + bias)`` (either operand order) with W, bias and
+    gamma constants and gamma one factor per output column, ``matmul(x, W * gamma) +
+    bias * gamma`` with the products computed now; else None."""
+    import numpy as np
+
+    from .bindings import is_op
+
+    if not is_op(call, "relax.multiply"):
+        return None
+    for gamma_expr, inner_var in (call.args, call.args[::-1]):
+        gamma, add = _const_value(gamma_expr, b), b.producer(inner_var)
+        if gamma is None or not is_op(add, "relax.add") or b.uses.get(inner_var) != 1:
+            continue
+        for bias_expr, mm_var in (add.args, add.args[::-1]):
+            bias, mm = _const_value(bias_expr, b), b.producer(mm_var)
+            if bias is None or not is_op(mm, "relax.matmul") or b.uses.get(mm_var) != 1:
+                continue
+            w = _const_value(mm.args[1], b)
+            if w is None or w.ndim != 2 or w.dtype != np.float32:
+                continue
+            n = w.shape[1]
+            if gamma.size != n or gamma.shape[-1:] != (n,) or bias.size != n or \
+                    bias.shape[-1:] != (n,) or gamma.dtype != np.float32:
+                continue
+            g = gamma.reshape(n).astype(np.float64)
+            new_w = (w.astype(np.float64) * g).astype(np.float32)
+            new_b = (bias.reshape(n).astype(np.float64) * g).astype(np.float32)
+            return R.op.add(R.op.matmul(mm.args[0], R.const(new_w),
+                                        out_dtype=mm.attrs.out_dtype), R.const(new_b))
+    return None
+
+
+@R.expr_functor.mutator
+class _ScaleColumns(R.PyExprMutator):
+    def __init__(self, mod, b):
+        super().__init__(mod)
+        self.b = b
+
+    def visit_call_(self, call):  # noqa: N802 (TVM's visitor naming)
+        new = _column_scaled(call, self.b)
+        return super().visit_call_(call if new is None else new)
+
+
+def fold_column_scale(mod):
+    """``mod`` with every constant per-column scale of a matrix product with constant
+    weight and bias (ConvNeXt's layer scale, ``gamma * Linear(x)``) folded into that
+    weight and bias at compile time (in float64, rounded once, as a batch norm into a
+    convolution): the product's kernel then writes the scaled result, instead of a
+    second pass over its output. ``mod`` itself when there is none."""
+    from .bindings import Bindings
+
+    found = {}
+    for gv, func in mod.functions_items():
+        if isinstance(func, R.Function) and not (func.attrs and "Codegen" in func.attrs):
+            b = Bindings(func)
+            if any(_column_scaled(v, b) is not None for v in b.values.values()):
+                found[gv] = b
+    if not found:
+        return mod
+    out = mod.clone()
+    for gv, b in found.items():
+        out[gv] = R.analysis.remove_all_unused(_ScaleColumns(mod, b).visit_expr(mod[gv]))
+    return out
+
+
 def apply(mod):
     """Every fix-up, in order."""
-    return fix_flattened_matmul(fix_onnx_clip(fix_bool_cumsum(mod)))
+    return fold_column_scale(fix_flattened_matmul(fix_onnx_clip(fix_bool_cumsum(mod))))
