@@ -84,7 +84,7 @@ def _hf(name, attention):
 # (from_exported_program's decompositions leave the attention output transposed, and a
 # view of it fails), before tirbyoc sees the module; its eager attention imports.
 @pytest.mark.parametrize("name, batch, attention, offloaded", [
-    ("gpt2", 1, "sdpa", 7), ("gpt2", 2, "eager", 7), ("llama", 2, "sdpa", 9)])
+    ("gpt2", 1, "sdpa", 7), ("gpt2", 2, "eager", 7), ("llama", 2, "sdpa", 8)])
 def test_huggingface_decoders_compile_and_match_pytorch(name, batch, attention, offloaded):
     model = _hf(name, attention)
     ids = torch.randint(0, 500, (batch, 16))
@@ -95,7 +95,9 @@ def test_huggingface_decoders_compile_and_match_pytorch(name, batch, attention, 
         ref = model(ids).numpy()
     assert np.abs(out - ref).max() <= 1e-4 * np.abs(ref).max()
     # the projections, the MLP, the attention products and softmax: one PrimFunc each,
-    # shared by both layers
+    # shared by both layers (Llama at batch 2: its attention output's weight arrives
+    # broadcast over the batch; read in 2-D after fix_broadcast_weight, one PrimFunc
+    # fewer)
     report = tirbyoc.explain(mod)
     assert len(report.offloaded) == offloaded, report
 
@@ -246,3 +248,34 @@ def test_a_scale_that_is_not_per_column_or_not_constant_stays():
     x, s = torch.randn(3, 8), torch.randn(3, 6)
     mod = _import(_RowScale().eval(), x, s)
     assert fixups.fold_column_scale(mod) is mod
+
+
+# ---- a matrix product with a batch-broadcast weight ----
+
+class _ExpandedWeight(torch.nn.Module):
+    """``bmm(x, W.expand(B, K, N))`` as torch.export writes some Linear layers at batch
+    > 1 (HuggingFace BERT's attention output at batch 8)."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(32, 24, generator=torch.Generator()
+                                                .manual_seed(7)))
+
+    def forward(self, x):
+        return torch.bmm(x.expand(x.shape[0], -1, -1), self.w.expand(x.shape[0], -1, -1))
+
+
+def test_a_batch_broadcast_weight_is_read_once_in_two_dimensions():
+    x = torch.randn(4, 9, 32)
+    mod = _import(_ExpandedWeight().eval(), x)
+    assert "R.broadcast_to(" in mod["main"].script()
+    fixed = fixups.fix_broadcast_weight(mod)
+    text = fixed["main"].script()
+    assert "R.broadcast_to(" not in text and "R.matmul(x, metadata" in text
+    report = tirbyoc.explain(mod)
+    (region,) = report.offloaded
+    assert region.intrinsic == "dense" and "PACKED" in str(report), report
+    out = tirbyoc.run(tirbyoc.compile(mod), x.numpy())
+    with torch.no_grad():
+        ref = _ExpandedWeight().eval()(x).numpy()
+    assert np.abs(out - ref).max() <= 1e-5 * np.abs(ref).max()

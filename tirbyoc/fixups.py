@@ -343,6 +343,81 @@ def fold_column_scale(mod):
     return out
 
 
+# ---- a matrix product with a batch-broadcast operand (torch.export's bmm of a Linear) ----
+
+def _unbroadcast(arg, b, keep_rank: bool):
+    """The source of ``broadcast_to(src, shape)`` when that broadcast only repeats
+    ``src`` over leading batch dimensions (``src`` of rank 2, or of the same shape when
+    ``keep_rank``), else None."""
+    from .bindings import is_op
+
+    value = b.producer(arg)
+    if not is_op(value, "relax.broadcast_to"):
+        return None
+    src = value.args[0]
+    have, want = _dims(src), _dims(arg)
+    if have is None or want is None:
+        return None
+    if have == want or (not keep_rank and len(have) == 2 and want[-2:] == have):
+        return src
+    return None
+
+
+def _unbroadcast_matmul(call, b):
+    """``matmul(broadcast_to(x), broadcast_to(W, [B.., K, N]))`` as ``matmul(x, W)``
+    (matmul broadcasts the batch itself; the result is the same), else None."""
+    from .bindings import is_op
+
+    if not is_op(call, "relax.matmul"):
+        return None
+    lhs, rhs = call.args
+    w = _unbroadcast(rhs, b, keep_rank=False)
+    x = _unbroadcast(lhs, b, keep_rank=True)
+    if w is None and x is None:
+        return None
+    lhs_dims, rhs_dims = _dims(x if x is not None else lhs), _dims(w if w is not None else rhs)
+    if lhs_dims is None or rhs_dims is None or len(lhs_dims) < len(rhs_dims):
+        return None  # the batch must still come from the left operand
+    return R.op.matmul(lhs if x is None else x, rhs if w is None else w,
+                       out_dtype=call.attrs.out_dtype)
+
+
+@R.expr_functor.mutator
+class _Unbroadcast(R.PyExprMutator):
+    def __init__(self, mod, b):
+        super().__init__(mod)
+        self.b = b
+
+    def visit_call_(self, call):  # noqa: N802 (TVM's visitor naming)
+        new = _unbroadcast_matmul(call, self.b)
+        return super().visit_call_(call if new is None else new)
+
+
+def fix_broadcast_weight(mod):
+    """``mod`` with every matrix product whose weight ``torch.export`` repeated over the
+    batch (``bmm(x, W.expand(B, K, N))``: HuggingFace BERT's attention output at batch
+    8, ``nn.TransformerEncoderLayer``'s projections) reading the 2-D weight itself:
+    ``matmul([B, M, K], [K, N])`` is the same product, the dense kernel takes it with B
+    folded into M and the weight packed once, and no [B, K, N] copy is made per call or
+    folded into a constant B times the weight's size. ``mod`` itself when there is
+    none."""
+    from .bindings import Bindings
+
+    found = {}
+    for gv, func in mod.functions_items():
+        if isinstance(func, R.Function) and not (func.attrs and "Codegen" in func.attrs):
+            b = Bindings(func)
+            if any(_unbroadcast_matmul(v, b) is not None for v in b.values.values()):
+                found[gv] = b
+    if not found:
+        return mod
+    out = mod.clone()
+    for gv, b in found.items():
+        out[gv] = R.analysis.remove_all_unused(_Unbroadcast(mod, b).visit_expr(mod[gv]))
+    return out
+
+
 def apply(mod):
     """Every fix-up, in order."""
-    return fold_column_scale(fix_flattened_matmul(fix_onnx_clip(fix_bool_cumsum(mod))))
+    return fold_column_scale(fix_flattened_matmul(fix_broadcast_weight(
+        fix_onnx_clip(fix_bool_cumsum(mod)))))
