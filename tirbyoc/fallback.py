@@ -515,7 +515,8 @@ def schedule_beside_kernels(func):
     from .normalize import OFFLOADED_ATTR
 
     def rest_of(sch):
-        return [b for b in T.dlight_blocks(sch) if OFFLOADED_ATTR not in
+        # NOTE: dlight cannot analyze every function (None): nothing is scheduled there
+        return [b for b in T.dlight_blocks(sch) or () if OFFLOADED_ATTR not in
                 sch.get(b.block_rv).annotations]
 
     if not rest_of(T.Schedule(func)):
