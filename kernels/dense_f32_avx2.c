@@ -17,6 +17,7 @@
 
 #include "dense_f32_internal.h"
 #include "chain_f32.h"
+#include "transpose_avx2.h"
 
 #define Y_MR 6
 #define Y_NR 16
@@ -36,10 +37,48 @@ ALWAYS_INLINE __m256i mask_n(int64_t n)
 
 /* ---- micro-kernel ---- */
 
-ALWAYS_INLINE void tile(const int MR, const int FULL, int64_t kc,
-                        const float *restrict ap, const float *restrict wp,
-                        float *restrict c, int64_t ldc, int nr, int flags,
-                        const tb_chain *ch, int64_t ci, int64_t cj)
+/* One vector pair of an NCHW16c y (a pixel's 16 channels of a block)
+ * through the chain ops (RESIDUAL, RELU and RELU6 only; the residual's
+ * vectors at res), stored at y: conv_out16's and the Y16 tiles' store. */
+ALWAYS_INLINE void put16(float *y, __m256 v0, __m256 v1, const float *res,
+                         int64_t ops)
+{
+    int64_t o;
+    for (o = ops; o != 0; o = (int64_t)((uint64_t)o >> 4)) {
+        const int op = (int)(o & 15);
+        if (op == TIRBYOC_EPI_RESIDUAL) {
+            v0 = _mm256_add_ps(v0, _mm256_loadu_ps(res));
+            v1 = _mm256_add_ps(v1, _mm256_loadu_ps(res + 8));
+        } else {
+            v0 = _mm256_max_ps(_mm256_setzero_ps(), v0);
+            v1 = _mm256_max_ps(_mm256_setzero_ps(), v1);
+            if (op == TIRBYOC_EPI_RELU6) {
+                v0 = _mm256_min_ps(_mm256_set1_ps(6.0f), v0);
+                v1 = _mm256_min_ps(_mm256_set1_ps(6.0f), v1);
+            }
+        }
+    }
+    _mm256_storeu_ps(y, v0);
+    _mm256_storeu_ps(y + 8, v1);
+}
+
+/*
+ * A register tile of MR rows x 16 columns (FULL: all 16 columns are C's).
+ * IND: A is read in place (the convolution's direct path, tb_conv_tile_fn),
+ * row i of k step p at kp[p][(off + i) * PS], or at kp[p][off + skip + i]
+ * for rows i >= SPLIT when SPLIT > 0 (PS 1 then; PS 16 reads the pixels of
+ * an NCHW16c image); else packed, ap[p * MR + i]. Y16: one K block whose
+ * sums go to an NCHW16c y at c (put16; ldc its block stride, res and ops16
+ * its chain), not to the tile C. The same FMAs in the same order on every
+ * form, so the paths agree bit for bit.
+ */
+ALWAYS_INLINE void tile(const int MR, const int FULL, const int IND,
+                        const int SPLIT, const int PS, int64_t skip,
+                        int64_t off, int64_t kc, const float *restrict ap,
+                        const float *const *kp, const float *restrict wp,
+                        int64_t wps, float *restrict c, int64_t ldc, int nr,
+                        int flags, const tb_chain *ch, int64_t ci, int64_t cj,
+                        const int Y16, const float *res, int64_t ops16)
 {
     __m256 acc0[Y_MR], acc1[Y_MR];
     const __m256i k0 = mask_n(nr), k1 = mask_n(nr - 8);
@@ -50,36 +89,59 @@ ALWAYS_INLINE void tile(const int MR, const int FULL, int64_t kc,
     for (i = 0; i < MR; ++i) {
         acc0[i] = _mm256_setzero_ps();
         acc1[i] = _mm256_setzero_ps();
-        _mm_prefetch((const char *)(c + i * ldc), _MM_HINT_T0);
+        _mm_prefetch((const char *)(c + (Y16 ? i * 16 : i * ldc)), _MM_HINT_T0);
     }
     /* One k step: two W loads, MR broadcasts of A, 2 MR FMAs. Unrolled by
      * four, and the W prefetch only where W is not in cache yet: the loop
      * is then as many instructions as the FMA ports take cycles, or fewer
      * (at one step per iteration, the front end, not the FMAs, set the
      * pace on Zen 3). */
-#define Y_STEP(PREFETCH)                                                      \
+#define Y_STEP(PREFETCH, NEXT)                                                \
     do {                                                                      \
         const __m256 b0 = _mm256_loadu_ps(wp + p * 16);                       \
         const __m256 b1 = _mm256_loadu_ps(wp + p * 16 + 8);                   \
+        const float *restrict ar = IND ? kp[p] + off * PS : ap + p * MR;      \
+        const float *restrict ar2 = SPLIT > 0 ? ar + skip : ar;               \
         if (PREFETCH)                                                         \
             _mm_prefetch((const char *)(wp + (p + Y_PF) * 16), _MM_HINT_T0);  \
+        if (NEXT)                                                             \
+            _mm_prefetch((const char *)(wp + wps + p * 16), _MM_HINT_T1);     \
+        if (IND) {                                                            \
+            /* one register per row pointer (see dense_f32_avx512.c) */       \
+            __asm__("" : "+r"(ar));                                           \
+            if (SPLIT > 0)                                                    \
+                __asm__("" : "+r"(ar2));                                      \
+        }                                                                     \
         _Pragma("GCC unroll 16") for (i = 0; i < MR; ++i)                     \
         {                                                                     \
-            const __m256 x = _mm256_broadcast_ss(ap + p * MR + i);            \
+            const __m256 x = _mm256_broadcast_ss(                             \
+                SPLIT > 0 && i >= SPLIT ? ar2 + i : ar + i * PS);             \
             acc0[i] = _mm256_fmadd_ps(x, b0, acc0[i]);                        \
             acc1[i] = _mm256_fmadd_ps(x, b1, acc1[i]);                        \
         }                                                                     \
     } while (0)
-    if (flags & TB_PREFETCH_W) {
+    if (IND && (flags & TB_PREFETCH_NEXT)) {
+        /* (the direct path: the next block's panel, wps floats on) */
 #pragma GCC unroll 4
         for (p = 0; p < kc; ++p)
-            Y_STEP(1);
+            Y_STEP(flags & TB_PREFETCH_W, 1);
+    } else if (flags & TB_PREFETCH_W) {
+#pragma GCC unroll 4
+        for (p = 0; p < kc; ++p)
+            Y_STEP(1, 0);
     } else {
 #pragma GCC unroll 4
         for (p = 0; p < kc; ++p)
-            Y_STEP(0);
+            Y_STEP(0, 0);
     }
 #undef Y_STEP
+    if (Y16) {
+#pragma GCC unroll 16
+        for (i = 0; i < MR; ++i)
+            put16(c + i * 16, acc0[i], acc1[i],
+                  res != NULL ? res + i * 16 : NULL, ops16);
+        return;
+    }
     if (flags & TB_ACCUMULATE) {
 #pragma GCC unroll 16
         for (i = 0; i < MR; ++i) {
@@ -162,21 +224,85 @@ ALWAYS_INLINE void tile(const int MR, const int FULL, int64_t kc,
 
 typedef void (*tile_fn)(int64_t, const float *, const float *, float *,
                         int64_t, int, int, const tb_chain *, int64_t, int64_t);
+typedef void (*ind_fn)(int64_t, int64_t, const float *const *, const float *,
+                       int64_t, float *, int64_t, int, int);
+typedef void (*ind16y_fn)(int64_t, int64_t, const float *const *,
+                          const float *, int64_t, float *, const float *,
+                          int64_t, int, int64_t);
+typedef void (*split_fn)(int64_t, int64_t, int64_t, const float *const *,
+                         const float *, int64_t, float *, int64_t, int, int);
 
+/* packed A (tile), A in place with rows 1 float apart (ind) or 16 (ind16:
+ * NCHW16c pixels), and ind16 storing into an NCHW16c y (ind16y) */
 #define TILE_FN(MR, FULL)                                                     \
     static void tile_##MR##_##FULL(int64_t kc, const float *ap,               \
                                    const float *wp, float *c, int64_t ldc,    \
                                    int nr, int flags, const tb_chain *ch,     \
                                    int64_t ci, int64_t cj)                    \
     {                                                                         \
-        tile(MR, FULL, kc, ap, wp, c, ldc, nr, flags, ch, ci, cj);            \
+        tile(MR, FULL, 0, 0, 1, 0, 0, kc, ap, NULL, wp, 0, c, ldc, nr, flags, \
+             ch, ci, cj, 0, NULL, 0);                                         \
+    }                                                                         \
+    static void ind_##MR##_##FULL(int64_t kc, int64_t off,                    \
+                                  const float *const *kp, const float *wp,    \
+                                  int64_t wps, float *c, int64_t ldc, int nr, \
+                                  int flags)                                  \
+    {                                                                         \
+        tile(MR, FULL, 1, 0, 1, 0, off, kc, NULL, kp, wp, wps, c, ldc, nr,    \
+             flags, NULL, 0, 0, 0, NULL, 0);                                  \
+    }                                                                         \
+    static void ind16_##MR##_##FULL(int64_t kc, int64_t off,                  \
+                                    const float *const *kp, const float *wp,  \
+                                    int64_t wps, float *c, int64_t ldc,       \
+                                    int nr, int flags)                        \
+    {                                                                         \
+        tile(MR, FULL, 1, 0, 16, 0, off, kc, NULL, kp, wp, wps, c, ldc, nr,   \
+             flags, NULL, 0, 0, 0, NULL, 0);                                  \
     }
-#define TILE_FNS(MR) TILE_FN(MR, 0) TILE_FN(MR, 1)
+#define TILE_FNS(MR)                                                          \
+    TILE_FN(MR, 0) TILE_FN(MR, 1)                                             \
+    static void ind16y_##MR(int64_t kc, int64_t off, const float *const *kp,  \
+                            const float *wp, int64_t wps, float *y,           \
+                            const float *res, int64_t ldy, int flags,         \
+                            int64_t ops)                                      \
+    {                                                                         \
+        tile(MR, 1, 1, 0, 16, 0, off, kc, NULL, kp, wp, wps, y, ldy, 16,      \
+             flags, NULL, 0, 0, 1, res, ops);                                 \
+    }
 TILE_FNS(1) TILE_FNS(2) TILE_FNS(3) TILE_FNS(4) TILE_FNS(5) TILE_FNS(6)
+
+/* Full tiles whose rows span two output rows: rows >= S skip the virtual
+ * row's padding. */
+#define SPLIT_FN(S, FULL)                                                     \
+    static void split_##S##_##FULL(int64_t kc, int64_t off, int64_t skip,     \
+                                   const float *const *kp, const float *wp,   \
+                                   int64_t wps, float *c, int64_t ldc,        \
+                                   int nr, int flags)                         \
+    {                                                                         \
+        tile(Y_MR, FULL, 1, S, 1, skip, off, kc, NULL, kp, wp, wps, c, ldc,   \
+             nr, flags, NULL, 0, 0, 0, NULL, 0);                              \
+    }
+#define SPLIT_FNS(S) SPLIT_FN(S, 0) SPLIT_FN(S, 1)
+SPLIT_FNS(1) SPLIT_FNS(2) SPLIT_FNS(3) SPLIT_FNS(4) SPLIT_FNS(5)
 
 static const tile_fn tiles[2][Y_MR + 1] = {
     {NULL, tile_1_0, tile_2_0, tile_3_0, tile_4_0, tile_5_0, tile_6_0},
     {NULL, tile_1_1, tile_2_1, tile_3_1, tile_4_1, tile_5_1, tile_6_1},
+};
+static const ind_fn inds[2][Y_MR + 1] = {
+    {NULL, ind_1_0, ind_2_0, ind_3_0, ind_4_0, ind_5_0, ind_6_0},
+    {NULL, ind_1_1, ind_2_1, ind_3_1, ind_4_1, ind_5_1, ind_6_1},
+};
+static const ind_fn inds16[2][Y_MR + 1] = {
+    {NULL, ind16_1_0, ind16_2_0, ind16_3_0, ind16_4_0, ind16_5_0, ind16_6_0},
+    {NULL, ind16_1_1, ind16_2_1, ind16_3_1, ind16_4_1, ind16_5_1, ind16_6_1},
+};
+static const ind16y_fn inds16y[Y_MR + 1] = {
+    NULL, ind16y_1, ind16y_2, ind16y_3, ind16y_4, ind16y_5, ind16y_6,
+};
+static const split_fn splits[2][Y_MR] = {
+    {NULL, split_1_0, split_2_0, split_3_0, split_4_0, split_5_0},
+    {NULL, split_1_1, split_2_1, split_3_1, split_4_1, split_5_1},
 };
 
 static void ukernel(int64_t kc, const float *ap, const float *wp, int64_t wps,
@@ -187,28 +313,44 @@ static void ukernel(int64_t kc, const float *ap, const float *wp, int64_t wps,
     tiles[nr == 16][mr](kc, ap, wp, c, ldc, nr, flags, ch, ci, cj);
 }
 
-/* ---- packing ---- */
-
-/* In-register transpose of an 8 x 8 block: r[i][j] -> r[j][i]. */
-ALWAYS_INLINE void transpose8(__m256 r[8])
+/* tb_conv_tile_fn (nr <= 16: one panel) */
+static void conv_tile(int64_t kc, const float *const *kp, int64_t off,
+                      const float *wp, int64_t wps, float *c, int64_t ldc,
+                      int mr, int nr, int flags, int split, int64_t skip)
 {
-    __m256 t[8], u[8];
-    int g;
-    for (g = 0; g < 4; ++g) {
-        t[2 * g] = _mm256_unpacklo_ps(r[2 * g], r[2 * g + 1]);
-        t[2 * g + 1] = _mm256_unpackhi_ps(r[2 * g], r[2 * g + 1]);
-    }
-    for (g = 0; g < 2; ++g) {
-        u[4 * g + 0] = _mm256_shuffle_ps(t[4 * g], t[4 * g + 2], 0x44);
-        u[4 * g + 1] = _mm256_shuffle_ps(t[4 * g], t[4 * g + 2], 0xEE);
-        u[4 * g + 2] = _mm256_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0x44);
-        u[4 * g + 3] = _mm256_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0xEE);
-    }
-    for (g = 0; g < 4; ++g) {
-        r[g] = _mm256_permute2f128_ps(u[g], u[4 + g], 0x20);
-        r[4 + g] = _mm256_permute2f128_ps(u[g], u[4 + g], 0x31);
-    }
+    const int full = nr == 16;
+    if (split > 0 && split < mr && mr == Y_MR)
+        splits[full][split](kc, off, skip, kp, wp, wps, c, ldc, nr, flags);
+    else if (split > 0 && split < mr) {
+        inds[full][split](kc, off, kp, wp, wps, c, ldc, nr, flags);
+        inds[full][mr - split](kc, off + skip + split, kp, wp, wps,
+                               c + split * ldc, ldc, nr, flags);
+    } else
+        inds[full][mr](kc, off, kp, wp, wps, c, ldc, nr, flags);
 }
+
+/* tb_conv_tile_fn over an NCHW16c image: row i of k step p at
+ * kp[p][(off + i) * 16]; split is 0 (the rows are one run of pixels). */
+static void conv_tile16(int64_t kc, const float *const *kp, int64_t off,
+                        const float *wp, int64_t wps, float *c, int64_t ldc,
+                        int mr, int nr, int flags, int split, int64_t skip)
+{
+    (void)split;
+    (void)skip;
+    inds16[nr == 16][mr](kc, off, kp, wp, wps, c, ldc, nr, flags);
+}
+
+/* tb_conv_tile16y_fn (nr is 16) */
+static void conv_tile16y(int64_t kc, const float *const *kp, int64_t off,
+                         const float *wp, int64_t wps, float *y,
+                         const float *res, int64_t ldy, int mr, int nr,
+                         int flags, int64_t ops)
+{
+    (void)nr;
+    inds16y[mr](kc, off, kp, wp, wps, y, res, ldy, flags, ops);
+}
+
+/* ---- packing ---- */
 
 /* rows x cols (both <= 8) block, zero filled, transposed into r. */
 ALWAYS_INLINE void load_transposed(__m256 r[8], const float *src, int64_t ld,
@@ -219,7 +361,7 @@ ALWAYS_INLINE void load_transposed(__m256 r[8], const float *src, int64_t ld,
     for (i = 0; i < 8; ++i)
         r[i] = i < rows ? _mm256_maskload_ps(src + i * ld, mk)
                         : _mm256_setzero_ps();
-    transpose8(r);
+    tb_transpose8(r);
 }
 
 /* Up to 8 rows x kc of a row-major matrix, k-major: dst[p * ds + i] =
@@ -284,6 +426,53 @@ static void pack_w(tb_wlayout layout, int64_t kc, int64_t nc,
             }
         }
     }
+}
+
+/* ---- the convolution's direct path: stores ---- */
+
+/* tb_conv_out_fn: 8 channels x 8 pixels at a time through the transpose,
+ * then the chain over each channel's 8 pixels (a register each). */
+static void conv_out(const float *ct, int64_t ldc, int64_t m, int64_t n,
+                     float *y, int64_t ldy, const tb_chain *ch, int64_t ci,
+                     int64_t cj)
+{
+    int64_t o0, t0;
+    int j;
+    for (t0 = 0; t0 < n; t0 += 8) {
+        const int64_t rows = min_i64(8, n - t0);
+        const __m256i mk = mask_n(rows);
+        for (o0 = 0; o0 < m; o0 += 8) {
+            const int64_t cols = min_i64(8, m - o0);
+            __m256 r[8];
+            load_transposed(r, ct + t0 * ldc + o0, ldc, rows, cols);
+            if (ch != NULL)
+                tb_chain_tile(ch, ch->ops, (ch_vf *)r, (int)cols, 1, ci + o0,
+                              cj + t0, rows, 0);
+#pragma GCC unroll 8
+            for (j = 0; j < 8; ++j) {
+                if (j >= cols)
+                    break;
+                if (rows == 8)
+                    _mm256_storeu_ps(y + (o0 + j) * ldy + t0, r[j]);
+                else
+                    _mm256_maskstore_ps(y + (o0 + j) * ldy + t0, mk, r[j]);
+            }
+        }
+    }
+}
+
+/* tb_conv_out16_fn: each pixel's 16 channels of a block are two vectors of
+ * the tile's row, stored whole (no transpose). */
+static void conv_out16(const float *ct, int64_t ldc, int64_t m, int64_t n,
+                       float *y, const float *res, int64_t ldy, int64_t ops)
+{
+    int64_t o0, t;
+    for (o0 = 0; o0 < m; o0 += 16)
+        for (t = 0; t < n; ++t)
+            put16(y + o0 / 16 * ldy + t * 16,
+                  _mm256_loadu_ps(ct + t * ldc + o0),
+                  _mm256_loadu_ps(ct + t * ldc + o0 + 8),
+                  res != NULL ? res + o0 / 16 * ldy + t * 16 : NULL, ops);
 }
 
 /* ---- few rows: matrix-vector like, streaming W once ---- */
@@ -616,5 +805,6 @@ const tb_isa tb_isa_avx2 = {
     "avx2", Y_MR, Y_NR, ISA_KC, ISA_NC, ukernel, pack_a, pack_w, small_cols,
     nt_direct, Y_DJ, Y_DROWS,
     tb_chain_block, tb_unary_row, tb_softmax_row, tb_attn_row, tb_conv_gather,
-    NULL, NULL, tb_wino_in, tb_wino_out, NULL, NULL, NULL, NULL,
+    conv_tile, conv_out, tb_wino_in, tb_wino_out, conv_tile16, conv_out16,
+    conv_tile16y, NULL,
 };

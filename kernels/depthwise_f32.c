@@ -42,15 +42,16 @@
  * with aligned loads, and the taps to its right are taken from pairs of
  * registers (valignd) instead of unaligned loads that cross cache lines.
  *
- * Channels in lanes (AVX-512): a unit is 16 channels (the last block
- * partial) of a block of output rows. The input rows are transposed, 16
- * pixels at a time, into a window of pixels of 16 channels, the taps are
- * aligned vector loads at any stride or dilation, 8 output pixels are 8 FMA
- * chains with the 16 channels' weights of a tap in one register, and the
- * sums are transposed back into the channels' rows as they are stored.
- * Taken where the planes do worse (measured): for 8 channels or more at a
- * stride of 2 or more and on output rows of fewer than 40 pixels, and for
- * whole blocks of 16 channels on rows of up to 112.
+ * Channels in lanes (AVX2 and AVX-512; depthwise_c16.h, written once for
+ * both): a unit is 16 channels (the last block partial) of a block of
+ * output rows. The input rows are transposed, 16 pixels at a time, into a
+ * window of pixels of 16 channels, the taps are vector loads at any stride
+ * or dilation, 8 output pixels (4 on AVX2) are as many FMA chains with the
+ * 16 channels' weights of a tap in one vector (a register on AVX-512, a
+ * pair on AVX2), and the sums are transposed back into the channels' rows
+ * as they are stored. Taken where the planes do worse (measured): for 8
+ * channels or more at a stride of 2 or more and on output rows of fewer
+ * than 40 pixels, and for whole blocks of 16 channels on rows of up to 112.
  *
  * Scalar: where no window fits in the scratch even for one output row (a
  * dilation or a padding of hundreds of thousands, a filter of tens of
@@ -126,7 +127,7 @@ typedef struct {
     int64_t group, ngroups; /* channels per unit, groups per image */
     int64_t nwin;       /* windows filled before their sums (small planes) */
     int lanes;          /* of the ISA's vectors (1: the portable code) */
-    /* the channels-in-lanes path (AVX-512): units of 16 channels */
+    /* the channels-in-lanes path (AVX2, AVX-512): units of 16 channels */
     int c16;
     int64_t vw;         /* window columns: (OW - 1) * sw + (KW - 1) * dw + 1 */
     int64_t nblk;       /* blocks of 16 channels */
@@ -560,6 +561,131 @@ static void fallback_avx2(const dw_job *j, const dw_span *s, int64_t n,
     fallback_rows(1, j, s, n, ch, i0, i1);
 }
 
+/* ---- AVX2, channels in lanes (depthwise_c16.h): 16 channels in a pair of
+ * registers, 4 pixels at a time (8 accumulators of the 16 registers) ---- */
+
+#include "transpose_avx2.h"
+
+typedef struct {
+    __m256 lo, hi; /* channels 0-7, 8-15 */
+} v16_avx2;
+
+DW_INLINE v16_avx2 v16_pair(__m256 lo, __m256 hi)
+{
+    v16_avx2 v;
+    v.lo = lo;
+    v.hi = hi;
+    return v;
+}
+DW_INLINE v16_avx2 v16_zero_avx2(void)
+{
+    return v16_pair(_mm256_setzero_ps(), _mm256_setzero_ps());
+}
+DW_INLINE v16_avx2 v16_loadu_avx2(const float *p)
+{
+    return v16_pair(_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8));
+}
+DW_INLINE v16_avx2 v16_loadn_avx2(const float *p, int64_t n)
+{
+    return v16_pair(_mm256_maskload_ps(p, lanes_avx2(0, min_i64(n, 8))),
+                    _mm256_maskload_ps(p + 8, lanes_avx2(0, max_i64(n - 8, 0))));
+}
+DW_INLINE void v16_storeu_avx2(float *p, v16_avx2 v)
+{
+    _mm256_storeu_ps(p, v.lo);
+    _mm256_storeu_ps(p + 8, v.hi);
+}
+DW_INLINE void v16_storen_avx2(float *p, v16_avx2 v, int64_t n)
+{
+    _mm256_maskstore_ps(p, lanes_avx2(0, min_i64(n, 8)), v.lo);
+    _mm256_maskstore_ps(p + 8, lanes_avx2(0, max_i64(n - 8, 0)), v.hi);
+}
+DW_INLINE v16_avx2 v16_add_avx2(v16_avx2 a, v16_avx2 b)
+{
+    return v16_pair(_mm256_add_ps(a.lo, b.lo), _mm256_add_ps(a.hi, b.hi));
+}
+DW_INLINE v16_avx2 v16_mul_avx2(v16_avx2 a, v16_avx2 b)
+{
+    return v16_pair(_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi));
+}
+DW_INLINE v16_avx2 v16_fma_avx2(v16_avx2 a, v16_avx2 b, v16_avx2 c)
+{
+    return v16_pair(_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi));
+}
+DW_INLINE v16_avx2 v16_max0_avx2(v16_avx2 v)
+{
+    return v16_pair(max0_avx2(v.lo), max0_avx2(v.hi));
+}
+DW_INLINE v16_avx2 v16_min6_avx2(v16_avx2 v)
+{
+    return v16_pair(min6_avx2(v.lo), min6_avx2(v.hi));
+}
+/* The 16 x 16 transpose as four 8 x 8 ones: block (row half a, column half
+ * b) goes to (b, a). */
+DW_INLINE void v16_transpose_avx2(v16_avx2 r[16])
+{
+    __m256 q[4][8];
+    int i;
+#pragma GCC unroll 8
+    for (i = 0; i < 8; ++i) {
+        q[0][i] = r[i].lo;
+        q[1][i] = r[i].hi;
+        q[2][i] = r[8 + i].lo;
+        q[3][i] = r[8 + i].hi;
+    }
+    tb_transpose8(q[0]);
+    tb_transpose8(q[1]);
+    tb_transpose8(q[2]);
+    tb_transpose8(q[3]);
+#pragma GCC unroll 8
+    for (i = 0; i < 8; ++i) {
+        r[i] = v16_pair(q[0][i], q[2][i]);
+        r[8 + i] = v16_pair(q[1][i], q[3][i]);
+    }
+}
+/* the plane path's in-register operations on 16 outputs from off (n real) */
+DW_INLINE v16_avx2 v16_pre_avx2(const dw_span *s, v16_avx2 v, int64_t off, int64_t n)
+{
+    return v16_pair(pre_avx2(s, v.lo, off, lanes_avx2(0, min_i64(n, 8))),
+                    pre_avx2(s, v.hi, off + 8, lanes_avx2(0, max_i64(n - 8, 0))));
+}
+
+#define C16(name) name##_avx2
+#define V16 v16_avx2
+#define V16_PMAX 4
+#define V16_ZERO v16_zero_avx2
+#define V16_LOAD v16_loadu_avx2
+#define V16_LOADU v16_loadu_avx2
+#define V16_LOADN v16_loadn_avx2
+#define V16_STORE v16_storeu_avx2
+#define V16_STOREU v16_storeu_avx2
+#define V16_STOREN v16_storen_avx2
+#define V16_ADD v16_add_avx2
+#define V16_MUL v16_mul_avx2
+#define V16_FMA v16_fma_avx2
+#define V16_MAX0 v16_max0_avx2
+#define V16_MIN6 v16_min6_avx2
+#define V16_TRANSPOSE v16_transpose_avx2
+#define V16_PRE v16_pre_avx2
+#include "depthwise_c16.h"
+#undef C16
+#undef V16
+#undef V16_PMAX
+#undef V16_ZERO
+#undef V16_LOAD
+#undef V16_LOADU
+#undef V16_LOADN
+#undef V16_STORE
+#undef V16_STOREU
+#undef V16_STOREN
+#undef V16_ADD
+#undef V16_MUL
+#undef V16_FMA
+#undef V16_MAX0
+#undef V16_MIN6
+#undef V16_TRANSPOSE
+#undef V16_PRE
+
 #pragma GCC pop_options
 
 /* ---- AVX-512 ---- */
@@ -827,307 +953,44 @@ static void fallback_avx512(const dw_job *j, const dw_span *s, int64_t n,
     fallback_rows(1, j, s, n, ch, i0, i1);
 }
 
-/* ---- AVX-512, channels in lanes ----
- *
- * A unit is 16 channels (fewer in the last block) of output rows [i0, i1)
- * of one image. The input rows they read are transposed, 16 pixels at a
- * time, into a window of pixels of 16 channels (a zero pixel in the
- * padding): element [u][v] (16 floats) = x[c0 + l][i0 * sh - pt + u]
- * [v - pl]. Output pixel (i, j)'s tap (r, s) is then one aligned vector at
- * [(i - i0) * sh + r * dh][j * sw + s * dw], whatever the strides, and the
- * sums of 8 pixels at a time are 8 FMA chains over the taps with the 16
- * channels' weights of a tap in one register. The sums go to a staging
- * area, pixel by pixel, which is transposed back 16 pixels at a time into
- * the channels' rows, with the in-register operations, as they are stored.
- * An NCHW16c x needs no window: its rows are read in place, a row of zeros
- * stands for the rows above and below the image, and the pixels whose taps
- * reach into the side padding are summed one at a time, with a zero vector
- * for each such tap (as the window's zero pixels; the window's copy was
- * half of a stride-2 layer's time). A blocked y takes the sums directly.
- * Each output goes through the same operations as on the plane path
- * (product of tap 0, FMAs in (r, s) order, + bias, ...): the same bits.
- */
+/* ---- AVX-512, channels in lanes (depthwise_c16.h): one register of 16
+ * channels ---- */
 
-/* The window of a unit: rin rows from image row ihs, channels c0.. (nc of
- * them) of image plane img (NULL when the image is empty). */
-static void c16_fill(const dw_job *j, const float *img, int64_t nc, int64_t ihs,
-                     int64_t rin, float *win, float *tmp)
-{
-    const int64_t h = j->h, w = j->w, vw = j->vw, pl = j->pl, hw = h * w;
-    const int64_t ha = img == NULL ? ihs : max_i64(ihs, 0);
-    const int64_t hb = img == NULL ? ihs : max_i64(ha, min_i64(ihs + rin, h));
-    const int64_t zl = min_i64(vw, max_i64(0, pl));          /* zero columns */
-    const int64_t zr = max_i64(zl, min_i64(vw, w + pl));     /* from here on */
-    const __m512 zero = _mm512_setzero_ps();
-    int64_t u, v, p0, ih, iw;
-    for (u = 0; u < rin; ++u) {
-        float *row = win + u * vw * 16;
-        if (ihs + u < ha || ihs + u >= hb) {
-            for (v = 0; v < vw; ++v)
-                _mm512_store_ps(row + v * 16, zero);
-        } else {
-            for (v = 0; v < zl; ++v)
-                _mm512_store_ps(row + v * 16, zero);
-            for (v = zr; v < vw; ++v)
-                _mm512_store_ps(row + v * 16, zero);
-        }
-    }
-    /* the image's rows [ha, hb): contiguous pixels of each channel */
-    ih = ha;
-    iw = 0;
-    for (p0 = ha * w; p0 < hb * w; p0 += 16) {
-        const int64_t cnt = min_i64(16, hb * w - p0);
-        const __mmask16 m = (__mmask16)((1u << cnt) - 1u);
-        __m512 r[16];
-        int l, k;
-#pragma GCC unroll 16
-        for (l = 0; l < 16; ++l)
-            r[l] = l < nc ? (cnt == 16 ? _mm512_loadu_ps(img + l * hw + p0)
-                                       : _mm512_maskz_loadu_ps(m, img + l * hw + p0))
-                          : zero;
-        /* 16 streams, one per channel: ahead of the hardware's prefetch */
-        if (p0 + DW_C16_AHEAD < hb * w)
-#pragma GCC unroll 16
-            for (l = 0; l < 16; ++l)
-                if (l < nc)
-                    _mm_prefetch((const char *)(img + l * hw + p0 + DW_C16_AHEAD),
-                                 _MM_HINT_T0);
-        tb_transpose16(r);
-        if (cnt == 16 && iw + 16 <= w && iw + pl >= 0 && iw + pl + 16 <= vw) {
-            /* 16 pixels of one row, all inside the window */
-            float *d = win + ((ih - ihs) * vw + iw + pl) * 16;
-#pragma GCC unroll 16
-            for (k = 0; k < 16; ++k)
-                _mm512_store_ps(d + k * 16, r[k]);
-            iw += 16;
-            if (iw == w) {
-                iw = 0;
-                ++ih;
-            }
-            continue;
-        }
-        /* across rows or the window's edge: through tmp, a run of pixels
-         * per image row, the part inside the window's columns */
-#pragma GCC unroll 16
-        for (k = 0; k < 16; ++k)
-            _mm512_store_ps(tmp + k * 16, r[k]);
-        for (k = 0; k < cnt;) {
-            const int64_t run = min_i64(cnt - k, w - iw);
-            const int64_t lo = max_i64(0, -(iw + pl)), hi = min_i64(run, vw - (iw + pl));
-            float *d = win + ((ih - ihs) * vw + iw + pl) * 16;
-            int64_t t;
-            for (t = lo; t < hi; ++t)
-                _mm512_store_ps(d + t * 16, _mm512_load_ps(tmp + (k + t) * 16));
-            k += (int)run;
-            iw += run;
-            if (iw == w) {
-                iw = 0;
-                ++ih;
-            }
-        }
-    }
-}
-
-/* Sums of P output pixels from (li, jx) of the unit into the staging area
- * tb (16 floats per pixel, pixel li * OW + jx + p; a blocked y itself, res
- * its residual at the same offsets); K: a K x K filter known here (0:
- * j->kh x j->kw), with its weights in wk, else in wts. Tap row r of the
- * pixels is rp[r], window column v of it at rp[r] + (v - off) * 16: the
- * window's row (off 0), or an NCHW16c image's row or a row of zeros (off
- * j->pl). EDGE (P 1): columns v - off outside [0, w) read as zeros. */
-DW_INLINE void c16_px(const int P, const int K, const int EDGE, const dw_job *j,
-                      const float *const *rp, int64_t off, const float *wts,
-                      const __m512 *wk, __m512 bias, int64_t li, int64_t jx,
-                      float *tb, const float *res)
-{
-    const int64_t kh = K ? K : j->kh, kw = K ? K : j->kw;
-    const int64_t sw16 = j->sw * 16;
-    __m512 acc[8];
-    int64_t r, e;
-    int p;
-    for (p = 0; p < P; ++p) /* (tap 0 sets them: ntaps >= 1 here) */
-        acc[p] = _mm512_setzero_ps();
-#pragma GCC unroll 7
-    for (r = 0; r < kh; ++r) {
-        const float *rowp = rp[r] + (jx * j->sw - off) * 16;
-#pragma GCC unroll 7
-        for (e = 0; e < kw; ++e) {
-            const float *b = rowp + e * j->dw * 16;
-            const int64_t col = jx * j->sw + e * j->dw - off;
-            const __m512 wv = K ? wk[r * K + e] : _mm512_load_ps(wts + (r * kw + e) * 16);
-#pragma GCC unroll 8
-            for (p = 0; p < P; ++p) {
-                const __m512 xv = EDGE && (col < 0 || col >= j->w)
-                                      ? _mm512_setzero_ps()
-                                      : _mm512_loadu_ps(b + p * sw16);
-                acc[p] = r == 0 && e == 0 ? _mm512_mul_ps(xv, wv)
-                                          : _mm512_fmadd_ps(xv, wv, acc[p]);
-            }
-        }
-    }
-    /* the bias and the relus before any residual (the lanes are the
-     * channels; a blocked y: the residual too), one operation at a time
-     * over the P registers */
-    if (j->has_bias)
-#pragma GCC unroll 8
-        for (p = 0; p < P; ++p)
-            acc[p] = _mm512_add_ps(acc[p], bias);
-    for (r = 0; r < j->c16_npre; ++r) {
-        const int relu6 = j->pre[r] != TIRBYOC_EPI_RELU;
-        if (j->pre[r] == TIRBYOC_EPI_RESIDUAL) {
-#pragma GCC unroll 8
-            for (p = 0; p < P; ++p)
-                acc[p] = _mm512_add_ps(
-                    acc[p], _mm512_loadu_ps(res + (li * j->ow + jx + p) * 16));
-            continue;
-        }
-#pragma GCC unroll 8
-        for (p = 0; p < P; ++p) {
-            acc[p] = _mm512_max_ps(_mm512_setzero_ps(), acc[p]);
-            if (relu6)
-                acc[p] = _mm512_min_ps(_mm512_set1_ps(6.0f), acc[p]);
-        }
-    }
-#pragma GCC unroll 8
-    for (p = 0; p < P; ++p)
-        _mm512_storeu_ps(tb + (li * j->ow + jx + p) * 16, acc[p]);
-}
-
-/* The unit's sums, row by row: from the window win (img NULL), or read in
- * place from the rows of NCHW16c image plane img (the unit's first input
- * row ih0, zero rows at win, the edge columns one pixel at a time). rpk:
- * room for kh row pointers (K 0). */
-DW_INLINE void c16_sums(const int K, const dw_job *j, const float *win,
-                        const float *img, int64_t ih0, const float **rpk,
-                        const float *wts, int64_t rows, float *tb,
-                        const float *res)
-{
-    const int64_t kh = K ? K : j->kh, kw = K ? K : j->kw, ow = j->ow;
-    const float *rpc[K ? K : 1];
-    const float **rp = K ? rpc : rpk;
-    const int64_t off = img != NULL ? j->pl : 0;
-    const __m512 bias = _mm512_load_ps(wts + j->ntaps * 16);
-    __m512 wk[K ? K * K : 1];
-    /* the pixels whose taps all lie in the image's columns: [lo, hi) */
-    int64_t lo = 0, hi = ow, li, jx, r;
-    int t;
-    for (t = 0; t < K * K; ++t)
-        wk[t] = _mm512_load_ps(wts + t * 16);
-    if (img != NULL) {
-        const int64_t last = j->w - 1 + j->pl - (kw - 1) * j->dw;
-        lo = j->pl > 0 ? min_i64(ow, cdiv(j->pl, j->sw)) : 0;
-        hi = max_i64(lo, last < 0 ? 0 : min_i64(ow, last / j->sw + 1));
-    }
-    for (li = 0; li < rows; ++li) {
-        for (r = 0; r < kh; ++r) {
-            const int64_t u = li * j->sh + r * j->dh, ih = ih0 + u;
-            rp[r] = img == NULL ? win + u * j->vw * 16
-                    : ih >= 0 && ih < j->h ? img + ih * j->w * 16 : win;
-        }
-        for (jx = 0; jx < lo; ++jx)
-            c16_px(1, K, 1, j, rp, off, wts, wk, bias, li, jx, tb, res);
-        for (; jx + 8 <= hi; jx += 8)
-            c16_px(8, K, 0, j, rp, off, wts, wk, bias, li, jx, tb, res);
-        if (jx + 4 <= hi) {
-            c16_px(4, K, 0, j, rp, off, wts, wk, bias, li, jx, tb, res);
-            jx += 4;
-        }
-        if (jx + 2 <= hi) {
-            c16_px(2, K, 0, j, rp, off, wts, wk, bias, li, jx, tb, res);
-            jx += 2;
-        }
-        if (jx < hi) {
-            c16_px(1, K, 0, j, rp, off, wts, wk, bias, li, jx, tb, res);
-            ++jx;
-        }
-        for (; jx < ow; ++jx)
-            c16_px(1, K, 1, j, rp, off, wts, wk, bias, li, jx, tb, res);
-    }
-}
-
-/* Unit: image n, channels [c0, c0 + 16) (those below C), output rows
- * [i0, i1). */
-static void c16_unit(const dw_job *j, int64_t n, int64_t c0, int64_t i0,
-                     int64_t i1, float *scratch)
-{
-    const int64_t nc = min_i64(16, j->c - c0), rows = i1 - i0, p = j->oh * j->ow;
-    const int64_t rin = (rows - 1) * j->sh + (j->kh - 1) * j->dh + 1;
-    const int64_t hw = j->h * j->w, npx = rows * j->ow;
-    const int64_t at = (n * j->c + c0) * p + i0 * j->ow * 16; /* a blocked y's */
-    float *win = scratch, *wts = scratch + j->c16_wts, *tb = scratch + j->c16_tb;
-    float *out = j->yb ? j->y + at : tb;
-    const float *res = j->yb && j->uses_residual ? j->residual + at : NULL;
-    int64_t t, q0;
-    int l;
-    dw_span s;
-    for (t = 0; t < j->ntaps; ++t)
-        for (l = 0; l < 16; ++l)
-            wts[t * 16 + l] = l < nc ? j->wt[(c0 + l) * j->ntaps + t] : 0.0f;
-    for (l = 0; l < 16; ++l) /* then the biases */
-        wts[j->ntaps * 16 + l] = l < nc && j->has_bias ? j->bias[c0 + l] : 0.0f;
-    const float **rp = (const float **)(void *)(scratch + j->c16_rp);
-    const float *img = hw > 0 ? j->x + (n * j->c + c0) * hw : NULL;
-    const int64_t ih0 = i0 * j->sh - j->pt;
-    if (j->xb && img != NULL) {
-        /* NCHW16c: read in place, through a row of zeros where the taps
-         * leave the image's rows */
-        if (ih0 < 0 || ih0 + rin > j->h)
-            for (t = 0; t < j->vw - min_i64(j->pl, 0); ++t)
-                _mm512_store_ps(win + t * 16, _mm512_setzero_ps());
-    } else {
-        c16_fill(j, img, nc, ih0, rin, win, tb);
-        img = NULL;
-    }
-    if (j->kh == 3 && j->kw == 3)
-        c16_sums(3, j, win, img, ih0, rp, wts, rows, out, res);
-    else if (j->kh == 5 && j->kw == 5)
-        c16_sums(5, j, win, img, ih0, rp, wts, rows, out, res);
-    else
-        c16_sums(0, j, win, img, ih0, rp, wts, rows, out, res);
-    if (j->yb)
-        return; /* the chain is done (no operation is left for after it) */
-    /* the operations from the first residual on, per channel */
-    memset(&s, 0, sizeof(s));
-    s.npre = j->npre - j->c16_npre;
-    s.pre = j->pre + j->c16_npre;
-    for (q0 = 0; q0 < npx; q0 += 16) {
-        const int64_t cnt = min_i64(16, npx - q0);
-        const __mmask16 m = (__mmask16)((1u << cnt) - 1u);
-        __m512 r[16];
-        int k;
-#pragma GCC unroll 16
-        for (k = 0; k < 16; ++k)
-            r[k] = _mm512_load_ps(tb + (q0 + k) * 16);
-        tb_transpose16(r);
-        if (s.npre == 0) {
-            /* nothing after the transpose: the stores alone */
-            float *yb = j->y + (n * j->c + c0) * p + i0 * j->ow + q0;
-#pragma GCC unroll 16
-            for (l = 0; l < 16; ++l)
-                if (l < nc) {
-                    if (cnt == 16)
-                        _mm512_storeu_ps(yb + l * p, r[l]);
-                    else
-                        _mm512_mask_storeu_ps(yb + l * p, m, r[l]);
-                }
-            continue;
-        }
-#pragma GCC unroll 16
-        for (l = 0; l < 16; ++l)
-            if (l < nc) {
-                const int64_t plane = (n * j->c + c0 + l) * p + i0 * j->ow;
-                s.res = j->uses_residual ? j->residual + plane : NULL;
-                if (cnt == 16)
-                    _mm512_storeu_ps(j->y + plane + q0,
-                                     pre_avx512(&s, r[l], q0, (__mmask16)0xFFFF));
-                else
-                    _mm512_mask_storeu_ps(j->y + plane + q0, m,
-                                          pre_avx512(&s, r[l], q0, m));
-            }
-    }
-    for (l = 0; l < nc; ++l)
-        chain_rest(j, (n * j->c + c0 + l) * p, i0, rows);
-}
+#define C16(name) name##_avx512
+#define V16 __m512
+#define V16_PMAX 8
+#define V16_ZERO() _mm512_setzero_ps()
+#define V16_LOAD(p) _mm512_load_ps(p)
+#define V16_LOADU(p) _mm512_loadu_ps(p)
+#define V16_LOADN(p, n) _mm512_maskz_loadu_ps((__mmask16)((1u << (n)) - 1u), p)
+#define V16_STORE(p, v) _mm512_store_ps(p, v)
+#define V16_STOREU(p, v) _mm512_storeu_ps(p, v)
+#define V16_STOREN(p, v, n) _mm512_mask_storeu_ps(p, (__mmask16)((1u << (n)) - 1u), v)
+#define V16_ADD _mm512_add_ps
+#define V16_MUL _mm512_mul_ps
+#define V16_FMA _mm512_fmadd_ps
+#define V16_MAX0 max0_avx512
+#define V16_MIN6 min6_avx512
+#define V16_TRANSPOSE tb_transpose16
+#define V16_PRE(s, v, off, n) pre_avx512(s, v, off, (__mmask16)((1u << (n)) - 1u))
+#include "depthwise_c16.h"
+#undef C16
+#undef V16
+#undef V16_PMAX
+#undef V16_ZERO
+#undef V16_LOAD
+#undef V16_LOADU
+#undef V16_LOADN
+#undef V16_STORE
+#undef V16_STOREU
+#undef V16_STOREN
+#undef V16_ADD
+#undef V16_MUL
+#undef V16_FMA
+#undef V16_MAX0
+#undef V16_MIN6
+#undef V16_TRANSPOSE
+#undef V16_PRE
 
 #pragma GCC pop_options
 
@@ -1312,8 +1175,8 @@ static void dw_unit(void *arg, int64_t u, float *scratch)
     if (j->c16) {
         const int64_t rb = u % j->nrb, t = u / j->nrb;
         const int64_t i0 = rb * j->rows;
-        c16_unit(j, t / j->nblk, t % j->nblk * 16, i0, min_i64(j->oh, i0 + j->rows),
-                 scratch);
+        (j->isa == &tb_isa_avx512 ? c16_unit_avx512 : c16_unit_avx2)(
+            j, t / j->nblk, t % j->nblk * 16, i0, min_i64(j->oh, i0 + j->rows), scratch);
         return;
     }
 #endif
@@ -1403,23 +1266,28 @@ static void dw_unit(void *arg, int64_t u, float *scratch)
     }
 }
 
-/* Sets up the channels-in-lanes path (AVX-512) where it is taken: returns
+/* Sets up the channels-in-lanes path (AVX2, AVX-512) where it is taken: returns
  * its units, 0 where the planes are used. */
 static int64_t c16_rows(dw_job *j, int want, const char *env)
 {
     double fixed, per_row, rmax;
-    if (j->isa != &tb_isa_avx512)
+    if (j->isa != &tb_isa_avx512 && j->isa != &tb_isa_avx2)
         return 0;
-    /* Measured (3x3, 1 and 2 threads): channels in lanes 1.2x to 3x faster
-     * at stride 2 and on rows under 40 pixels, about 1.2x at 48 and 56 and
-     * 1.05x at 112 at stride 1 in whole blocks of 16 channels; the planes
-     * faster on wider rows (128 to 224) and with a partly empty block on
-     * wide rows. Fewer than 8 channels would leave most lanes empty. */
+    /* Measured (3x3, 1 and 2 threads). AVX-512: channels in lanes 1.2x to
+     * 3x faster at stride 2 and on rows under 40 pixels, about 1.2x at 48
+     * and 56 and 1.05x at 112 at stride 1 in whole blocks of 16 channels;
+     * the planes (with their aligned rows) faster on wider rows (128 to 224)
+     * and with a partly empty block on wide rows. Fewer than 8 channels
+     * would leave most lanes empty. AVX2 (no aligned rows): channels in
+     * lanes 1.05x to 2.2x faster from 12 channels on at every width measured
+     * (7 to 224, 3x3 and 5x5, both strides), 0.94x at 8 channels. */
     if (env != NULL && (env[0] == 'p' || env[0] == 's'))
         return 0;
     if (!(env != NULL && env[0] == 'c') && !j->xb && !j->yb &&
-        (j->c < 8 || (j->sh == 1 && j->sw == 1 && j->ow >= 40 &&
-                      (j->c % 16 != 0 || j->ow > 112))))
+        (j->isa == &tb_isa_avx2
+             ? j->c < 12
+             : (j->c < 8 || (j->sh == 1 && j->sw == 1 && j->ow >= 40 &&
+                             (j->c % 16 != 0 || j->ow > 112)))))
         return 0;
     j->vw = (j->ow - 1) * j->sw + (j->kw - 1) * j->dw + 1;
     /* floats: the window's rows, the weights, the staging area */

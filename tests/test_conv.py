@@ -64,8 +64,11 @@ def _no_tvm_convs(report, unpacked=0, depthwise=0, winograd=0, blocked=0,
                                                   - winograd - blocked)), convs
 
 
-# The compiler plans NCHW16c tensors only where the kernels read them in place (AVX-512).
-BLOCKING = kernels.isa() == "avx512"
+# The compiler plans NCHW16c tensors only where the kernels read them in place: between
+# convs wherever the conv kernel has its direct path, through depthwise convs only where
+# the depthwise kernel has its channels-in-lanes path (the tests of MobileNet-like chains).
+BLOCKING = kernels.isa() in kernels.DEPTHWISE_CHANNELS_ISAS
+CONV_BLOCKING = kernels.isa() in kernels.CONV_DIRECT_ISAS
 
 
 def test_small_cnn():
@@ -267,7 +270,8 @@ class _BlockedChain(torch.nn.Module):
         return self.pw3(c) + c
 
 
-@pytest.mark.skipif(not BLOCKING, reason="NCHW16c is planned where the AVX-512 paths run")
+@pytest.mark.skipif(not BLOCKING, reason="NCHW16c through depthwise convs is planned where the "
+                    "depthwise kernel has channels in lanes")
 def test_blocked_layout_is_planned_between_calls_only():
     """The tensors NCHW16c are exactly those a blockable call writes and only blockable
     calls read as their input: pw1's output (read by the depthwise conv) and the depthwise
@@ -283,6 +287,40 @@ def test_blocked_layout_is_planned_between_calls_only():
     notes = sorted(r.detail for r in report.offloaded if "NCHW16c" in (r.detail or ""))
     assert len(notes) == 3 and sum("NCHW16c input and output" in n for n in notes) == 1, \
         notes
+
+
+class _ConvChain(torch.nn.Module):
+    """A 3x3 conv, then two 1x1 convs (each + batch norm + ReLU), 64 channels."""
+
+    def __init__(self, c=64):
+        super().__init__()
+        torch.manual_seed(7)
+
+        def unit(conv):
+            return [conv, torch.nn.BatchNorm2d(c), torch.nn.ReLU()]
+
+        self.body = torch.nn.Sequential(
+            *unit(torch.nn.Conv2d(c, c, 3, padding=1)), *unit(torch.nn.Conv2d(c, c, 1)),
+            *unit(torch.nn.Conv2d(c, c, 1)))
+        examples._randomize_batch_norms(self, 3)
+        self.eval()
+
+    def forward(self, x):
+        return self.body(x)
+
+
+@pytest.mark.skipif(not CONV_BLOCKING, reason="NCHW16c is planned where the conv kernel "
+                                              "has its direct path (AVX2, AVX-512)")
+def test_blocked_layout_between_convs_without_depthwise():
+    """On every ISA with the conv kernel's direct path (AVX2 included), the tensors between
+    a 3x3 conv and a 1x1 conv, and between two 1x1 convs, are NCHW16c: the 3x3 conv
+    writes blocks, the first 1x1 conv reads and writes them, the last reads them and
+    writes the model's NCHW output. Numerics against PyTorch."""
+    report = _check(_ConvChain(), (1, 64, 14, 13), ["conv2d_bias_relu"] * 3)
+    _no_tvm_convs(report, blocked=3)
+    tags = sorted((re.findall(r"NCHW16c (input and output|input|output)", r.detail or "")
+                   or [None])[0] for r in report.offloaded)
+    assert tags == ["input", "input and output", "output"], tags
 
 
 class _NarrowChain(torch.nn.Module):
@@ -308,7 +346,8 @@ class _NarrowChain(torch.nn.Module):
         return self.body(x)
 
 
-@pytest.mark.skipif(not BLOCKING, reason="NCHW16c is planned where the AVX-512 paths run")
+@pytest.mark.skipif(not BLOCKING, reason="NCHW16c through depthwise convs is planned where the "
+                    "depthwise kernel has channels in lanes")
 @pytest.mark.parametrize("tail,notes", [
     ("conv3x3", [None, None, "output", "input"]),
     ("depthwise", ["output", "input and output", "input and output", "input"]),

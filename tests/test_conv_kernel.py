@@ -25,9 +25,11 @@ from .test_kernel_fuzz import CHAIN_REFERENCE as UNARY
 from .test_matmul_kernels import on_each_thread_count
 
 
-# The AVX-512 build can read the image in place (the direct path) and chooses it or the
-# gather by size; TIRBYOC_CONV_DIRECT=1 or 0 forces one: both are tested on every case.
-DIRECT_ISAS = ("avx512",)
+# The AVX2 and AVX-512 builds can read the image in place (the direct path) and choose it
+# or the gather by size; TIRBYOC_CONV_DIRECT=1 or 0 forces one: both are tested on every
+# case.
+DIRECT_ISAS = tuple(isa for isa in kernels.CONV_DIRECT_ISAS
+                    if isa in kernels.available_isas())
 PATHS = [isa for isa in kernels.available_isas()] + [
     f"{isa}-{path}" for isa in kernels.available_isas() if isa in DIRECT_ISAS
     for path in ("direct", "gather")]
@@ -150,15 +152,14 @@ def test_conv_matches_float64(each_isa, case, ops):
              pad, dil, ops)
 
 
-@pytest.mark.skipif("avx512" not in kernels.available_isas(),
-                    reason="only the AVX-512 build has the direct path")
+@pytest.mark.parametrize("direct_isa", DIRECT_ISAS)
 @pytest.mark.parametrize("case", CASES + [
     (2, 20, 30, 33, 70, 3, (2, 2), (1, 1), (1, 1)),   # channels past one 64-wide tile
     (1, 9, 16, 16, 40, 4, (4, 4), (0, 0), (1, 1)),    # stride 4: 16 phase planes
     (1, 8, 20, 20, 24, 3, (3, 2), (2, 1), (2, 3)),    # stride and dilation: some phases
     (1, 300, 7, 7, 1100, 3, (1, 1), (1, 1), (1, 1)),  # channel blocks, several K blocks
 ], ids=[f"case{i}" for i in range(len(CASES) + 4)])
-def test_direct_path_equals_the_gather_bit_for_bit(monkeypatch, case):
+def test_direct_path_equals_the_gather_bit_for_bit(monkeypatch, case, direct_isa):
     """The direct path (rows read in place from phase planes) adds the same products in
     the same order as the gather path, so their outputs are equal, with a chain too (the
     direct path forced: most of these shapes are below its size threshold)."""
@@ -171,7 +172,7 @@ def test_direct_path_equals_the_gather_bit_for_bit(monkeypatch, case):
     b = rng.standard_normal(oc).astype(np.float32)
     res = rng.standard_normal((n, oc) + tuple(size)).astype(np.float32)
     saved = kernels.isa()
-    kernels.set_isa("avx512")
+    kernels.set_isa(direct_isa)
     try:
         outs = []
         for direct in ("1", "0"):

@@ -26,10 +26,12 @@ from tirbyoc import kernels
 from .test_conv_kernel import SHARED_ERRORS, apply_chain, out_size, raw_call, refusals_test
 from .test_matmul_kernels import on_each_thread_count
 
-# Every instruction set with its choice of path, AVX-512 with each of its vector paths
-# forced, and each instruction set's scalar path.
+# Every instruction set with its choice of path, those with channels in lanes with each of
+# their vector paths forced, and each instruction set's scalar path.
+CHANNELS_ISAS = [isa for isa in kernels.DEPTHWISE_CHANNELS_ISAS
+                 if isa in kernels.available_isas()]
 PATHS = (list(kernels.available_isas())
-         + [f"avx512-{p}" for p in ("planes", "channels") if "avx512" in kernels.available_isas()]
+         + [f"{isa}-{p}" for isa in CHANNELS_ISAS for p in ("planes", "channels")]
          + [f"{isa}-scalar" for isa in kernels.available_isas()])
 
 
@@ -144,19 +146,18 @@ def test_mobilenet_shapes(each_path, c, hw, stride):
                ops=("bias", "relu6")))
 
 
-@pytest.mark.skipif("avx512" not in kernels.available_isas(),
-                    reason="the vector paths to compare are AVX-512's")
+@pytest.mark.parametrize("channels_isa", CHANNELS_ISAS)
 @pytest.mark.parametrize("case", CASES[:12] + [(2, 48, 56, 56, 3, (1, 1), (1, 1), (1, 1)),
                                                (1, 64, 28, 28, 3, (2, 2), (1, 1), (1, 1))],
                          ids=[f"case{i}" for i in range(14)])
-def test_paths_are_equal_bit_for_bit(monkeypatch, case):
+def test_paths_are_equal_bit_for_bit(monkeypatch, case, channels_isa):
     """The phase planes, channels in lanes and the scalar path add the same products in
     the same order and apply the chain with the same operations: equal outputs."""
     n, c, h, w, k, stride, pad, dil = case
     args = make(np.random.default_rng(11), n, c, h, w, k, stride, pad, dil,
                 ("bias", "relu", "residual", "gelu_tanh"))
     saved = kernels.isa()
-    kernels.set_isa("avx512")
+    kernels.set_isa(channels_isa)
     try:
         outs = []
         for path in ("planes", "channels", "scalar"):

@@ -1846,7 +1846,7 @@ def compare(got, expected, tolerance):
 
 # ISAs whose conv kernel has the direct path (kernels/conv_f32.c): odd cases force it
 # (TIRBYOC_CONV_DIRECT=1), even cases take the kernel's own choice.
-CONV_DIRECT_ISAS = ("avx512",)
+CONV_DIRECT_ISAS = kernels.CONV_DIRECT_ISAS
 
 
 def conv_direct_forced(case):
@@ -1856,13 +1856,14 @@ def conv_direct_forced(case):
 
 
 # The depthwise kernel's paths (kernels/depthwise_f32.c, TIRBYOC_DW_PATH): a quarter of
-# the cases force the scalar path, on AVX-512 a quarter each the planes and the channels
-# in lanes; the rest take the kernel's own choice.
+# the cases force the scalar path, on the ISAs with channels in lanes a quarter each the
+# planes and the channels in lanes; the rest take the kernel's own choice.
 def dw_path_forced(case):
     if "depthwise" not in case.symbol:
         return None
     forced = {1: "planes", 2: "channels", 3: "scalar"}.get(case.index % 4)
-    return forced if forced == "scalar" or case.isa == "avx512" else None
+    return (forced if forced == "scalar" or case.isa in kernels.DEPTHWISE_CHANNELS_ISAS
+            else None)
 
 
 def call_case(case, args, threads):

@@ -121,7 +121,9 @@ def make_ffibuilder(root=""):
         extra_link_args=list(EXTRA_LINK_ARGS),
         depends=[os.path.join(root, dep) for dep in (HEADER, "kernels/dense_f32_internal.h",
                                                        "kernels/chain_f32.h",
-                                                       "kernels/transpose_avx512.h")],
+                                                       "kernels/transpose_avx512.h",
+                                                       "kernels/transpose_avx2.h",
+                                                       "kernels/depthwise_c16.h")],
     )
     return builder
 

@@ -537,8 +537,9 @@ def _emit(bb, x, weight, residual, plan: _Plan, out_ty, funcs):
 
 def _block_roles(plan: _Plan) -> tuple:
     """(writes, reads): whether ``plan``'s call may write, and read, NCHW16c tensors at
-    full speed (AVX-512); never with a shortcut or in NHWC. Writing (16k channels out):
-    a depthwise conv, or one group with a packed (not Winograd) weight and strides the
+    full speed; never with a shortcut or in NHWC. Writing (16k channels out):
+    a depthwise conv (where the kernels' ISA is in ``kernels.DEPTHWISE_CHANNELS_ISAS``),
+    or one group with a packed (not Winograd) weight and strides the
     direct path takes (its store keeps each pixel's 16 channels a vector). Reading (16k
     channels in): a depthwise conv, or a 1x1 conv of stride 1 without padding in one
     group with a packed weight (its tiles read the pixels in place): ``"any"``, or
@@ -550,6 +551,10 @@ def _block_roles(plan: _Plan) -> tuple:
         return False, False
     reads_ok = c % 16 == 0
     if plan.depthwise:
+        from . import kernels
+
+        if kernels.isa() not in kernels.DEPTHWISE_CHANNELS_ISAS:
+            return False, False
         return True, reads_ok and "any"
     direct = plan.groups == 1 and plan.packed is not None and not plan.winograd
     writes = direct and max(plan.strides) <= BLOCKED_STRIDE_MAX
@@ -566,11 +571,12 @@ def plan_layouts(b: Bindings, plans) -> None:
     drops its input from the set when its output is not, until nothing changes). Each
     such call then reads or writes the blocks in place (no transposes); every other
     tensor, the function's inputs and results included, stays NCHW, so no conversion is
-    ever added. Only where the kernels run their AVX-512 paths (else the calls would
-    convert through NCHW copies): ``TIRBYOC_CONV_BLOCKED=0`` keeps everything NCHW."""
+    ever added. Only where the kernels have the direct path (``kernels.CONV_DIRECT_ISAS``;
+    else the calls would convert through NCHW copies): ``TIRBYOC_CONV_BLOCKED=0`` keeps
+    everything NCHW."""
     from . import kernels
 
-    if os.environ.get("TIRBYOC_CONV_BLOCKED", "1") == "0" or kernels.isa() != "avx512":
+    if os.environ.get("TIRBYOC_CONV_BLOCKED", "1") == "0" or kernels.isa() not in kernels.CONV_DIRECT_ISAS:
         return
     # each call's output var -> the output vars of the calls reading it as their x
     readers = {}

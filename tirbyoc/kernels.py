@@ -157,6 +157,16 @@ def _row_stride(arr, name):
     return arr.strides[0] // arr.itemsize
 
 
+# Instruction sets whose conv kernel has the direct path (conv_f32.c: rows read in
+# place, with or without NCHW16c tensors); elsewhere the kernel gathers, and NCHW16c
+# arguments go through NCHW copies.
+CONV_DIRECT_ISAS = ("avx2", "avx512")
+# Instruction sets whose depthwise kernel has its channels-in-lanes path
+# (depthwise_c16.h), which also reads and writes NCHW16c tensors in place; elsewhere those
+# go through NCHW copies.
+DEPTHWISE_CHANNELS_ISAS = ("avx2", "avx512")
+
+
 def isa():
     """Name of the instruction set the kernels use: "avx512", "avx2" or "generic"."""
     ffi, lib = load()
