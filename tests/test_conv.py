@@ -593,3 +593,42 @@ def test_zero_pads_fold_into_the_convolutions_they_feed():
                     ["conv2d_bias_relu", "depthwise_conv2d_bias_relu", "conv2d_bias",
                      "max_pool2d"])
     assert [n for n in report.schedules if n.startswith("pad")] == ["pad"]  # the pool's
+
+
+class _SiluConvs(torch.nn.Module):
+    """A conv, a depthwise conv and a 1x1 conv, each + batch norm and an activation:
+    ``nn.SiLU``, SiLU written out as ``v * sigmoid(v)`` (HF EfficientNet's form), and a
+    sigmoid; then (``shared``) a conv whose pre-activation output is also read by the
+    sum after its SiLU, which must stay out of the kernel call."""
+
+    def __init__(self, shared=False):
+        super().__init__()
+        torch.manual_seed(8)
+        self.c1 = torch.nn.Sequential(torch.nn.Conv2d(3, 32, 3, 2, 1), torch.nn.BatchNorm2d(32))
+        self.dw = torch.nn.Sequential(torch.nn.Conv2d(32, 32, 3, padding=1, groups=32),
+                                      torch.nn.BatchNorm2d(32))
+        self.pw = torch.nn.Conv2d(32, 24, 1)
+        self.shared = torch.nn.Conv2d(24, 24, 1) if shared else None
+        examples._randomize_batch_norms(self, 4)
+        self.eval()
+
+    def forward(self, x):
+        x = torch.nn.functional.silu(self.c1(x))
+        v = self.dw(x)
+        x = torch.sigmoid(self.pw(v * torch.sigmoid(v)))
+        if self.shared is not None:
+            v = self.shared(x)
+            x = v * torch.sigmoid(v) + v
+        return x
+
+
+def test_silu_and_sigmoid_join_the_conv_calls():
+    """SiLU in either form and a sigmoid after a conv (+ batch norm) are the kernel call's
+    last epilogue step (EfficientNet ran each as its own pass); numerics against PyTorch.
+    A conv whose output is read by more than SiLU's sigmoid and product keeps the SiLU
+    out of its call (the sum reads the conv's own output)."""
+    _check(_SiluConvs(), (1, 3, 20, 22),
+           ["conv2d_bias_silu", "depthwise_conv2d_bias_silu", "conv2d_bias_sigmoid"])
+    _check(_SiluConvs(shared=True), (1, 3, 20, 22),
+           ["conv2d_bias_silu", "depthwise_conv2d_bias_silu", "conv2d_bias_sigmoid",
+            "conv2d_bias"])

@@ -7,7 +7,8 @@ Before legalization, for a float32 ``conv2d`` in NCHW / OIHW (in any number of g
 one product per group, in the same call), static channels and spatial sizes (the batch
 may be symbolic), and a constant weight:
 
-    y = conv2d(x, W) (+ b) (-> batch_norm in inference mode) (+ r) (-> relu | relu6)
+    y = conv2d(x, W) (+ b) (-> batch_norm in inference mode) (+ r)
+        (-> relu | relu6 | silu | sigmoid)
 
 becomes
 
@@ -22,8 +23,10 @@ time in float64 and rounded once: ``W * gamma / sqrt(var + eps)``,
 the batch norm. ``pack_constants`` packs ``W'`` (and ``b'``) for the kernel (below).
 ``r`` is any tensor of ``y``'s shape (a
 ResNet shortcut), added before the activation; where two convs meet at an add (a
-projection shortcut), the add goes to the first. The activation is a relu or a ReLU6
-(``clip(0, 6)``). Every intermediate of the replaced ops must be used only by the next one.
+projection shortcut), the add goes to the first. The activation is a relu, a ReLU6
+(``clip(0, 6)``), a sigmoid or a SiLU (``R.nn.silu``, or ``v * sigmoid(v)`` written out,
+as ``torch.export`` gives HF's EfficientNet). Every intermediate of the replaced ops must
+be used only by the next one (SiLU's ``v``: by its sigmoid and the product only).
 
 A 3x3 conv of stride 1 and dilation 1 in one group with a constant weight, over enough
 4 x 4 tiles of output pixels (``tirbyoc_conv2d_winograd_suits``: ResNet-18's 56 x 56 and
@@ -84,12 +87,13 @@ PACKED_SYMBOL = "tirbyoc_conv2d_f32_packed"
 LAYOUTS_SYMBOL = "tirbyoc_conv2d_f32_packed_layouts"
 WINOGRAD_SYMBOL = "tirbyoc_conv2d_winograd_f32"
 INTRINSIC = "conv2d"
-DESCRIPTION = "R.nn.conv2d (+ bias, batch norm, shortcut, relu) as one kernel call"
+DESCRIPTION = ("R.nn.conv2d (+ bias, batch norm, shortcut, relu, relu6, silu or sigmoid) as one "
+               "kernel call")
 DEPTHWISE_SYMBOL = "tirbyoc_depthwise_conv2d_f32"
 DEPTHWISE_LAYOUTS_SYMBOL = "tirbyoc_depthwise_conv2d_f32_layouts"
 DEPTHWISE_INTRINSIC = "depthwise_conv2d"
-DEPTHWISE_DESCRIPTION = ("depthwise R.nn.conv2d (+ bias, batch norm, shortcut, relu) as one "
-                         "kernel call")
+DEPTHWISE_DESCRIPTION = ("depthwise R.nn.conv2d (+ bias, batch norm, shortcut, relu, relu6, "
+                         "silu or sigmoid) as one kernel call")
 
 
 def _static_shape(expr):
@@ -121,7 +125,7 @@ class _Plan:
     weight_shape: tuple
     bias: np.ndarray | None  # [OC], float64
     residual: object | None  # a tensor of the output's shape added after the bias
-    act: str | None          # "relu" or "relu6"
+    act: str | None          # "relu", "relu6", "silu" or "sigmoid"
     depthwise: bool
     groups: int
     strides: tuple
@@ -212,6 +216,9 @@ def _plan(b: Bindings, var, call, residuals=True, batch_norms=True):
     while True:
         user = b.only_user(last)
         if user is None:
+            silu = _silu_of(b, last) if act is None else None
+            if silu is not None:
+                act, last = "silu", silu
             break
         uvar, uval = user
         if is_op(uval, "relax.add") and act is None and residual is None:
@@ -241,6 +248,8 @@ def _plan(b: Bindings, var, call, residuals=True, batch_norms=True):
             act = "relu"
         elif is_op(uval, "relax.clip") and act is None and _clip_bounds(uval) == (0.0, 6.0):
             act = "relu6"
+        elif act is None and (is_op(uval, "relax.nn.silu") or is_op(uval, "relax.sigmoid")):
+            act = "silu" if is_op(uval, "relax.nn.silu") else "sigmoid"
         else:
             break
         last = uvar
@@ -314,6 +323,23 @@ def _run_passes(plan: _Plan, steps) -> _Plan:
     if plan.batch_norm is not None:  # matched only when fold_batch_norm is a pass
         raise RuntimeError("a conv region's batch norm was matched and not folded")
     return plan
+
+
+def _silu_of(b: Bindings, var):
+    """The variable of ``var * sigmoid(var)`` (SiLU written out, as ``torch.export`` gives
+    HF's activations), when those two bindings are all that read ``var`` and the sigmoid is
+    read by the product alone; else None."""
+    users = b.users(var)
+    if b.uses.get(var, 0) != 2 or len(users) != 2:
+        return None
+    for (svar, sval), (mvar, mval) in (users, users[::-1]):
+        if is_op(sval, "relax.sigmoid") and is_op(mval, "relax.multiply") and \
+                sval.args[0].same_as(var) and b.only_user(svar) is not None and \
+                b.only_user(svar)[0].same_as(mvar) and len(mval.args) == 2 and \
+                any(mval.args[i].same_as(var) and mval.args[1 - i].same_as(svar)
+                    for i in (0, 1)):
+            return mvar
+    return None
 
 
 def _clip_bounds(call):
@@ -537,7 +563,8 @@ def _emit(bb, x, weight, residual, plan: _Plan, out_ty, funcs):
 
 def _block_roles(plan: _Plan) -> tuple:
     """(writes, reads): whether ``plan``'s call may write, and read, NCHW16c tensors at
-    full speed; never with a shortcut or in NHWC. Writing (16k channels out):
+    full speed; never with a shortcut or in NHWC. Writing (16k channels out, and an
+    activation the blocked stores apply: none, relu or relu6):
     a depthwise conv (where the kernels' ISA is in ``kernels.DEPTHWISE_CHANNELS_ISAS``),
     or one group with a packed (not Winograd) weight and strides the
     direct path takes (its store keeps each pixel's 16 channels a vector). Reading (16k
@@ -549,15 +576,16 @@ def _block_roles(plan: _Plan) -> tuple:
     c = plan.weight_shape[1] * plan.groups
     if plan.declared is not None or plan.nhwc or plan.residual is not None or oc % 16 or c == 0:
         return False, False
+    stores = plan.act in (None, "relu", "relu6")
     reads_ok = c % 16 == 0
     if plan.depthwise:
         from . import kernels
 
         if kernels.isa() not in kernels.DEPTHWISE_CHANNELS_ISAS:
             return False, False
-        return True, reads_ok and "any"
+        return stores, reads_ok and "any"
     direct = plan.groups == 1 and plan.packed is not None and not plan.winograd
-    writes = direct and max(plan.strides) <= BLOCKED_STRIDE_MAX
+    writes = stores and direct and max(plan.strides) <= BLOCKED_STRIDE_MAX
     plain = (reads_ok and direct and plan.weight_shape[2:] == (1, 1) and
              plan.strides == (1, 1) and tuple(plan.padding) == (0, 0, 0, 0))
     return writes, (plain and ("any" if c >= BLOCKED_MIN_CHANNELS else "with-output"))
