@@ -7,8 +7,14 @@ import math
 
 import pytest
 
-from tirbyoc import bench, bench_layers
+from tirbyoc import bench, bench_layers, kernels
 from tirbyoc.bench_layers import Layer
+
+
+def test_layer_flops():
+    assert Layer("dw", 32, 112).flops == 2 * 32 * 112 * 112 * 9
+    assert Layer("pw", 256, 14).flops == 2 * 256 * 256 * 14 * 14
+    assert Layer("conv", 64, 56).flops == 2 * 64 * 64 * 9 * 56 * 56
 
 
 def test_layer_names_parse_and_bad_ones_are_refused():
@@ -59,3 +65,7 @@ def test_the_command_writes_its_table(tmp_path, capsys):
     assert "pw16@5" in out and "vs ort" in out
     rows = json.load(open(tmp_path / "layers.json"))["rows"]
     assert [r["layer"] for r in rows] == ["pw16@5"] and rows[0]["chain"] == bench_layers.CHAIN
+    # which ISA each contender ran, and tirbyoc's share of its ISA's FMA peak
+    assert rows[0]["isa"]["tirbyoc"] == kernels.isa() and rows[0]["peak_gflops"] > 0
+    assert f"instruction sets: tirbyoc {kernels.isa()}, torch " in out and "of peak" in out
+    assert rows[0]["flops"] == 2 * 16 * 16 * 5 * 5

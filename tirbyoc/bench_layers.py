@@ -16,6 +16,13 @@ profiler cannot give this: its hooks add several microseconds to every node.
 Chains are timed interleaved (``tirbyoc.bench.interleaved``: medians, an idle pause
 before each measurement), every output is checked against PyTorch (1e-4 of max|ref|),
 and tirbyoc's build must run the chain as one kernel call per layer.
+
+The table says which instruction set each contender ran (tirbyoc's kernels, PyTorch's
+ATen dispatch; ONNX Runtime picks its own and cannot be capped) and, for tirbyoc, the
+layer's GFLOP/s and its share of the fp32 FMA peak that ``tirbyoc.bench.measure_peak``
+measures for tirbyoc's instruction set on the same threads. ``TIRBYOC_ISA=avx2`` runs
+tirbyoc's AVX2 code on an AVX-512 machine; PyTorch is capped the same way with
+``ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2`` in the environment.
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ import numpy as np
 
 from .timing import SETTLE_SECONDS, interleaved
 from .bench_models import (RTOL, _first, _ort_session, _rel_err, _set_threads, _torch_call,
-                           _vm, onnx_bytes, write_json)
+                           _vm, isas, onnx_bytes, write_json)
 
 # Layers in a chain (the longer one).
 CHAIN = 5
@@ -45,6 +52,13 @@ class Layer:
     @property
     def name(self) -> str:
         return f"{self.kind}{self.channels}@{self.size}"
+
+    @property
+    def flops(self) -> int:
+        """Multiply-adds times two of the conv (the batch norm is folded, the activation
+        is not counted)."""
+        taps = {"dw": 9, "pw": self.channels, "conv": 9 * self.channels}[self.kind]
+        return 2 * self.channels * self.size * self.size * taps
 
 
 # MobileNet's stride-1 depthwise and pointwise layers (most of its time), ResNet-18's
@@ -123,7 +137,7 @@ def bench_layer(layer: Layer, threads: int, reps: int, settle: float, chain: int
           for p in ("tirbyoc", "ort", "torch")}
     progress(f"  measured {layer.name}")
     return {"layer": layer.name, "kind": layer.kind, "channels": layer.channels,
-            "size": layer.size, "chain": chain, "us": us,
+            "size": layer.size, "flops": layer.flops, "chain": chain, "us": us,
             "chain_ms": {k: v * 1e3 for k, v in times.items()},
             "rel_err": {f"{p}/{n}": e for n, errs in errors.items() for p, e in errs.items()},
             "kernel_calls": calls}
@@ -146,21 +160,33 @@ def kernel_calls(vm, *args) -> int:
     return len(calls)
 
 
-def report(rows, threads) -> str:
+def report(rows, threads, peak=None, isa=None) -> str:
+    """The table; ``peak`` (``tirbyoc.bench.measure_peak``'s result) adds tirbyoc's
+    GFLOP/s and share of it per layer, ``isa`` (``isas()``) a line naming each
+    contender's instruction set."""
     if not rows:
         return "no layers"
     chain = rows[0]["chain"]
     lines = [f"{threads} threads each; microseconds per layer: (chain of {chain} - chain of 1)"
-             f" / {chain - 1}, medians; ratio = peer / tirbyoc (> 1: tirbyoc faster)", ""]
+             f" / {chain - 1}, medians; ratio = peer / tirbyoc (> 1: tirbyoc faster)"]
+    if isa:
+        lines.append("instruction sets: " + ", ".join(f"{k} {v}" for k, v in isa.items()))
+    if peak:
+        lines.append(f"fp32 FMA peak ({peak['isa']}, {peak['threads']} threads): "
+                     f"{peak['all_threads']:.0f} GFLOP/s")
     head = (f"{'layer':14s}{'tirbyoc':>9s}{'ort':>9s}{'torch':>9s}{'vs ort':>8s}"
-            f"{'vs torch':>9s}  {'max error':>9s}")
-    lines += [head, "-" * len(head)]
+            f"{'vs torch':>9s}  {'max error':>9s}" + ("  GFLOP/s  of peak" if peak else ""))
+    lines += ["", head, "-" * len(head)]
     for r in rows:
         us = r["us"]
         ratios = [f"{us[p] / us['tirbyoc']:.2f}x" if us["tirbyoc"] > 0 else "-"
                   for p in ("ort", "torch")]
-        lines.append(f"{r['layer']:14s}{us['tirbyoc']:9.1f}{us['ort']:9.1f}{us['torch']:9.1f}"
-                     f"{ratios[0]:>8s}{ratios[1]:>9s}  {max(r['rel_err'].values()):9.1e}")
+        line = (f"{r['layer']:14s}{us['tirbyoc']:9.1f}{us['ort']:9.1f}{us['torch']:9.1f}"
+                f"{ratios[0]:>8s}{ratios[1]:>9s}  {max(r['rel_err'].values()):9.1e}")
+        if peak and us["tirbyoc"] > 0:
+            gflops = r["flops"] / us["tirbyoc"] / 1e3
+            line += f"  {gflops:7.1f}  {gflops / peak['all_threads']:7.1%}"
+        lines.append(line)
     return "\n".join(lines)
 
 
@@ -176,9 +202,14 @@ def problems(rows) -> list:
 def run_layers(names, threads=2, reps=15, settle=SETTLE_SECONDS, out="bench-results") -> int:
     _set_threads(threads)
     layers = [parse(n) for n in names] if names else list(LAYERS)
+    from .bench import measure_peak
+
+    peak, isa = measure_peak(threads), isas()
     rows = [bench_layer(layer, threads, reps, settle,
                         progress=lambda s: print(s, file=sys.stderr)) for layer in layers]
-    print(report(rows, threads))
+    for row in rows:
+        row["isa"], row["peak_gflops"] = isa, peak["all_threads"]
+    print(report(rows, threads, peak, isa))
     path = write_json(rows, out, threads, "layers")
     print(f"\nwrote {path}")
     bad = problems(rows)

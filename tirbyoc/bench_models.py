@@ -277,10 +277,22 @@ def bench_onnx_file(path: str, shapes: dict, threads: int, reps: int, tvm_reps: 
     return [row]
 
 
+def isas() -> dict:
+    """The instruction set each contender runs: tirbyoc's kernels', PyTorch's ATen
+    dispatch (``ATEN_CPU_CAPABILITY`` caps it), ONNX Runtime's own choice."""
+    import torch
+
+    from . import kernels
+
+    return {"tirbyoc": kernels.isa(), "torch": torch.backends.cpu.get_cpu_capability().lower(),
+            "ort": "its own (MLAS dispatch, not capped)"}
+
+
 def report(rows, threads) -> str:
     peers = ("tirbyoc", "torch", "ort", "tvm")
     lines = [f"{threads} threads each; median ms; ratio = peer time / tirbyoc time (> 1: "
-             "tirbyoc faster); error = max|x - reference| / max|reference|", ""]
+             "tirbyoc faster); error = max|x - reference| / max|reference|",
+             "instruction sets: " + ", ".join(f"{k} {v}" for k, v in isas().items()), ""]
     head = (f"{'model':28s} {'shape':16s}" + "".join(f"{p:>9s}" for p in peers)
             + f"{'vs ort':>8s}{'vs torch':>9s}  {'max error':>9s}  offloaded")
     lines += [head, "-" * len(head)]
