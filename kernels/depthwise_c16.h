@@ -33,7 +33,8 @@
  *                        (max(0, v) and min(6, v), NaN passing both),
  *   V16_TRANSPOSE(r)     r[i][j] -> r[j][i] for V16 r[16],
  *   V16_PRE(s, v, off, n) the plane path's in-register operations of span
- *                        s on 16 outputs from off (n of them real).
+ *                        s on 16 outputs from off (n of them real);
+ * and undefines them all at its end, for the next instruction set.
  */
 
 /* The window of a unit: rin rows from image row ihs, channels c0.. (nc of
@@ -309,3 +310,21 @@ static void C16(c16_unit)(const dw_job *j, int64_t n, int64_t c0, int64_t i0,
     for (l = 0; l < nc; ++l)
         chain_rest(j, (n * j->c + c0 + l) * p, i0, rows);
 }
+
+#undef C16
+#undef V16
+#undef V16_PMAX
+#undef V16_ZERO
+#undef V16_LOAD
+#undef V16_LOADU
+#undef V16_LOADN
+#undef V16_STORE
+#undef V16_STOREU
+#undef V16_STOREN
+#undef V16_ADD
+#undef V16_MUL
+#undef V16_FMA
+#undef V16_MAX0
+#undef V16_MIN6
+#undef V16_TRANSPOSE
+#undef V16_PRE

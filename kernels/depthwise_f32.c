@@ -667,24 +667,7 @@ DW_INLINE v16_avx2 v16_pre_avx2(const dw_span *s, v16_avx2 v, int64_t off, int64
 #define V16_MIN6 v16_min6_avx2
 #define V16_TRANSPOSE v16_transpose_avx2
 #define V16_PRE v16_pre_avx2
-#include "depthwise_c16.h"
-#undef C16
-#undef V16
-#undef V16_PMAX
-#undef V16_ZERO
-#undef V16_LOAD
-#undef V16_LOADU
-#undef V16_LOADN
-#undef V16_STORE
-#undef V16_STOREU
-#undef V16_STOREN
-#undef V16_ADD
-#undef V16_MUL
-#undef V16_FMA
-#undef V16_MAX0
-#undef V16_MIN6
-#undef V16_TRANSPOSE
-#undef V16_PRE
+#include "depthwise_c16.h" /* (it undefines these macros) */
 
 #pragma GCC pop_options
 
@@ -973,24 +956,7 @@ static void fallback_avx512(const dw_job *j, const dw_span *s, int64_t n,
 #define V16_MIN6 min6_avx512
 #define V16_TRANSPOSE tb_transpose16
 #define V16_PRE(s, v, off, n) pre_avx512(s, v, off, (__mmask16)((1u << (n)) - 1u))
-#include "depthwise_c16.h"
-#undef C16
-#undef V16
-#undef V16_PMAX
-#undef V16_ZERO
-#undef V16_LOAD
-#undef V16_LOADU
-#undef V16_LOADN
-#undef V16_STORE
-#undef V16_STOREU
-#undef V16_STOREN
-#undef V16_ADD
-#undef V16_MUL
-#undef V16_FMA
-#undef V16_MAX0
-#undef V16_MIN6
-#undef V16_TRANSPOSE
-#undef V16_PRE
+#include "depthwise_c16.h" /* (it undefines these macros) */
 
 #pragma GCC pop_options
 

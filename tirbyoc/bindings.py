@@ -104,6 +104,38 @@ class Bindings:
         return users[0] if len(users) == 1 else None
 
 
+@R.expr_functor.mutator
+class _CallRewriter(R.PyExprMutator):
+    def __init__(self, mod, replacement, b):
+        super().__init__(mod)
+        self.replacement, self.b = replacement, b
+
+    def visit_call_(self, call):  # noqa: N802 (TVM's visitor naming)
+        new = self.replacement(call, self.b)
+        return super().visit_call_(call if new is None else new)
+
+
+def rewrite_calls(mod, replacement):
+    """``mod`` with every call ``c`` of its Relax functions (not another codegen's) for
+    which ``replacement(c, b)`` gives an expression replaced by that expression (``b``:
+    the function's ``Bindings``, as it was before any change; the replacement's own
+    arguments are rewritten in turn), then the bindings left unused removed. The module
+    itself when no call has a replacement."""
+    found = {}
+    for gv, func in mod.functions_items():
+        if isinstance(func, R.Function) and not (func.attrs and "Codegen" in func.attrs):
+            b = Bindings(func)
+            if any(replacement(v, b) is not None for v in b.values.values()):
+                found[gv] = b
+    if not found:
+        return mod
+    out = mod.clone()
+    for gv, b in found.items():
+        out[gv] = R.analysis.remove_all_unused(
+            _CallRewriter(mod, replacement, b).visit_expr(mod[gv]))
+    return out
+
+
 def rewrite_relax_functions(mod, rewrite):
     """``mod`` with ``rewrite(func, builder)`` applied to each Relax function that is not
     another codegen's (``Codegen`` attribute); ``builder`` (a BlockBuilder on the module)

@@ -78,7 +78,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from . import _tvm as T
-from .bindings import Bindings, is_op, shape_of, tir_dims
+from .bindings import Bindings, is_op, rewrite_calls, shape_of, tir_dims
 from .normalize import INTRINSIC_ATTR, NOTES_ATTR, OFFLOADED_ATTR
 
 R = T.relax_ns
@@ -710,17 +710,6 @@ def _pad_into_conv(call, values):
                           out_layout=str(a.out_layout), out_dtype=str(a.out_dtype))
 
 
-@R.expr_functor.mutator
-class _FoldPads(R.PyExprMutator):
-    def __init__(self, mod, values):
-        super().__init__(mod)
-        self.values = values
-
-    def visit_call_(self, call):  # noqa: N802 (TVM's visitor naming)
-        folded = _pad_into_conv(call, self.values)
-        return super().visit_call_(call if folded is None else folded)
-
-
 def fold_pads(mod):
     """``mod`` with every zero padding that feeds a convolution folded into the
     convolution's own padding (``R.nn.pad`` then ``conv2d``: what TF-style "same"
@@ -729,19 +718,7 @@ def fold_pads(mod):
     outside the input, so the padded copy (0.8 ms a run of MobileNetV2) is never
     made; a pad that something else also reads stays for it. ``mod`` itself when
     there is none."""
-    found = {}
-    for gv, func in mod.functions_items():
-        if isinstance(func, R.Function) and not (func.attrs and "Codegen" in func.attrs):
-            values = R.analysis.get_var2val(func)
-            if any(_pad_into_conv(v, values) is not None for v in values.values()):
-                found[gv] = values
-    if not found:
-        return mod
-    out = mod.clone()
-    for gv, values in found.items():
-        new = _FoldPads(mod, values).visit_expr(mod[gv])
-        out[gv] = R.analysis.remove_all_unused(new)
-    return out
+    return rewrite_calls(mod, lambda call, b: _pad_into_conv(call, b.values))
 
 
 def offload_convs(mod, kernels=(), builtin=True, passes=None):

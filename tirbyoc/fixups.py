@@ -226,17 +226,6 @@ def _unflattened(call, b):
     return product if bias is None else R.op.add(product, bias)
 
 
-@R.expr_functor.mutator
-class _Unflatten(R.PyExprMutator):
-    def __init__(self, mod, b):
-        super().__init__(mod)
-        self.b = b
-
-    def visit_call_(self, call):  # noqa: N802 (TVM's visitor naming)
-        new = _unflattened(call, self.b)
-        return super().visit_call_(call if new is None else new)
-
-
 def fix_flattened_matmul(mod):
     """``mod`` with every matrix product that a frontend wrote between two reshapes
     (HuggingFace GPT-2's ``Conv1D``: ``addmm(bias, x.view(-1, K), W).view(..., N)``)
@@ -244,20 +233,9 @@ def fix_flattened_matmul(mod):
     result, and the elementwise ops after it (GPT-2's GELU) then follow the product
     directly, so the dense kernel takes them as its epilogue instead of leaving them to
     a separate pass over the tensor. ``mod`` itself when there is none."""
-    from .bindings import Bindings
+    from .bindings import rewrite_calls
 
-    found = {}
-    for gv, func in mod.functions_items():
-        if isinstance(func, R.Function) and not (func.attrs and "Codegen" in func.attrs):
-            b = Bindings(func)
-            if any(_unflattened(v, b) is not None for v in b.values.values()):
-                found[gv] = b
-    if not found:
-        return mod
-    out = mod.clone()
-    for gv, b in found.items():
-        out[gv] = R.analysis.remove_all_unused(_Unflatten(mod, b).visit_expr(mod[gv]))
-    return out
+    return rewrite_calls(mod, _unflattened)
 
 
 # ---- a constant per-column scale after a matrix product (ConvNeXt's layer scale) ----
@@ -310,37 +288,15 @@ def _column_scaled(call, b):
     return None
 
 
-@R.expr_functor.mutator
-class _ScaleColumns(R.PyExprMutator):
-    def __init__(self, mod, b):
-        super().__init__(mod)
-        self.b = b
-
-    def visit_call_(self, call):  # noqa: N802 (TVM's visitor naming)
-        new = _column_scaled(call, self.b)
-        return super().visit_call_(call if new is None else new)
-
-
 def fold_column_scale(mod):
     """``mod`` with every constant per-column scale of a matrix product with constant
     weight and bias (ConvNeXt's layer scale, ``gamma * Linear(x)``) folded into that
     weight and bias at compile time (in float64, rounded once, as a batch norm into a
     convolution): the product's kernel then writes the scaled result, instead of a
     second pass over its output. ``mod`` itself when there is none."""
-    from .bindings import Bindings
+    from .bindings import rewrite_calls
 
-    found = {}
-    for gv, func in mod.functions_items():
-        if isinstance(func, R.Function) and not (func.attrs and "Codegen" in func.attrs):
-            b = Bindings(func)
-            if any(_column_scaled(v, b) is not None for v in b.values.values()):
-                found[gv] = b
-    if not found:
-        return mod
-    out = mod.clone()
-    for gv, b in found.items():
-        out[gv] = R.analysis.remove_all_unused(_ScaleColumns(mod, b).visit_expr(mod[gv]))
-    return out
+    return rewrite_calls(mod, _column_scaled)
 
 
 # ---- a matrix product with a batch-broadcast operand (torch.export's bmm of a Linear) ----
@@ -382,17 +338,6 @@ def _unbroadcast_matmul(call, b):
                        out_dtype=call.attrs.out_dtype)
 
 
-@R.expr_functor.mutator
-class _Unbroadcast(R.PyExprMutator):
-    def __init__(self, mod, b):
-        super().__init__(mod)
-        self.b = b
-
-    def visit_call_(self, call):  # noqa: N802 (TVM's visitor naming)
-        new = _unbroadcast_matmul(call, self.b)
-        return super().visit_call_(call if new is None else new)
-
-
 def fix_broadcast_weight(mod):
     """``mod`` with every matrix product whose weight ``torch.export`` repeated over the
     batch (``bmm(x, W.expand(B, K, N))``: HuggingFace BERT's attention output at batch
@@ -401,20 +346,9 @@ def fix_broadcast_weight(mod):
     folded into M and the weight packed once, and no [B, K, N] copy is made per call or
     folded into a constant B times the weight's size. ``mod`` itself when there is
     none."""
-    from .bindings import Bindings
+    from .bindings import rewrite_calls
 
-    found = {}
-    for gv, func in mod.functions_items():
-        if isinstance(func, R.Function) and not (func.attrs and "Codegen" in func.attrs):
-            b = Bindings(func)
-            if any(_unbroadcast_matmul(v, b) is not None for v in b.values.values()):
-                found[gv] = b
-    if not found:
-        return mod
-    out = mod.clone()
-    for gv, b in found.items():
-        out[gv] = R.analysis.remove_all_unused(_Unbroadcast(mod, b).visit_expr(mod[gv]))
-    return out
+    return rewrite_calls(mod, _unbroadcast_matmul)
 
 
 def apply(mod):
