@@ -323,6 +323,47 @@ def bias_gelu_erf(A: T.Buffer((4, 6), "float32"), W: T.Buffer((6, 5), "float32")
             O[vi, vj] = H[vi, vj] * F[vi, vj]
 
 
+def _gelu_tanh_pow(cube_factor):
+    """Dense + bias, then the tanh GELU as HF GPT-2 writes it (x used three times, its
+    cube a ``pow``, float32 constants) with ``cube_factor`` in place of 0.044715."""
+
+    @T.prim_func(s_tir=True)
+    def func(A: T.Buffer((4, 6), "float32"), W: T.Buffer((6, 5), "float32"),
+             B: T.Buffer((5,), "float32"), O: T.Buffer((4, 5), "float32")):
+        C = T.sblock_alloc_buffer((4, 5), "float32")
+        D = T.sblock_alloc_buffer((4, 5), "float32")
+        P = T.sblock_alloc_buffer((4, 5), "float32")
+        E = T.sblock_alloc_buffer((4, 5), "float32")
+        for i, j, k in T.grid(4, 5, 6):
+            with T.sblock("mm"):
+                vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+                with T.init():
+                    C[vi, vj] = T.float32(0)
+                C[vi, vj] = C[vi, vj] + A[vi, vk] * W[vk, vj]
+        for i, j in T.grid(4, 5):
+            with T.sblock("bias"):
+                vi, vj = T.axis.remap("SS", [i, j])
+                D[vi, vj] = C[vi, vj] + B[vj]
+        for i, j in T.grid(4, 5):
+            with T.sblock("cube"):
+                vi, vj = T.axis.remap("SS", [i, j])
+                P[vi, vj] = T.pow(D[vi, vj], T.float32(3.0))
+        for i, j in T.grid(4, 5):
+            with T.sblock("inner"):
+                vi, vj = T.axis.remap("SS", [i, j])
+                E[vi, vj] = T.float32(0.7978845608) * (D[vi, vj] + P[vi, vj] * cube_factor)
+        for i, j in T.grid(4, 5):
+            with T.sblock("gelu"):
+                vi, vj = T.axis.remap("SS", [i, j])
+                O[vi, vj] = D[vi, vj] * T.float32(0.5) * (T.float32(1) + T.tanh(E[vi, vj]))
+
+    return func
+
+
+gelu_tanh_pow = _gelu_tanh_pow(T.float32(0.044715))
+gelu_tanh_wrong_cube = _gelu_tanh_pow(T.float32(0.046))
+
+
 @T.prim_func(s_tir=True)
 def silu_residual(A: T.Buffer((4, 6), "float32"), W: T.Buffer((5, 6), "float32"),
                   Rs: T.Buffer((4, 5), "float32"), O: T.Buffer((4, 5), "float32")):
@@ -421,6 +462,7 @@ ACCEPTED = [
     ("attention_scores", attention_scores, ["batch_matmul_divide"], []),
     ("broadcast_activation", broadcast_activation, ["batch_matmul"], []),
     ("bias_gelu_erf", bias_gelu_erf, ["dense_bias_gelu_erf"], []),
+    ("gelu_tanh_pow", gelu_tanh_pow, ["dense_bias_gelu_tanh"], []),
     ("silu_residual", silu_residual, ["dense_silu_residual"], []),
 ]
 
@@ -623,6 +665,8 @@ PARTIAL = [
     ("bias_is_the_product", bias_is_the_product, "dense", "double", "the region writes"),
     ("clamp_to_five", clamp_to_five, "dense", "clamp5", "clamp to [0, 5] is not relu6"),
     ("gelu_wrong_constant", gelu_wrong_constant, "dense", "almost_gelu",
+     "no unary operation the kernel has"),
+    ("gelu_tanh_wrong_cube", gelu_tanh_wrong_cube, "dense_bias", "gelu",
      "no unary operation the kernel has"),
     ("two_biases", two_biases, "dense_bias_tanh", "bias2", "a second bias"),
 ]

@@ -59,12 +59,13 @@ function (``plan_layouts``): a tensor is blocked when the call that writes it an
 call that reads it (as its ``x``, nothing else reading it) are depthwise convs or 1x1
 stride-1 unpadded convs with packed weights, all of 16k channels (a 1x1 conv from 64
 input channels), without shortcuts. Those calls then take the kernels' ``_layouts``
-entry points, whose AVX-512 paths read and write the blocks in place: the depthwise
-kernel without its transposes (about 1.2x to 1.3x faster on MobileNet's layers), the
-1x1 conv tiles without theirs. The function's inputs and results, and every tensor
-another op reads, stay NCHW, so no conversion is added. Planned only when the kernels'
-instruction set is AVX-512 (elsewhere the calls would convert through NCHW copies);
-``TIRBYOC_CONV_BLOCKED=0`` when compiling keeps every tensor NCHW.
+entry points, whose AVX2 and AVX-512 paths read and write the blocks in place: the
+depthwise kernel without its transposes (about 1.2x to 1.3x faster on MobileNet's
+layers), the 1x1 conv tiles without theirs. The function's inputs and results, and every
+tensor another op reads, stay NCHW, so no conversion is added. Planned only where the
+kernels' instruction set has those paths (``kernels.CONV_DIRECT_ISAS``, and for the
+depthwise convs ``kernels.DEPTHWISE_CHANNELS_ISAS``; elsewhere the calls would convert
+through NCHW copies); ``TIRBYOC_CONV_BLOCKED=0`` when compiling keeps every tensor NCHW.
 
 A batch norm in training mode, another layout, an NHWC conv whose weight is not a
 constant, or a symbolic channel or spatial size keep TVM's ``conv2d``.

@@ -175,6 +175,17 @@ def _definitions():
     }
 
 
+def _float32_constant_forms():
+    """Operations as a graph writes them with float32 constants, which the kernels use as
+    well (``chain_f32.h``: ``0.044715f``): HF GPT-2's written-out tanh GELU, its
+    ``sqrt(2 / pi)`` and ``0.044715`` rounded to float32, is 6e-7 from the exact definition
+    at the probes far in the negative tail, where ``1 + tanh`` cancels."""
+    import numpy as np
+
+    c, k = float(np.float32(np.sqrt(2.0 / np.pi))), float(np.float32(0.044715))
+    return {"gelu_tanh": lambda x: 0.5 * x * (1.0 + np.tanh(c * (x + k * x ** 3)))}
+
+
 def _probes():
     import numpy as np
 
@@ -211,6 +222,11 @@ def _evaluate(expr, env, own):
     for node, fn in binary.items():
         if isinstance(expr, node):
             return fn(_evaluate(expr.a, env, own), _evaluate(expr.b, env, own))
+    if isinstance(expr, T.Call) and hasattr(expr.op, "name") and \
+            expr.op.name in ("tir.pow", "tirx.pow") and len(expr.args) == 2 and \
+            float_value(expr.args[1]) is not None:
+        # x ** c with a constant c (the cube of HF GPT-2's written-out tanh GELU)
+        return np.power(_evaluate(expr.args[0], env, own), float_value(expr.args[1]))
     if isinstance(expr, T.Call) and hasattr(expr.op, "name") and expr.op.name in _CALLS:
         (arg,) = expr.args
         x = _evaluate(arg, env, own)
@@ -232,9 +248,9 @@ def identify_unary(nests, source, sink):
     """The unary operation that ``nests`` (in program order, ending with ``sink``) compute
     from ``source``, checked numerically at a fixed set of probe points, or a NoMatch.
 
-    Only +, -, *, /, float constants and tanh/exp/erf/sigmoid are evaluated (analytic
-    functions; no selects or comparisons), so a group either is the operation on the whole
-    line or differs from it at the probes.
+    Only +, -, *, /, float constants, powers with a constant exponent and
+    tanh/exp/erf/sigmoid are evaluated (analytic functions; no selects or comparisons), so
+    a group either is the operation on the whole line or differs from it at the probes.
     """
     import numpy as np
 
@@ -249,7 +265,8 @@ def identify_unary(nests, source, sink):
         except _NotElementwise as exc:
             return NoMatch(str(exc))
         got = env[-1][1]
-        for name, ref in _definitions().items():
+        forms = list(_definitions().items()) + list(_float32_constant_forms().items())
+        for name, ref in forms:
             want = ref(x)
             if np.all(np.abs(got - want) <= PROBE_RTOL * np.abs(want) + 1e-12):
                 return StepMatch(params={"op": name}, nests=tuple(n for n in nests
