@@ -25,8 +25,6 @@ import math
 import os
 import platform
 import sys
-import threading
-import time
 
 import numpy as np
 
@@ -41,56 +39,7 @@ def _rel_err(got, ref) -> float:
 
 
 from .timing import BATCH_SECONDS, SETTLE_SECONDS, WARM_SECONDS, _time, interleaved  # noqa: F401,E501
-
-
-def _probe_library():
-    """Build ``fma_probe.c`` with cffi (once, in a temporary directory) and load it."""
-    import importlib.util
-    import tempfile
-
-    import cffi
-
-    ffi = cffi.FFI()
-    ffi.cdef("\n".join(f"double tirbyoc_probe_{isa}(int64_t iters, float *sink);"
-                       for isa in ("avx512", "avx2", "generic")))
-    src = open(os.path.join(os.path.dirname(__file__), "fma_probe.c")).read()
-    ffi.set_source("_tirbyoc_fma_probe", src, extra_compile_args=["-O2"])
-    path = ffi.compile(tmpdir=tempfile.mkdtemp(prefix="tirbyoc-probe-"))
-    spec = importlib.util.spec_from_file_location("_tirbyoc_fma_probe", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.ffi, module.lib
-
-
-def measure_peak(threads: int, seconds: float = 0.3) -> dict:
-    """fp32 FMA peak (GFLOP/s) of one thread and of ``threads`` threads at once, with the
-    widest vectors the kernels use here (``kernels.isa()``)."""
-    from . import kernels
-
-    ffi, lib = _probe_library()
-    probe = getattr(lib, f"tirbyoc_probe_{kernels.isa()}")
-    sink = ffi.new("float *")
-    iters = 1 << 16
-    while True:  # calibrate to about ``seconds`` per measurement
-        start = time.perf_counter()
-        probe(iters, sink)
-        if time.perf_counter() - start > seconds / 4:
-            break
-        iters *= 2
-    iters *= 4
-    one = max(probe(iters, sink) for _ in range(3))
-    results = [0.0] * threads
-
-    def work(i):
-        results[i] = probe(iters, ffi.new("float *"))  # cffi releases the GIL here
-
-    pool = [threading.Thread(target=work, args=(i,)) for i in range(threads)]
-    for t in pool:
-        t.start()
-    for t in pool:
-        t.join()
-    return {"one_thread": one, "all_threads": sum(results), "threads": threads,
-            "isa": kernels.isa()}
+from .timing import measure_peak  # noqa: F401 (part of this module's interface)
 
 
 class _Case:

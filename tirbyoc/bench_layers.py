@@ -19,7 +19,7 @@ and tirbyoc's build must run the chain as one kernel call per layer.
 
 The table says which instruction set each contender ran (tirbyoc's kernels, PyTorch's
 ATen dispatch; ONNX Runtime picks its own and cannot be capped) and, for tirbyoc, the
-layer's GFLOP/s and its share of the fp32 FMA peak that ``tirbyoc.bench.measure_peak``
+layer's GFLOP/s and its share of the fp32 FMA peak that ``tirbyoc.timing.measure_peak``
 measures for tirbyoc's instruction set on the same threads. ``TIRBYOC_ISA=avx2`` runs
 tirbyoc's AVX2 code on an AVX-512 machine; PyTorch is capped the same way with
 ``ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2`` in the environment.
@@ -161,7 +161,7 @@ def kernel_calls(vm, *args) -> int:
 
 
 def report(rows, threads, peak=None, isa=None) -> str:
-    """The table; ``peak`` (``tirbyoc.bench.measure_peak``'s result) adds tirbyoc's
+    """The table; ``peak`` (``tirbyoc.timing.measure_peak``'s result) adds tirbyoc's
     GFLOP/s and share of it per layer, ``isa`` (``isas()``) a line naming each
     contender's instruction set."""
     if not rows:
@@ -202,7 +202,7 @@ def problems(rows) -> list:
 def run_layers(names, threads=2, reps=15, settle=SETTLE_SECONDS, out="bench-results") -> int:
     _set_threads(threads)
     layers = [parse(n) for n in names] if names else list(LAYERS)
-    from .bench import measure_peak
+    from .timing import measure_peak
 
     peak, isa = measure_peak(threads), isas()
     rows = [bench_layer(layer, threads, reps, settle,

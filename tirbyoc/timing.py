@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import statistics
+import threading
 import time
 
 SETTLE_SECONDS = 0.3
@@ -54,3 +56,55 @@ def interleaved(fns: dict, reps: int, settle: float = SETTLE_SECONDS, few: tuple
     if samples is not None:
         samples.update(times)
     return {name: statistics.median(t) for name, t in times.items()}
+
+
+# ---- the machine's fp32 FMA peak (the benchmarks' "of peak" columns) ----
+
+def _probe_library():
+    """Build ``fma_probe.c`` with cffi (once, in a temporary directory) and load it."""
+    import importlib.util
+    import tempfile
+
+    import cffi
+
+    ffi = cffi.FFI()
+    ffi.cdef("\n".join(f"double tirbyoc_probe_{isa}(int64_t iters, float *sink);"
+                       for isa in ("avx512", "avx2", "generic")))
+    src = open(os.path.join(os.path.dirname(__file__), "fma_probe.c")).read()
+    ffi.set_source("_tirbyoc_fma_probe", src, extra_compile_args=["-O2"])
+    path = ffi.compile(tmpdir=tempfile.mkdtemp(prefix="tirbyoc-probe-"))
+    spec = importlib.util.spec_from_file_location("_tirbyoc_fma_probe", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.ffi, module.lib
+
+
+def measure_peak(threads: int, seconds: float = 0.3) -> dict:
+    """fp32 FMA peak (GFLOP/s) of one thread and of ``threads`` threads at once, with the
+    widest vectors the kernels use here (``kernels.isa()``)."""
+    from . import kernels
+
+    ffi, lib = _probe_library()
+    probe = getattr(lib, f"tirbyoc_probe_{kernels.isa()}")
+    sink = ffi.new("float *")
+    iters = 1 << 16
+    while True:  # calibrate to about ``seconds`` per measurement
+        start = time.perf_counter()
+        probe(iters, sink)
+        if time.perf_counter() - start > seconds / 4:
+            break
+        iters *= 2
+    iters *= 4
+    one = max(probe(iters, sink) for _ in range(3))
+    results = [0.0] * threads
+
+    def work(i):
+        results[i] = probe(iters, ffi.new("float *"))  # cffi releases the GIL here
+
+    pool = [threading.Thread(target=work, args=(i,)) for i in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    return {"one_thread": one, "all_threads": sum(results), "threads": threads,
+            "isa": kernels.isa()}
