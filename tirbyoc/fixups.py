@@ -133,57 +133,49 @@ def _elementwise_with_scalar(func) -> str | None:
     return None
 
 
-@R.expr_functor.mutator
-class _FixClip(R.PyExprMutator):
-    def __init__(self, mod, values, uses):
-        super().__init__(mod)
-        self.mod_, self.values, self.uses = mod, values, uses
+def _clip_of(mod):
+    """The replacement (for ``bindings.rewrite_calls``) of the ONNX frontend's clip in
+    ``mod``: a max then a min with scalars (call_tirs of elementwise PrimFuncs) as one
+    ``R.clip``, a max with 0 alone as ``R.nn.relu``."""
 
-    def _bound(self, call):
+    def bound(call, values):
         """``(kind, x, scalar)`` of a call_tir of an elementwise max/min with a scalar."""
         if not isinstance(call, R.Call) or not call.op.same_as(T.call_tir_op()):
             return None
         gv = call.args[0]
-        func = self.mod_[gv] if isinstance(gv, T.GlobalVar) else None
+        func = mod[gv] if isinstance(gv, T.GlobalVar) else None
         kind = _elementwise_with_scalar(func)
         args = list(call.args[1].fields) if isinstance(call.args[1], R.Tuple) else []
         if kind is None or len(args) != 2:
             return None
-        value = _scalar(args[1], self.values)
+        value = _scalar(args[1], values)
         return None if value is None else (kind, args[0], value)
 
-    def visit_call_(self, call):
-        outer = self._bound(call)
-        if outer is not None:
-            kind, inner_var, c = outer
-            inner = self.values.get(inner_var) if isinstance(inner_var, R.Var) else None
-            found = self._bound(inner) if inner is not None and \
-                self.uses.get(inner_var, 0) == 1 else None
-            if found is not None and found[0] != kind:
-                lo, hi = (found[2], c) if kind == "min" else (c, found[2])
-                if lo <= hi:
-                    return R.op.clip(self.visit_expr(found[1]), lo, hi)
-            if kind == "max" and c == 0.0:
-                return R.op.nn.relu(self.visit_expr(inner_var))
-        return super().visit_call_(call)
+    def replacement(call, b):
+        outer = bound(call, b.values)
+        if outer is None:
+            return None
+        kind, inner_var, c = outer
+        inner = b.values.get(inner_var) if isinstance(inner_var, R.Var) else None
+        found = bound(inner, b.values) if inner is not None and \
+            b.uses.get(inner_var, 0) == 1 else None
+        if found is not None and found[0] != kind:
+            lo, hi = (found[2], c) if kind == "min" else (c, found[2])
+            if lo <= hi:
+                return R.op.clip(found[1], lo, hi)
+        if kind == "max" and c == 0.0:
+            return R.op.nn.relu(inner_var)
+        return None
+
+    return replacement
 
 
 def fix_onnx_clip(mod):
     """``mod`` with the ONNX frontend's clip (a max then a min with scalars, as
     call_tirs) written as ``R.clip`` (see the module docstring)."""
-    from .bindings import Bindings
+    from .bindings import rewrite_calls
 
-    out, changed = mod, False
-    for gv, func in mod.functions_items():
-        if not isinstance(func, R.Function) or (func.attrs and "Codegen" in func.attrs):
-            continue
-        b = Bindings(func)
-        new = _FixClip(mod, b.values, b.uses).visit_expr(func)
-        if not new.same_as(func) and not T.structural_equal(new, func):
-            if not changed:
-                out, changed = mod.clone(), True
-            out[gv] = R.analysis.remove_all_unused(new)
-    return out
+    return rewrite_calls(mod, _clip_of(mod))
 
 
 # ---- a matrix product between two reshapes (HF GPT-2's Conv1D) ----
