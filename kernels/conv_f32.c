@@ -780,10 +780,11 @@ int32_t tb_layouts_check(int64_t layouts, int64_t c, int64_t oc, int64_t ops)
         ((layouts & TIRBYOC_LAYOUT_X16) && c % 16 != 0) ||
         ((layouts & TIRBYOC_LAYOUT_Y16) && oc % 16 != 0))
         return TIRBYOC_EINVAL;
+    /* a blocked y's chain: elementwise operations only (a per-column bias,
+     * scale or division would need the NCHW column) */
     if (layouts & TIRBYOC_LAYOUT_Y16)
         for (; ops != 0; ops = (int64_t)((uint64_t)ops >> 4))
-            if ((ops & 15) != TIRBYOC_EPI_RESIDUAL &&
-                (ops & 15) != TIRBYOC_EPI_RELU && (ops & 15) != TIRBYOC_EPI_RELU6)
+            if ((ops & 15) != TIRBYOC_EPI_RESIDUAL && !tb_op_unary((int)(ops & 15)))
                 return TIRBYOC_EEPILOGUE;
     return TIRBYOC_OK;
 }

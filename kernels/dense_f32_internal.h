@@ -197,7 +197,25 @@ typedef void (*tb_conv_out_fn)(const float *ct, int64_t ldc, int64_t m,
 /* conv_f32.c, for both convolutions: TIRBYOC_EINVAL unless layouts is a
  * set of TIRBYOC_LAYOUT_* with 16 | c for X16 and 16 | oc for Y16;
  * TIRBYOC_EEPILOGUE for Y16 with a chain (after the bias) of other
- * operations than RESIDUAL, RELU and RELU6. */
+ * operations than RESIDUAL and the unary ones (tb_op_unary). */
+static inline int tb_op_unary(int op)
+{
+    return op >= TIRBYOC_EPI_RELU && op <= TIRBYOC_EPI_TANH;
+}
+/* The NCHW16c stores' part of a chain: its leading RESIDUAL, RELU and RELU6
+ * steps, which the stores apply in registers (returned); *rest: the
+ * operations after them, applied to the stored block (tb_chain16_rest). */
+static inline int64_t tb_ops16_split(int64_t ops, int64_t *rest)
+{
+    uint64_t o = (uint64_t)ops;
+    int sh = 0;
+    while (sh < 64 && ((o >> sh) & 15) != 0 &&
+           (((o >> sh) & 15) == TIRBYOC_EPI_RESIDUAL || ((o >> sh) & 15) == TIRBYOC_EPI_RELU ||
+            ((o >> sh) & 15) == TIRBYOC_EPI_RELU6))
+        sh += 4;
+    *rest = sh < 64 ? (int64_t)(o >> sh) : 0;
+    return sh < 64 ? (int64_t)(o & ((UINT64_C(1) << sh) - 1)) : ops;
+}
 TB_INTERNAL int32_t tb_layouts_check(int64_t layouts, int64_t c, int64_t oc,
                                      int64_t ops);
 /* NCHW [batch, c, hw] to NCHW16c [batch, c / 16, hw, 16] (to_blocked), or

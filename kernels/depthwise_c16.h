@@ -269,8 +269,20 @@ static void C16(c16_unit)(const dw_job *j, int64_t n, int64_t c0, int64_t i0,
         C16(c16_sums)(5, j, win, img, ih0, rp, wts, rows, out, res);
     else
         C16(c16_sums)(0, j, win, img, ih0, rp, wts, rows, out, res);
-    if (j->yb)
-        return; /* the chain is done (no operation is left for after it) */
+    if (j->yb) {
+        /* the chain's operations after the in-register ones (a SiLU, say):
+         * elementwise, over the block's rows just stored */
+        if (j->rest != 0) {
+            tb_chain ch;
+            ch.ops = j->rest;
+            ch.scale = 1.0f;
+            ch.bias = NULL;
+            ch.residual = res;
+            ch.ldr = npx * 16;
+            j->isa->chain(&ch, out, npx * 16, 1, npx * 16, 0, 0);
+        }
+        return;
+    }
     /* the operations from the first residual on, per channel */
     memset(&s, 0, sizeof(s));
     s.npre = j->npre - j->c16_npre;

@@ -564,7 +564,12 @@ def test_packed_wrapper_refuses_a_disagreeing_bias():
     (1, 16, 9, 11, 32, 3, 2, 1, ("residual",)),               # x through an NCHW copy
     (1, 576, 3, 5, 80, 1, 1, 0, ("bias", "residual", "relu6")),  # two K blocks
     (1, 64, 23, 29, 96, 1, 1, 0, ("relu",)),                  # many tiles, odd edges
-], ids=["plain", "plain-batch2-residual", "3x3-s2", "two-k-blocks", "23x29"])
+    # a SiLU or sigmoid: applied to each stored block, a residual after it too
+    (1, 32, 7, 9, 48, 1, 1, 0, ("bias", "silu")),
+    (1, 16, 9, 11, 32, 3, 2, 1, ("bias", "sigmoid", "residual")),
+    (1, 576, 3, 5, 80, 1, 1, 0, ("bias", "relu", "silu")),    # two K blocks
+], ids=["plain", "plain-batch2-residual", "3x3-s2", "two-k-blocks", "23x29", "silu",
+        "3x3-s2-sigmoid-residual", "two-k-blocks-relu-silu"])
 def test_blocked_layouts_equal_nchw_bit_for_bit(each_isa, case, layouts):
     """tirbyoc_conv2d_f32_packed_layouts with x and/or y (and the residual) NCHW16c gives
     the NCHW call's values, bit for bit, in the blocked order: in place where the direct
@@ -594,21 +599,21 @@ def test_blocked_layouts_equal_nchw_bit_for_bit(each_isa, case, layouts):
 
 
 def test_blocked_layouts_refusals():
-    """Channels not in blocks of 16 (TIRBYOC_EINVAL), a chain the blocked store does not
-    take (TIRBYOC_EEPILOGUE: only residual, relu and relu6 after the bias), an unpacked
-    weight (the wrapper's ValueError), a 4-D array passed as NCHW16c."""
+    """Channels not in blocks of 16 (TIRBYOC_EINVAL), an unpacked weight (the wrapper's
+    ValueError), a 4-D array passed as NCHW16c. Every chain the conv takes is taken with
+    either layout (a blocked y's SiLU runs on the stored block: the same bits)."""
     rng = np.random.default_rng(0)
     x = rng.standard_normal((1, 16, 4, 4)).astype(np.float32)
     packed = kernels.pack_conv2d_weight(rng.standard_normal((24, 16, 1, 1)).astype(np.float32))
     with pytest.raises(RuntimeError, match="invalid"):
         kernels.conv2d(x, packed, layout_y="nchw16c")  # 24 output channels
     packed16 = kernels.pack_conv2d_weight(rng.standard_normal((16, 16, 1, 1)).astype(np.float32))
-    with pytest.raises(RuntimeError, match="epilogue"):
-        kernels.conv2d(x, packed16, epilogue=("silu",), layout_y="nchw16c")
-    got = kernels.conv2d(kernels.to_nchw16c(x), packed16, epilogue=("silu",),
-                         layout_x="nchw16c")  # an NCHW y takes any chain
-    np.testing.assert_allclose(got, kernels.conv2d(x, packed16, epilogue=("silu",)),
-                               rtol=0, atol=0)
+    want = kernels.conv2d(x, packed16, epilogue=("silu",))
+    for lx, ly in (("nchw16c", "nchw"), ("nchw", "nchw16c"), ("nchw16c", "nchw16c")):
+        got = kernels.conv2d(kernels.to_nchw16c(x) if lx == "nchw16c" else x, packed16,
+                             epilogue=("silu",), layout_x=lx, layout_y=ly)
+        got = kernels.from_nchw16c(got) if ly == "nchw16c" else got
+        np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
     with pytest.raises(ValueError, match="packed"):
         kernels.conv2d(x, rng.standard_normal((16, 16, 1, 1)).astype(np.float32),
                        layout_x="nchw16c")

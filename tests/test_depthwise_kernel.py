@@ -286,7 +286,10 @@ def test_equals_the_grouped_conv_kernel():
     (1, 16, 9, 10, (2, 4), (2, 3), (1, 2), (2, 1), ("bias",)),
     (1, 16, 3, 2, (7, 7), 1, 3, 1, ("bias", "relu6")),
     (1, 16, 8, 37, (3, 3), 4, 0, 1, ()),
-], ids=["3x3", "s2-batch2-residual", "5x5", "dilated", "2x4", "7x7-tiny", "s4-unpadded"])
+    (1, 32, 14, 14, (3, 3), 1, 1, 1, ("bias", "silu")),
+    (1, 48, 9, 13, (5, 5), 2, 2, 1, ("bias", "sigmoid", "residual")),
+], ids=["3x3", "s2-batch2-residual", "5x5", "dilated", "2x4", "7x7-tiny", "s4-unpadded",
+        "silu", "s2-sigmoid-then-residual"])
 def test_blocked_layouts_equal_nchw_bit_for_bit(each_path, case, layouts):
     """tirbyoc_depthwise_conv2d_f32_layouts with x and/or y (and the residual) NCHW16c
     gives the NCHW call's values, bit for bit, in the blocked order, on every path asked

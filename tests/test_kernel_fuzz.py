@@ -562,8 +562,8 @@ def draw_pool(rng, index):
 # and depthwise cases with their channels rounded up to multiples of 16 (NCHW16c blocks;
 # the conv in one group) and a random set of TIRBYOC_LAYOUT_* bits (Case.extra
 # "layouts"): x, y and the residual are the same buffers, read as [N, C / 16, H * W, 16]
-# where blocked. On AVX-512 the direct and channels-in-lanes paths read them in place,
-# elsewhere (and on a forced depthwise path) the calls convert through NCHW copies.
+# where blocked. On AVX2 and AVX-512 the direct and channels-in-lanes paths read them in
+# place, elsewhere (and on a forced depthwise path) the calls convert through NCHW copies.
 def draw_blocked(rng, depthwise, m, extra):
     """(m, n, k, big, extra) of a drawn conv (m: OC) or depthwise case made blockable."""
     g = dict(extra)
@@ -843,9 +843,10 @@ class Operands:
         n_img, p = g["batch"], g["oh"] * g["ow"]
         x = self._input("x", n_img * g["c"], g["h"] * g["w"], g["h"] * g["w"], c.offsets[0])
         wt = self._input("w", c.m, c.k, c.k, c.offsets[1])
-        # (a blocked output takes the chain's residual, relu and relu6 only)
-        unary = ("relu", "relu6") if g.get("layouts", 0) & 2 else CHAIN_UNARY
-        ops = [str(o) for o in self.rng.choice(unary, size=int(self.rng.integers(0, 3)))]
+        # (a blocked output takes every unary operation: relu and relu6 in the stores'
+        # registers, the others on the stored block)
+        ops = [str(o) for o in self.rng.choice(CHAIN_UNARY,
+                                               size=int(self.rng.integers(0, 3)))]
         if self.rng.random() < 0.33:
             ops.insert(int(self.rng.integers(0, len(ops) + 1)), "residual")
         if c.bias:

@@ -564,8 +564,10 @@ def _emit(bb, x, weight, residual, plan: _Plan, out_ty, funcs):
 
 def _block_roles(plan: _Plan) -> tuple:
     """(writes, reads): whether ``plan``'s call may write, and read, NCHW16c tensors at
-    full speed; never with a shortcut or in NHWC. Writing (16k channels out, and an
-    activation the blocked stores apply: none, relu or relu6):
+    full speed; never with a shortcut or in NHWC. Writing (16k channels out, and no
+    activation, relu or relu6: the kernels' blocked stores take a SiLU or sigmoid too,
+    but EfficientNet-B0 with its SiLU convs writing blocks ran 6-9% slower on Zen 3, the
+    1x1 convs on 56 x 56 and 112 x 112 then taking the direct path):
     a depthwise conv (where the kernels' ISA is in ``kernels.DEPTHWISE_CHANNELS_ISAS``),
     or one group with a packed (not Winograd) weight and strides the
     direct path takes (its store keeps each pixel's 16 channels a vector). Reading (16k

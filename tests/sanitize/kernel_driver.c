@@ -1633,8 +1633,8 @@ static void relayout16(const float *src, float *dst, int64_t n, int64_t c, int64
 /* t's call (already checked against the reference, its result in t->y) with x and/or y
  * and the residual NCHW16c, for each layout set: the same values in the blocked order
  * (bit for bit, or NaN where y has one), each operand in a block of its own. A chain
- * the blocked y does not take (anything but residual, relu and relu6 after the bias)
- * gives TIRBYOC_EEPILOGUE and writes nothing. `depthwise`: the depthwise call, else
+ * the blocked y does not take (anything but the residual and unary operations after
+ * the bias) gives TIRBYOC_EEPILOGUE and writes nothing. `depthwise`: the depthwise call, else
  * the packed conv (its weight and bias packed here). */
 static void blocked_case(conv_test_t *t, int depthwise)
 {
@@ -1650,8 +1650,8 @@ static void blocked_case(conv_test_t *t, int depthwise)
     float *xb, *rb, *yb, *pk = NULL, *back;
     size_t q;
     for (; rest != 0; rest = (int64_t)((uint64_t)rest >> 4))
-        y_ok &= (rest & 15) == TIRBYOC_EPI_RESIDUAL || (rest & 15) == TIRBYOC_EPI_RELU ||
-                (rest & 15) == TIRBYOC_EPI_RELU6;
+        y_ok &= (rest & 15) == TIRBYOC_EPI_RESIDUAL ||
+                ((rest & 15) >= TIRBYOC_EPI_RELU && (rest & 15) <= TIRBYOC_EPI_TANH);
     xb = buf_alloc(&bx, nx, 1);
     rb = buf_alloc(&br, t->br.n, 2);
     yb = buf_alloc(&by, ny, 3);
@@ -1721,7 +1721,11 @@ static void blocked_cases(uint64_t *rng, int threaded)
     static const int64_t chains[] = {
         0, TIRBYOC_EPI_BIAS | TIRBYOC_EPI_RELU6 << 4,
         TIRBYOC_EPI_BIAS | TIRBYOC_EPI_RESIDUAL << 4 | TIRBYOC_EPI_RELU << 8,
-        TIRBYOC_EPI_RESIDUAL | TIRBYOC_EPI_SILU << 4,  /* refused with a blocked y */
+        /* the unary operations after the in-register ones: applied to the stored
+         * block, the residual after them too */
+        TIRBYOC_EPI_RESIDUAL | TIRBYOC_EPI_SILU << 4,
+        TIRBYOC_EPI_BIAS | TIRBYOC_EPI_SIGMOID << 4,
+        TIRBYOC_EPI_BIAS | TIRBYOC_EPI_SILU << 4 | TIRBYOC_EPI_RESIDUAL << 8,
     };
     size_t si, ci;
     for (si = 0; si < sizeof(shapes) / sizeof(shapes[0]); ++si)
