@@ -51,9 +51,25 @@
  * kernels linked in, loaded in a process with only TVM's runtime, does the
  * same when it is loaded. TVM reads the variable once, when its pool starts
  * its workers, after the library is loaded. */
+/* The CPUs the process may run on, read when the library is loaded. TVM's
+ * pool, when it starts with fewer threads than CPUs (TVM_NUM_THREADS=2 on 16
+ * cores), binds the thread that starts it to its first CPUs; this pool's
+ * workers, created later by that thread, inherited the binding, all of them
+ * on those few CPUs, and the count of CPUs read from that thread capped the
+ * pool there (measured on a 16-core Xeon: the workers' CPU list read "0-1").
+ * So TVM_BIND_THREADS is set to 0 here, unless it is set (each model library
+ * carries its own copy of these kernels, and one loaded after TVM bound the
+ * thread would read the bound set), and the workers are created with this
+ * set, and the count is this set's. */
+static cpu_set_t process_cpus;
+static int have_process_cpus;
+
 __attribute__((constructor)) static void share_cores_with_tvm(void)
 {
     setenv("TVM_THREAD_POOL_SPIN_COUNT", "0", 0);
+    setenv("TVM_BIND_THREADS", "0", 0);
+    have_process_cpus = sched_getaffinity(0, sizeof(process_cpus), &process_cpus) == 0 &&
+                        CPU_COUNT(&process_cpus) > 0;
 }
 
 /* ---- thread count ---- */
@@ -61,12 +77,15 @@ __attribute__((constructor)) static void share_cores_with_tvm(void)
 static int configured_threads; /* 0: not yet read */
 static int pool_limit;         /* 0: not yet read */
 
-/* The CPUs this process may run on (at most TB_MAX_THREADS). */
+/* The CPUs this process may run on (at most TB_MAX_THREADS): as at load
+ * time, else the calling thread's. */
 static int available_cpus(void)
 {
     cpu_set_t set;
     long n;
-    if (sched_getaffinity(0, sizeof(set), &set) == 0)
+    if (have_process_cpus)
+        n = CPU_COUNT(&process_cpus);
+    else if (sched_getaffinity(0, sizeof(set), &set) == 0)
         n = CPU_COUNT(&set);
     else
         n = sysconf(_SC_NPROCESSORS_ONLN);
@@ -343,11 +362,17 @@ static int pool_grow(pool_t *pool, int want)
 {
     sigset_t all, old;
     pthread_attr_t attr;
+    int affine = 0;
     if (want <= pool->nworkers)
         return pool->nworkers;
     if (pthread_attr_init(&attr) != 0)
         return pool->nworkers;
     pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    /* Workers run on any of the process's CPUs, not only the creating
+     * thread's (see process_cpus); where that set is no longer allowed (the
+     * process moved to other CPUs since), as the creating thread. */
+    if (have_process_cpus)
+        affine = pthread_attr_setaffinity_np(&attr, sizeof(process_cpus), &process_cpus) == 0;
     /* Workers inherit a full signal mask: signals go to the caller's threads. */
     sigfillset(&all);
     pthread_sigmask(SIG_SETMASK, &all, &old);
@@ -359,8 +384,17 @@ static int pool_grow(pool_t *pool, int want)
         wa->pool = pool;
         wa->id = pool->nworkers + 1;
         if (pthread_create(&th, &attr, worker_main, wa) != 0) {
-            free(wa);
-            break;
+            pthread_attr_t plain;
+            int ok = 0;
+            if (affine && pthread_attr_init(&plain) == 0) {
+                pthread_attr_setdetachstate(&plain, PTHREAD_CREATE_DETACHED);
+                ok = pthread_create(&th, &plain, worker_main, wa) == 0;
+                pthread_attr_destroy(&plain);
+            }
+            if (!ok) {
+                free(wa);
+                break;
+            }
         }
         pool->nworkers++;
     }

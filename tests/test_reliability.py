@@ -275,14 +275,17 @@ def test_tvm_runs_on_as_many_threads_as_the_kernels(preset):
 
 
 @pytest.mark.parametrize("preset", [None, "500"])
-def test_tvm_workers_do_not_spin_after_their_loops(preset):
+@pytest.mark.parametrize("variable", ["TVM_THREAD_POOL_SPIN_COUNT", "TVM_BIND_THREADS"])
+def test_tvm_workers_neither_spin_nor_bind(variable, preset):
     """Importing tirbyoc sets TVM_THREAD_POOL_SPIN_COUNT to 0 (TVM's workers would spin
-    for 300,000 yields after each parallel loop, on the cores the kernels' threads use),
-    unless the user set it."""
-    env = {k: v for k, v in os.environ.items() if k != "TVM_THREAD_POOL_SPIN_COUNT"}
+    for 300,000 yields after each parallel loop, on the cores the kernels' threads use)
+    and TVM_BIND_THREADS to 0 (TVM would bind the thread starting its pool to its first
+    CPUs, and the kernels' workers that thread creates would inherit it), unless the user
+    set them."""
+    env = {k: v for k, v in os.environ.items() if k != variable}
     if preset:
-        env["TVM_THREAD_POOL_SPIN_COUNT"] = preset
-    code = "import os, tirbyoc\nprint(os.environ.get('TVM_THREAD_POOL_SPIN_COUNT'))"
+        env[variable] = preset
+    code = f"import os, tirbyoc\nprint(os.environ.get('{variable}'))"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                          text=True, timeout=120, check=True).stdout.split()
     assert out == [preset or "0"]

@@ -271,3 +271,41 @@ def test_pool_runs_at_most_the_cpus_unless_told():
     workers, _ = map(int, _child(code, 60, {**env, "TIRBYOC_OVERSUBSCRIBE": "1"})
                      .split()[-2:])
     assert workers >= 31, workers
+
+
+POOL_AFFINITY = """
+    import importlib.util, os, numpy as np
+    spec = importlib.util.spec_from_file_location("tirbyoc._kernels", {path!r})
+    ext = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ext)
+    cpus = sorted(os.sched_getaffinity(0))
+    # what TVM's pool does to the calling thread when it runs fewer threads than CPUs
+    os.sched_setaffinity(0, {{cpus[0]}})
+    before = set(os.listdir("/proc/self/task"))
+    a, w = np.ones((64, 512), np.float32), np.ones((1024, 512), np.float32)
+    c = np.empty((64, 1024), np.float32)
+    ptr = lambda x: ext.ffi.cast("float *", x.ctypes.data)
+    assert ext.lib.tirbyoc_dense_f32_nt(64, 1024, 512, ptr(a), 512, ptr(w), 512,
+                                        ext.ffi.NULL, ptr(c), 1024) == 0
+    for tid in sorted(set(os.listdir("/proc/self/task")) - before):
+        print(tid, sorted(os.sched_getaffinity(int(tid))))
+    print("cpus", cpus)
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task") or len(os.sched_getaffinity(0)) < 2,
+                    reason="needs Linux's /proc and 2 CPUs")
+def test_pool_workers_run_on_every_cpu_of_the_process():
+    """A caller bound to one CPU after the library was loaded (as TVM's pool binds the
+    thread that starts it, with TVM_NUM_THREADS below the CPU count) still gets one
+    worker per further CPU of the process, each free to run on any of them: not all
+    bound to that one CPU (measured on a 16-core Xeon before: the workers' CPU list
+    was the caller's "0-1")."""
+    import tirbyoc._kernels as ext
+
+    out = _child(POOL_AFFINITY.format(path=ext.__file__), 60,
+                 {"TIRBYOC_NUM_THREADS": "2", "TIRBYOC_OVERSUBSCRIBE": "0"}).split("\n")
+    cpus = next(line for line in out if line.startswith("cpus"))
+    workers = [line.split(" ", 1)[1] for line in out if line and not line.startswith("cpus")]
+    assert len(workers) == 1, out  # two threads: the caller and one worker
+    assert workers[0] == cpus.split(" ", 1)[1], out

@@ -14,7 +14,11 @@ the kernels do. It also sets ``TVM_THREAD_POOL_SPIN_COUNT`` to 0 unless it is se
 parallel loop, TVM's workers would otherwise spin for 300,000 yields (tens of
 milliseconds), on the cores the kernels' own threads need for the next calls (measured:
 MobileNet's runs took 3.4 to 5.6 ms in different processes, depending on whether a TVM
-worker was spinning; 3.5 to 3.7 ms with the workers asleep).
+worker was spinning; 3.5 to 3.7 ms with the workers asleep). And it sets
+``TVM_BIND_THREADS`` to 0 unless it is set: TVM's pool, started with fewer threads than
+CPUs, would bind the thread that starts it to its first CPUs, and the kernels' workers
+that thread creates afterwards would inherit the binding (on a 16-core Xeon with
+``TVM_NUM_THREADS=2``, every worker of the kernels ran on CPUs 0-1).
 """
 
 import os as _os
@@ -36,6 +40,7 @@ def _default_tvm_threads():
 _default_tvm_threads()
 # NOTE: read once, when TVM's thread pool starts its workers.
 _os.environ.setdefault("TVM_THREAD_POOL_SPIN_COUNT", "0")
+_os.environ.setdefault("TVM_BIND_THREADS", "0")
 
 from .api import (Report, apply_tir_byoc, compile, explain, host_target, offload_prim_func,
                   offloaded_kernels, pipeline, run)
