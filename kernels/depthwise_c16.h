@@ -272,15 +272,7 @@ static void C16(c16_unit)(const dw_job *j, int64_t n, int64_t c0, int64_t i0,
     if (j->yb) {
         /* the chain's operations after the in-register ones (a SiLU, say):
          * elementwise, over the block's rows just stored */
-        if (j->rest != 0) {
-            tb_chain ch;
-            ch.ops = j->rest;
-            ch.scale = 1.0f;
-            ch.bias = NULL;
-            ch.residual = res;
-            ch.ldr = npx * 16;
-            j->isa->chain(&ch, out, npx * 16, 1, npx * 16, 0, 0);
-        }
+        chain_flat(j, at, npx * 16);
         return;
     }
     /* the operations from the first residual on, per channel */
@@ -319,8 +311,11 @@ static void C16(c16_unit)(const dw_job *j, int64_t n, int64_t c0, int64_t i0,
                     V16_STOREN(j->y + plane + q0, V16_PRE(&s, r[l], q0, cnt), cnt);
             }
     }
-    for (l = 0; l < nc; ++l)
-        chain_rest(j, (n * j->c + c0 + l) * p, i0, rows);
+    if (rows == j->oh) /* whole planes: the block's channels are one run */
+        chain_flat(j, (n * j->c + c0) * p, nc * p);
+    else
+        for (l = 0; l < nc; ++l)
+            chain_rest(j, (n * j->c + c0 + l) * p, i0, rows);
 }
 
 #undef C16

@@ -251,19 +251,29 @@ DW_INLINE float pre_ops(const dw_span *s, float v, int64_t idx)
     } while (0)
 
 /* The chain's operations after the in-register ones (j->rest, if any) over
- * output rows [i0, i0 + rows) of the image plane at y + plane, through the
- * ISA's chain. */
-static void chain_rest(const dw_job *j, int64_t plane, int64_t i0, int64_t rows)
+ * the n outputs from y + at on (and the residual's at the same offsets),
+ * through the ISA's chain as one row: they are elementwise (residual and
+ * unary operations; the bias is a sum term), so whole vectors run over
+ * several output rows, or planes, at once (row by row, a 7 x 7 plane's
+ * SiLU took seven partly filled vectors, gathered and stored lane by lane). */
+static void chain_flat(const dw_job *j, int64_t at, int64_t n)
 {
     tb_chain ch;
-    if (j->rest == 0)
+    if (j->rest == 0 || n <= 0)
         return;
     ch.ops = j->rest;
     ch.scale = 1.0f;
     ch.bias = NULL;
-    ch.residual = j->uses_residual ? j->residual + plane : NULL;
-    ch.ldr = j->ow;
-    j->isa->chain(&ch, j->y + plane + i0 * j->ow, j->ow, rows, j->ow, i0, 0);
+    ch.residual = j->uses_residual ? j->residual + at : NULL;
+    ch.ldr = n;
+    j->isa->chain(&ch, j->y + at, n, 1, n, 0, 0);
+}
+
+/* chain_flat over output rows [i0, i0 + rows) of the image plane at
+ * y + plane. */
+static void chain_rest(const dw_job *j, int64_t plane, int64_t i0, int64_t rows)
+{
+    chain_flat(j, plane + i0 * j->ow, rows * j->ow);
 }
 
 /* ---- portable code ---- */
