@@ -312,8 +312,9 @@ typedef enum tirbyoc_layout {
  * tirbyoc_conv2d_f32_packed with x and/or y NCHW16c: the same values. A
  * blocked x needs 16 | C, a blocked y 16 | OC (else TIRBYOC_EINVAL), and
  * the chain after the bias of a blocked y may only hold RESIDUAL and the
- * unary operations, RELU to TANH (else TIRBYOC_EEPILOGUE). Fast where the direct path runs (AVX-512;
- * a blocked x: a 1x1 conv of stride 1 without padding, in one group): there
+ * unary operations, RELU to TANH (else TIRBYOC_EEPILOGUE). Fast where the
+ * direct path runs (AVX2, AVX-512; a blocked x: a 1x1 conv of stride 1
+ * without padding, in one group): there
  * the tiles read and write the blocks in place. Elsewhere the call converts
  * the blocked tensors through NCHW copies (allocated per call).
  */
@@ -386,8 +387,8 @@ int32_t tirbyoc_depthwise_conv2d_f32(int64_t batch, int64_t c, int64_t h, int64_
 /*
  * The same with x and/or y (and the residual) NCHW16c (see
  * tirbyoc_conv2d_f32_packed_layouts; the same values and conditions). Fast
- * on the channels-in-lanes path (AVX-512 and AVX2), which then reads and writes the
- * blocks without transposes; elsewhere through NCHW copies.
+ * on the channels-in-lanes path (AVX2, AVX-512), which then reads and
+ * writes the blocks without transposes; elsewhere through NCHW copies.
  */
 int32_t tirbyoc_depthwise_conv2d_f32_layouts(int64_t layouts, int64_t batch, int64_t c, int64_t h, int64_t w, const float *x, int64_t kh, int64_t kw, const float *weight, int64_t stride_h, int64_t stride_w, int64_t pad_top, int64_t pad_left, int64_t dilation_h, int64_t dilation_w, int64_t oh, int64_t ow, int64_t epilogue, const float *bias, const float *residual, float *y);
 
