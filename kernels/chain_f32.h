@@ -361,9 +361,14 @@ static void tb_chain_block(const tb_chain *ch, float *c, int64_t ldc, int64_t m,
             for (q = 0; q * CH_LANES < nb; ++q)
                 t[q] = ch_gather(row + q * CH_LANES, 1, (int)(nb - q * CH_LANES));
             tb_chain_tile(ch, ch->ops, t, 1, q, i0 + i, j0 + jb, nb, 0);
-            for (q = 0; q * CH_LANES < nb; ++q)
-                for (j = 0; j < CH_LANES && q * CH_LANES + j < nb; ++j)
+            for (q = 0; q * CH_LANES < nb; ++q) {
+                if ((q + 1) * CH_LANES <= nb) { /* whole registers: one store */
+                    ch_storeu(row + q * CH_LANES, t[q]);
+                    continue;
+                }
+                for (j = 0; q * CH_LANES + j < nb; ++j)
                     row[q * CH_LANES + j] = t[q][j];
+            }
         }
 }
 
