@@ -372,22 +372,6 @@ static void tb_chain_block(const tb_chain *ch, float *c, int64_t ldc, int64_t m,
         }
 }
 
-/* The chain ops `ops` (RESIDUAL and unary ones: tb_ops16_split's rest) on
- * the n floats just stored at y, an NCHW16c block's run of pixels (16 | n),
- * its residual at res (the same offsets): elementwise, so the layout does
- * not matter. Not inlined: the stores call it outside their register tiles. */
-static __attribute__((noinline, unused)) void tb_chain16_rest(float *y, int64_t n,
-                                                      const float *res, int64_t ops)
-{
-    tb_chain ch;
-    ch.ops = ops;
-    ch.scale = 1.0f;
-    ch.bias = NULL;
-    ch.residual = res;
-    ch.ldr = n;
-    tb_chain_block(&ch, y, n, 1, n, 0, 0);
-}
-
 /* y[0:n] = op(x[0:n]) for one unary operation (x == y allowed). */
 static void tb_unary_row(int op, int64_t n, const float *x, float *y)
 {

@@ -415,16 +415,37 @@ static void direct_prep(void *arg, int64_t u, float *scratch)
     }
 }
 
+/* The chain ops `rest` (tb_ops16_split's second part: a SiLU, say, and a
+ * residual after it) over n pixels of m channels just stored at the NCHW16c
+ * block of y (res: the residual's same offsets): elementwise, so each
+ * block's run of n pixels is one row of the ISA's chain. */
+static void out16_rest(const conv_job_t *j, float *y, const float *res, int64_t m,
+                       int64_t n, int64_t rest)
+{
+    tb_chain ch;
+    int64_t o0;
+    ch.ops = rest;
+    ch.scale = 1.0f;
+    ch.bias = NULL;
+    ch.ldr = n * 16;
+    for (o0 = 0; rest != 0 && o0 < m; o0 += 16) {
+        ch.residual = res != NULL ? res + o0 * j->p : NULL;
+        j->isa->chain(&ch, y + o0 * j->p, n * 16, 1, n * 16, 0, 0);
+    }
+}
+
 /* The NCHW16c store of the sums of tile pixels [qa, qb) (pixel-major from
  * s, ldc floats apart; m channels from the block at y, res): each pixel's
- * 16 channels of a block are one vector, stored whole. With runs the tile
- * pixels are the real ones; else only the virtual rows' real pixels. */
+ * 16 channels of a block are one vector, stored whole, through the chain's
+ * leading residual, relu and relu6, and then the rest of it. With runs the
+ * tile pixels are the real ones; else only the virtual rows' real pixels. */
 static void direct_out16(const conv_job_t *j, const float *s, int64_t ldc,
                          int64_t m, int64_t qa, int64_t qb, float *y,
                          const float *res, int64_t ops)
 {
     const int64_t ow = j->g.ow;
-    int64_t q = qa;
+    int64_t q = qa, rest;
+    ops = tb_ops16_split(ops, &rest);
     while (q < qb) {
         const int64_t oh = j->runs ? 0 : q / j->wv, vw = j->runs ? q : q % j->wv;
         const int64_t end = j->runs ? qb : min_i64(qb, (oh + 1) * j->wv);
@@ -433,6 +454,7 @@ static void direct_out16(const conv_job_t *j, const float *s, int64_t ldc,
             const int64_t px = j->runs ? q : oh * ow + vw;
             j->isa->conv_out16(s + (q - qa) * ldc, ldc, m, len, y + px * 16,
                                res != NULL ? res + px * 16 : NULL, j->p * 16, ops);
+            out16_rest(j, y + px * 16, res != NULL ? res + px * 16 : NULL, m, len, rest);
         }
         q = end;
     }
@@ -468,6 +490,8 @@ static void direct_unit(const conv_job_t *j, int64_t n, int64_t gi,
      * 99 -> 83 us; a plain 1x1 conv of 32 channels at 112 x 112 ran slower
      * so, 151 -> 159 us, and keeps the store after the unit) */
     const int tile_out16 = j->yb && !fused && kblocks == 1 && !j->inplace;
+    int64_t rest16; /* the chain after what the blocked stores apply */
+    const int64_t light16 = tb_ops16_split(j->chain.ops, &rest16);
     const float *res16; /* an NCHW16c residual at the unit's first channel */
     int64_t kb, c0, t, q, b16;
     if (ch.residual != NULL)
@@ -500,11 +524,13 @@ static void direct_unit(const conv_job_t *j, int64_t n, int64_t gi,
                 const int split = j->runs ? (int)min_i64(m, ow - qa % ow) : m;
                 const int pf = (t == 0 && j->wpk != NULL ? TB_PREFETCH_W : 0) |
                                (t == (tiles > 1) && pf_next ? TB_PREFETCH_NEXT : 0);
-                if (fused)
-                    isa->conv_tile16y(kc, kp, va, wp, wps, y + c0 * j->p + qa * 16,
-                                      res16 != NULL ? res16 + c0 * j->p + qa * 16 : NULL,
-                                      j->p * 16, m, nr, pf, ch.ops);
-                else {
+                if (fused) {
+                    float *yt = y + c0 * j->p + qa * 16;
+                    const float *rt = res16 != NULL ? res16 + c0 * j->p + qa * 16 : NULL;
+                    isa->conv_tile16y(kc, kp, va, wp, wps, yt, rt, j->p * 16, m, nr, pf,
+                                      light16);
+                    out16_rest(j, yt, rt, nr, m, rest16);
+                } else {
                     if (tile_out16 && j->runs)
                         /* the tile's output lines: fetched while it computes */
                         for (q = qa; q < qa + m; ++q)

@@ -38,9 +38,8 @@ ALWAYS_INLINE __m256i mask_n(int64_t n)
 /* ---- micro-kernel ---- */
 
 /* One vector pair of an NCHW16c y (a pixel's 16 channels of a block)
- * through the chain ops (RESIDUAL, RELU and RELU6 only: tb_ops16_split's
- * first part; the residual's vectors at res), stored at y: conv_out16's and
- * the Y16 tiles' store. */
+ * through the chain ops (RESIDUAL, RELU and RELU6 only; the residual's
+ * vectors at res), stored at y: conv_out16's and the Y16 tiles' store. */
 ALWAYS_INLINE void put16(float *y, __m256 v0, __m256 v1, const float *res,
                          int64_t ops)
 {
@@ -137,14 +136,10 @@ ALWAYS_INLINE void tile(const int MR, const int FULL, const int IND,
     }
 #undef Y_STEP
     if (Y16) {
-        int64_t rest;
-        const int64_t light = tb_ops16_split(ops16, &rest);
 #pragma GCC unroll 16
         for (i = 0; i < MR; ++i)
             put16(c + i * 16, acc0[i], acc1[i],
-                  res != NULL ? res + i * 16 : NULL, light);
-        if (rest != 0)
-            tb_chain16_rest(c, MR * 16, res, rest);
+                  res != NULL ? res + i * 16 : NULL, ops16);
         return;
     }
     if (flags & TB_ACCUMULATE) {
@@ -471,18 +466,13 @@ static void conv_out(const float *ct, int64_t ldc, int64_t m, int64_t n,
 static void conv_out16(const float *ct, int64_t ldc, int64_t m, int64_t n,
                        float *y, const float *res, int64_t ldy, int64_t ops)
 {
-    int64_t o0, t, rest;
-    const int64_t light = tb_ops16_split(ops, &rest);
-    for (o0 = 0; o0 < m; o0 += 16) {
+    int64_t o0, t;
+    for (o0 = 0; o0 < m; o0 += 16)
         for (t = 0; t < n; ++t)
             put16(y + o0 / 16 * ldy + t * 16,
                   _mm256_loadu_ps(ct + t * ldc + o0),
                   _mm256_loadu_ps(ct + t * ldc + o0 + 8),
-                  res != NULL ? res + o0 / 16 * ldy + t * 16 : NULL, light);
-        if (rest != 0)
-            tb_chain16_rest(y + o0 / 16 * ldy, n * 16,
-                            res != NULL ? res + o0 / 16 * ldy : NULL, rest);
-    }
+                  res != NULL ? res + o0 / 16 * ldy + t * 16 : NULL, ops);
 }
 
 /* ---- few rows: matrix-vector like, streaming W once ---- */

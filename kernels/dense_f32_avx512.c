@@ -90,9 +90,8 @@ ALWAYS_INLINE int64_t lead_ops(const int N, const tb_chain *ch, __m512 *r,
 /* ---- micro-kernel ---- */
 
 /* One vector of an NCHW16c y (a pixel's 16 channels of a block) through the
- * chain ops (RESIDUAL, RELU and RELU6 only: tb_ops16_split's first part; the
- * residual's vector at res), stored at y: conv_out16's and the Y16 tiles'
- * store. */
+ * chain ops (RESIDUAL, RELU and RELU6 only; the residual's vector at res),
+ * stored at y: conv_out16's and the Y16 tiles' store. */
 ALWAYS_INLINE void put16(float *y, __m512 v, const float *res, int64_t ops)
 {
     int64_t o;
@@ -116,18 +115,12 @@ ALWAYS_INLINE void store16(const int MR, const int NV, const __m512 *acc0,
                            const float *res, int64_t ops)
 {
     int i, v;
-    int64_t rest;
-    const int64_t light = tb_ops16_split(ops, &rest);
 #pragma GCC unroll 16
     for (i = 0; i < MR; ++i)
 #pragma GCC unroll 2
         for (v = 0; v < NV; ++v)
             put16(y + v * ldy + i * 16, v == 0 ? acc0[i] : acc1[i],
-                  res != NULL ? res + v * ldy + i * 16 : NULL, light);
-    if (rest != 0)
-        for (v = 0; v < NV; ++v)
-            tb_chain16_rest(y + v * ldy, MR * 16, res != NULL ? res + v * ldy : NULL,
-                            rest);
+                  res != NULL ? res + v * ldy + i * 16 : NULL, ops);
 }
 
 /* IND: A is read in place, row i of k step p at kp[p][(off + i) * PS], or
@@ -506,21 +499,16 @@ static void conv_tile16y(int64_t kc, const float *const *kp, int64_t off,
 }
 
 /* tb_conv_out16_fn: each pixel's 16 channels of a block are one vector of
- * the tile's row, stored whole (no transpose), with the chain's leading
- * residual, relu and relu6 in registers and the rest after the store. */
+ * the tile's row, stored whole (no transpose), with the chain's residual,
+ * relu and relu6 in registers. */
 static void conv_out16(const float *ct, int64_t ldc, int64_t m, int64_t n,
                        float *y, const float *res, int64_t ldy, int64_t ops)
 {
-    int64_t o0, t, rest;
-    const int64_t light = tb_ops16_split(ops, &rest);
-    for (o0 = 0; o0 < m; o0 += 16) {
+    int64_t o0, t;
+    for (o0 = 0; o0 < m; o0 += 16)
         for (t = 0; t < n; ++t)
             put16(y + o0 / 16 * ldy + t * 16, _mm512_loadu_ps(ct + t * ldc + o0),
-                  res != NULL ? res + o0 / 16 * ldy + t * 16 : NULL, light);
-        if (rest != 0)
-            tb_chain16_rest(y + o0 / 16 * ldy, n * 16,
-                            res != NULL ? res + o0 / 16 * ldy : NULL, rest);
-    }
+                  res != NULL ? res + o0 / 16 * ldy + t * 16 : NULL, ops);
 }
 
 /* ---- few rows: matrix-vector like, streaming W once ---- */

@@ -191,10 +191,9 @@ typedef void (*tb_conv_out_fn)(const float *ct, int64_t ldc, int64_t m,
  * none). conv_tile16: conv_tile with A[i][p] = kp[p][(off + i) * 16] (an
  * image's pixels 16 floats apart), split 0. conv_out16: the NCHW16c store,
  * y[o / 16 * ldy + t * 16 + o % 16] = ct[t * ldc + o] for o < m (a multiple
- * of 16), t < n, then the chain ops (RESIDUAL and unary ones: the leading
- * RESIDUAL, RELU and RELU6 in registers, the rest by tb_chain16_rest over
- * the stored block; the residual res read at y's offsets, NULL if ops has
- * none).
+ * of 16), t < n, then the chain ops (RESIDUAL, RELU and RELU6 only:
+ * tb_ops16_split's first part, the caller applies the rest; the residual
+ * res read at y's offsets, NULL if ops has none).
  */
 /* conv_f32.c, for both convolutions: TIRBYOC_EINVAL unless layouts is a
  * set of TIRBYOC_LAYOUT_* with 16 | c for X16 and 16 | oc for Y16;
@@ -206,7 +205,8 @@ static inline int tb_op_unary(int op)
 }
 /* The NCHW16c stores' part of a chain: its leading RESIDUAL, RELU and RELU6
  * steps, which the stores apply in registers (returned); *rest: the
- * operations after them, applied to the stored block (tb_chain16_rest). */
+ * operations after them, which the caller applies to the stored block
+ * (conv_f32.c, the depthwise channels-in-lanes path). */
 static inline int64_t tb_ops16_split(int64_t ops, int64_t *rest)
 {
     uint64_t o = (uint64_t)ops;
