@@ -51,9 +51,10 @@ from .checking import check
 from .library import Kernel, Library, LibraryError
 from .schedule_rule import ScheduleRule
 from .tensorize import dense_intrin, tensorize_dense
+from .tuning import tune
 
 __all__ = ["apply_tir_byoc", "explain", "pipeline", "compile", "host_target", "run",
            "offload_prim_func",
            "offloaded_kernels", "Report", "ScheduleRule", "relax_patterns", "constant_weights",
            "RegionCall", "partition", "dense_intrin", "tensorize_dense", "ops", "Library", "check", "builtin",
-           "Kernel", "LibraryError"]
+           "Kernel", "LibraryError", "tune"]
