@@ -13,6 +13,7 @@ edits to the C code.
 import itertools
 import os
 import runpy
+import types
 
 from setuptools import setup
 from setuptools.command.build_ext import build_ext
@@ -34,6 +35,20 @@ class build_ext_with_static_object(build_ext):
         # object build, and pip may reuse build dirs): always rebuild.
         self.force = True
 
+    def build_extension(self, ext):
+        # The files of the extension compile in parallel; the kernels' objects
+        # are kept for the static object, which has the same sources and flags.
+        compiled = self._kernel_objects = {}
+        compile_files = _KERNEL_BUILD["compile_in_parallel"]
+
+        def compile_and_keep(compiler, sources, *args, **kwargs):
+            objects = compile_files(compiler, sources, *args, **kwargs)
+            compiled.update(zip(map(os.path.normpath, sources), objects))
+            return objects
+
+        self.compiler.compile = types.MethodType(compile_and_keep, self.compiler)
+        super().build_extension(ext)
+
     def run(self):
         super().run()
         self._build_static_object()
@@ -45,14 +60,20 @@ class build_ext_with_static_object(build_ext):
 
     def _build_static_object(self):
         built, inplace = self._static_object_paths()
-        # self.compiler is the compiler that just built the cffi extension.
-        objects = self.compiler.compile(
-            _KERNEL_BUILD["KERNEL_SOURCES"],
-            output_dir=os.path.join(self.build_temp, "static"),
-            include_dirs=_KERNEL_BUILD["INCLUDE_DIRS"],
-            extra_postargs=list(_KERNEL_BUILD["EXTRA_COMPILE_ARGS"]) + ["-fPIC"],
-            depends=[_KERNEL_BUILD["HEADER"]],
-        )
+        sources = _KERNEL_BUILD["KERNEL_SOURCES"]
+        kept = getattr(self, "_kernel_objects", {})
+        if all(os.path.normpath(src) in kept for src in sources):
+            # the extension's objects: the same sources, flags and -fPIC
+            objects = [kept[os.path.normpath(src)] for src in sources]
+        else:
+            # self.compiler is the compiler that just built the cffi extension.
+            objects = self.compiler.compile(
+                sources,
+                output_dir=os.path.join(self.build_temp, "static"),
+                include_dirs=_KERNEL_BUILD["INCLUDE_DIRS"],
+                extra_postargs=list(_KERNEL_BUILD["EXTRA_COMPILE_ARGS"]) + ["-fPIC"],
+                depends=[_KERNEL_BUILD["HEADER"]],
+            )
         self.mkpath(os.path.dirname(built))
         # "-r": partial link of all kernel objects into one relocatable object
         # (also for a single object, so there is one code path).

@@ -83,14 +83,17 @@ def _require_sanitizer(tmp_path, sanitizers):
         pytest.skip(f"-fsanitize={sanitizers} unavailable here: {(ran.stderr or ran.stdout)[-500:]}")
 
 
-def build_driver(tmp_path, sanitizers):
+def build_driver(tmp_path, sanitizers, kernel_objects=None):
     """Compiles the kernels and the driver with the package's flags plus
-    ``sanitizers`` (one object per file, in parallel); returns the executable."""
+    ``sanitizers`` (one object per file, in parallel), or only the driver where
+    ``kernel_objects`` (the kernels built so already) are given; returns the
+    executable."""
     _require_sanitizer(tmp_path, sanitizers)
     cflags, lflags = BUILD["sanitizer_flags"](sanitizers)
     includes = [f"-I{ROOT / inc}" for inc in BUILD["INCLUDE_DIRS"]]
     flags = [*BUILD["BASE_COMPILE_ARGS"], *cflags, *includes]
-    sources = [ROOT / src for src in BUILD["KERNEL_SOURCES"]] + [DRIVER]
+    sources = [DRIVER] + ([] if kernel_objects else
+                          [ROOT / src for src in BUILD["KERNEL_SOURCES"]])
 
     def compile_one(src):
         obj = tmp_path / f"{src.stem}.o"
@@ -100,7 +103,7 @@ def build_driver(tmp_path, sanitizers):
         return obj
 
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
-        objects = list(pool.map(compile_one, sources))
+        objects = list(pool.map(compile_one, sources)) + list(kernel_objects or [])
     exe = tmp_path / "kernel_driver"
     result = _run([GCC, *lflags, *map(str, objects), "-o", str(exe), "-lm", "-pthread"], tmp_path)
     assert result.returncode == 0, f"linking failed:\n{result.stderr}"
@@ -132,14 +135,51 @@ def test_driver_names_every_exported_function():
     assert not missing, f"not exercised by {DRIVER.name}: {missing}"
 
 
+def _runtime(name):
+    """Full path of a gcc runtime library, or None."""
+    path = subprocess.run([GCC, f"-print-file-name={name}"], capture_output=True,
+                          text=True).stdout.strip()
+    return path if os.path.isabs(path) and os.path.exists(path) else None
+
+
+@pytest.fixture(scope="module")
+def asan_extension(tmp_path_factory):
+    """The documented recipe's ASan+UBSan extension, built out of tree once:
+    (extension path, its kernel objects, build seconds). The ASan+UBSan driver
+    links the same objects, so they are compiled once for both tests."""
+    tmp_path = tmp_path_factory.mktemp("asan")
+    _require_sanitizer(tmp_path, "address,undefined")
+    start = time.perf_counter()
+    env = {**_child_env(), BUILD["SANITIZE_ENV"]: "address,undefined"}
+    built = subprocess.run([sys.executable, str(ROOT / "tirbyoc" / "_build_kernels.py"),
+                            "--outdir", str(tmp_path / "build")],
+                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert built.returncode == 0, built.stderr[-3000:]
+    extension = Path(built.stdout.strip().splitlines()[-1])
+    assert extension.is_file() and extension.parent.parent == tmp_path / "build"
+    objects = []
+    for src in BUILD["KERNEL_SOURCES"]:
+        found = list((tmp_path / "build").rglob(f"kernels/{Path(src).stem}.o"))
+        assert len(found) == 1, (src, found)
+        objects += found
+    return extension, objects, time.perf_counter() - start
+
+
 @pytest.mark.parametrize("label,sanitizers,mode,min_checks", [
     ("ASan+UBSan", "address,undefined", "all", 20000),  # every path, every kernel
     ("TSan", "thread", "threads", 500),  # the pool and concurrent callers
 ], ids=["address-undefined", "thread"])
-def test_sanitized_driver(tmp_path, report_lines, label, sanitizers, mode, min_checks):
-    start = time.perf_counter()
-    exe = build_driver(tmp_path, sanitizers)
-    built = time.perf_counter() - start
+def test_sanitized_driver(request, tmp_path, report_lines, label, sanitizers, mode,
+                          min_checks):
+    if sanitizers == "address,undefined":
+        _, objects, built = request.getfixturevalue("asan_extension")
+        start = time.perf_counter()
+        exe = build_driver(tmp_path, sanitizers, objects)
+        built += time.perf_counter() - start  # (the kernels' objects counted once)
+    else:
+        start = time.perf_counter()
+        exe = build_driver(tmp_path, sanitizers)
+        built = time.perf_counter() - start
     checks, seconds = run_driver(exe, mode, min_checks=min_checks)
     report_lines.append(f"{label} kernel_driver {mode}: {checks} checks, 0 failures "
                         f"(build {built:.1f} s, run {seconds:.1f} s)")
@@ -163,30 +203,14 @@ def test_sanitize_environment_variable(monkeypatch):
     assert runpy.run_path(str(ROOT / "tirbyoc" / "_build_kernels.py"))["EXTRA_LINK_ARGS"] == []
 
 
-def _runtime(name):
-    """Full path of a gcc runtime library, or None."""
-    path = subprocess.run([GCC, f"-print-file-name={name}"], capture_output=True,
-                          text=True).stdout.strip()
-    return path if os.path.isabs(path) and os.path.exists(path) else None
-
-
-def test_sanitized_extension_runs_fuzz_cases(tmp_path, report_lines):
+def test_sanitized_extension_runs_fuzz_cases(asan_extension, report_lines):
     """The documented recipe: a sanitized extension built out of tree, the fuzz
     tests pointed at it (TIRBYOC_FUZZ_LIB) with the ASan runtime preloaded.
     25 cases per kernel and ISA: every pinned shape of the fuzz tests."""
-    _require_sanitizer(tmp_path, "address,undefined")
     preload = [_runtime("libasan.so"), _runtime("libstdc++.so")]
     if None in preload:
         pytest.skip("libasan.so or libstdc++.so not found next to gcc")
-    start = time.perf_counter()
-    env = {**_child_env(), BUILD["SANITIZE_ENV"]: "address,undefined"}
-    built = subprocess.run([sys.executable, str(ROOT / "tirbyoc" / "_build_kernels.py"),
-                            "--outdir", str(tmp_path / "build")],
-                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
-    assert built.returncode == 0, built.stderr[-3000:]
-    extension = Path(built.stdout.strip().splitlines()[-1])
-    assert extension.is_file() and extension.parent.parent == tmp_path / "build"
-    build_seconds = time.perf_counter() - start
+    extension, _, build_seconds = asan_extension
 
     env = {**_child_env(), "LD_PRELOAD": " ".join(preload), "TIRBYOC_FUZZ_LIB": str(extension),
            "TIRBYOC_FUZZ_CASES": "25",

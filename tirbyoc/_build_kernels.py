@@ -19,6 +19,8 @@ and fuzzing" section of ``docs/kernels.md``); unset or empty, the build is
 the normal optimized one.
 """
 
+import concurrent.futures
+import contextlib
 import os
 import re
 
@@ -131,11 +133,51 @@ def make_ffibuilder(root=""):
 ffibuilder = make_ffibuilder()
 
 
+def compile_in_parallel(compiler, sources, output_dir=None, macros=None, include_dirs=None,
+                        debug=False, extra_preargs=None, extra_postargs=None, depends=None):
+    """``CCompiler.compile`` of setuptools' distutils, with the files compiled at once
+    on as many threads as the process has CPUs (distutils compiles one after the
+    other: the kernels took 115 s to build on one core of two), the largest first.
+    Same arguments, same objects, same commands."""
+    macros, objects, extra_postargs, pp_opts, build = compiler._setup_compile(
+        output_dir, macros, include_dirs, sources, depends, extra_postargs)
+    cc_args = compiler._get_cc_args(pp_opts, debug, extra_preargs)
+    todo = sorted((obj for obj in objects if obj in build),
+                  key=lambda obj: -os.path.getsize(build[obj][0]))
+    workers = max(1, min(len(todo), len(os.sched_getaffinity(0))
+                         if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+        # (list: the first failure raises here)
+        list(pool.map(lambda obj: compiler._compile(obj, build[obj][0], build[obj][1], cc_args,
+                                                    extra_postargs, pp_opts), todo))
+    return objects
+
+
+@contextlib.contextmanager
+def parallel_compilers():
+    """Every distutils compiler compiles in parallel inside (cffi's out-of-tree
+    builds create their own)."""
+    import importlib
+
+    # (setuptools' copy of distutils can be loaded under two names; cffi uses one)
+    bases = {importlib.import_module(name).CCompiler
+             for name in ("distutils.ccompiler", "setuptools._distutils.ccompiler")}
+    saved = {base: base.compile for base in bases}
+    for base in bases:
+        base.compile = compile_in_parallel
+    try:
+        yield
+    finally:
+        for base, compile_files in saved.items():
+            base.compile = compile_files
+
+
 def build_out_of_tree(outdir):
     """Build the extension into ``outdir`` (objects included), leaving the
     package's own build untouched; returns the path of the extension."""
     # cffi builds from inside its tmpdir, hence absolute source paths.
-    return make_ffibuilder(_ROOT).compile(tmpdir=os.path.abspath(outdir), verbose=True)
+    with parallel_compilers():
+        return make_ffibuilder(_ROOT).compile(tmpdir=os.path.abspath(outdir), verbose=True)
 
 
 if __name__ == "__main__":
@@ -150,4 +192,5 @@ if __name__ == "__main__":
     else:
         # Relative source paths above are resolved against the project root.
         os.chdir(_ROOT)
-        ffibuilder.compile(verbose=True)
+        with parallel_compilers():
+            ffibuilder.compile(verbose=True)
