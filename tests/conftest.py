@@ -18,6 +18,20 @@ import pytest
 # machine. Set before any test loads the library; child processes inherit it.
 os.environ.setdefault("TIRBYOC_OVERSUBSCRIBE", "1")
 
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_collection(session):
+    """Test modules parse their TVMScript at import, each ``prim_func`` with an
+    ``inspect.stack()`` that searched 2,000 modules per frame (tests/tir_forms.py alone
+    took 12 s): collected with the cheap stack, which gives TVMScript the same frames
+    (tests/test_tuning.py). The tests themselves run with the real one."""
+    from tirbyoc.tuning import cheap_inspect_stack
+
+    with cheap_inspect_stack():
+        yield
+
+
 _KEY = "tirbyoc_figure"
 _lines: list = []  # collected in this process (the controller, under xdist)
 
