@@ -40,6 +40,10 @@ def test_models_benchmark_rows_are_complete(tmp_path):
                    for k, v in r["rounds_ms"].items())
         assert max(r["rel_err"].values()) < bench_models.RTOL, r["rel_err"]
         assert r["breakdown"] and all(t >= 0 for _, t in r["breakdown"])
+        # the bytes of each TIR function's tensors; kernel calls are never flagged
+        assert all(r["traffic_bytes"][n] > 0 for n, _ in r["breakdown"]
+                   if not n.startswith("vm.builtin."))
+        assert "slow" in r and not set(r["slow"]) & set(r["kernel_functions"])
     assert rows[0]["offloaded"].count("attention") == 1  # the whole attention, one call
     text = bench_models.report(rows, 2)
     assert "vs ort" in text and "where the time goes: tiny_gpt2" in text
@@ -98,3 +102,40 @@ def test_scaling_benchmark_rejects_bad_counts():
                 ["--models", "--threads", text])
     with pytest.raises(SystemExit):
         bench.main(["--threads", "1,2"])  # several counts need --models
+
+
+def test_breakdown_flags_tvm_code_far_slower_than_its_traffic():
+    """A float64 product (TVM's code: 34 MFLOP on 1.5 MB) is flagged; the float32 dense
+    beside it, a kernel call doing the same work, is not."""
+    import numpy as np
+    import tvm
+    from tvm import relax
+
+    import tirbyoc
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((256, 256), "float32"))
+    w = np.random.default_rng(0).standard_normal((256, 256)).astype(np.float32)
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            h = bb.emit(relax.op.matmul(x, relax.const(w)))
+            h64 = bb.emit(relax.op.astype(h, "float64"))
+            p = bb.emit(relax.op.matmul(h64, relax.op.astype(relax.const(w), "float64")))
+            out = bb.emit_output(p)
+        bb.emit_func_output(out)
+    ex = tirbyoc.compile(bb.get())
+    assert len(ex.kernel_functions) == 1
+    vm = bench_models._vm(ex)
+    xt = tvm.runtime.tensor(np.ones((256, 256), np.float32))
+    traffic = {}
+    times = bench_models.breakdown(vm, [xt], runs=2, traffic=traffic)
+    (kernel,) = ex.kernel_functions
+    assert traffic[kernel] >= 3 * 256 * 256 * 4  # x, the (packed) weight and y at least
+    # a bandwidth at which the kernel's 1 MB would take about 1 us: only compute-bound code
+    # is flagged, and the kernel's function, however long it takes, is not
+    flagged = bench_models.flag_slow(times, traffic, ex.kernel_functions, 0.8e12)
+    assert kernel not in flagged
+    (name,) = [n for n in flagged]
+    assert "matmul" in name and flagged[name] > bench_models.SLOW_FACTOR
+    # nothing is flagged where the bandwidth is too low for any function to beat it
+    assert bench_models.flag_slow(times, traffic, ex.kernel_functions, 1e3) == {}

@@ -281,7 +281,7 @@ def explain(mod, *, fuse="auto", libraries=(), builtin=True, intrinsics=None,
 
 
 def pipeline(target=None, *, libraries=(), builtin=True, intrinsics=None,
-             region_passes=None):
+             region_passes=None, _kernel_functions=None):
     """A Relax pipeline for ``tvm.compile(..., relax_pipeline=tirbyoc.pipeline(target))``:
     TVM's default CPU pipeline with tirbyoc's offload after legalization and fusion, and
     CPU schedules for the rest (``tirbyoc.fallback``). ``target``: default this machine's
@@ -303,9 +303,18 @@ def pipeline(target=None, *, libraries=(), builtin=True, intrinsics=None,
             mod = T.Sequential(T.relax_default_prepare_passes())(mod)
             # NOTE: the rest gets CPU schedules (TVM's default pipeline leaves it naive).
             mod = T.apply_default_schedule(*fallback.schedule_rules())(mod)
-            return T.Sequential(T.relax_default_lowering_passes(target))(mod)
+            mod = T.Sequential(T.relax_default_lowering_passes(target))(mod)
+            if _kernel_functions is not None:  # (compile's record, for the benchmarks)
+                _kernel_functions.extend(_calling_kernels(mod))
+            return mod
 
     return _pipeline
+
+
+def _calling_kernels(mod) -> list:
+    """The names of the PrimFuncs of ``mod`` that call kernels."""
+    return [gv.name_hint for gv, f in mod.functions_items()
+            if isinstance(f, T.PrimFunc) and offloaded_kernels(f)]
 
 
 def host_target():
@@ -319,12 +328,15 @@ def compile(mod, target=None, *, libraries=(), builtin=True, intrinsics=None,  #
     by any number of threads, and survives ``export_library`` +
     ``tvm.runtime.load_module`` in a fresh process. ``target``: default this machine's
     CPU (``tirbyoc.host_target()``, so an exported library needs a CPU with the same
-    vector ISA; pass "llvm" for a portable baseline x86-64 build, slower)."""
+    vector ISA; pass "llvm" for a portable baseline x86-64 build, slower). The result's
+    ``kernel_functions`` names the functions of it that call kernels (the benchmarks'
+    breakdowns tell them from TVM's code)."""
     target = T.as_target(target)
     reg = _registry(libraries, builtin, intrinsics)
+    calling = []
     if relax_prep.has_relax_functions(mod):
         ex = T.tvm_compile(mod, target, relax_pipeline=pipeline(
-            target, libraries=reg, region_passes=region_passes))
+            target, libraries=reg, region_passes=region_passes, _kernel_functions=calling))
     else:
         # A TIR-only module: TVM's TIR build does not read external_mods, so the kernel
         # objects are imported into the result explicitly (export_library then links them).
@@ -338,7 +350,10 @@ def compile(mod, target=None, *, libraries=(), builtin=True, intrinsics=None,  #
             statics.append(kernels.static_library())
         for static in statics:
             ex.mod.import_module(static)
-    return _link_now(ex)
+        calling = _calling_kernels(offloaded)
+    ex = _link_now(ex)
+    ex.kernel_functions = frozenset(calling)
+    return ex
 
 
 def _link_now(executable):

@@ -106,15 +106,30 @@ def _ort_session(onnx_bytes, threads):
     return ort.InferenceSession(onnx_bytes, so, providers=["CPUExecutionProvider"])
 
 
-def breakdown(vm, args, runs: int = 5) -> list:
+def _tensor_bytes(args) -> int:
+    total = 0
+    for a in args:
+        shape, dtype = getattr(a, "shape", None), getattr(a, "dtype", None)
+        if shape is not None and dtype is not None:
+            total += int(np.prod([int(d) for d in shape], dtype=np.int64)) * \
+                np.dtype(str(dtype)).itemsize
+    return total
+
+
+def breakdown(vm, args, runs: int = 5, traffic=None) -> list:
     """``[(function, ms per run)]`` of one VM, slowest first: wall time between the VM's
-    before/after instrument calls around every packed function it calls."""
+    before/after instrument calls around every packed function it calls. ``traffic``, a
+    dict, gets each function's bytes of tensor arguments per run (what it reads and
+    writes at least)."""
     totals, started = {}, {}
+    moved = traffic if traffic is not None else {}
 
     def instrument(func, name, before, ret, *rest):  # noqa: ARG001 (the VM's signature)
         now = time.perf_counter()
         if before:
-            started[name] = now
+            if traffic is not None:
+                moved[name] = moved.get(name, 0) + _tensor_bytes(rest)
+            started[name] = time.perf_counter()
         else:
             totals[name] = totals.get(name, 0.0) + now - started.pop(name, now)
         return 0
@@ -125,13 +140,52 @@ def breakdown(vm, args, runs: int = 5) -> list:
             vm["main"](*args)
     finally:
         vm.set_instrument(lambda *a: 0)
+    for name in moved:
+        moved[name] //= runs
     return sorted(((name, t / runs * 1e3) for name, t in totals.items()), key=lambda x: -x[1])
+
+
+# A function of TVM's code is flagged when it takes more than this many times what its
+# tensor arguments need at the machine's copy bandwidth (and at least SLOW_MIN_MS): a
+# fallback schedule gone wrong (EfficientNet's ceil-mode average pool once took 459 ms
+# for 250 KB). Kernel calls are compute-bound and never flagged.
+SLOW_FACTOR = 10.0
+SLOW_MIN_MS = 0.05
+
+
+def copy_bandwidth(megabytes: int = 64, reps: int = 5) -> float:
+    """Bytes per second numpy copies (read + write) on one thread: best of ``reps``."""
+    src = np.ones(megabytes << 18, np.float32)
+    dst = np.empty_like(src)
+    best = float("inf")
+    for _ in range(reps):
+        start = time.perf_counter()
+        np.copyto(dst, src)
+        best = min(best, time.perf_counter() - start)
+    return 2 * src.nbytes / best
+
+
+def flag_slow(times, traffic, kernel_functions, bandwidth) -> dict:
+    """``{function: times its traffic needs}`` of the functions of TVM's code (tensor
+    arguments, no kernel call) that take over SLOW_FACTOR times what their bytes need at
+    ``bandwidth`` (bytes/s), and over SLOW_MIN_MS."""
+    flagged = {}
+    for name, ms in times:
+        need_ms = traffic.get(name, 0) / bandwidth * 1e3
+        if name in kernel_functions or need_ms <= 0 or ms < SLOW_MIN_MS:
+            continue
+        if ms > SLOW_FACTOR * need_ms:
+            flagged[name] = ms / need_ms
+    return flagged
 
 
 def _vm(ex):
     import tvm
 
-    return tvm.relax.VirtualMachine(ex, tvm.cpu())
+    vm = tvm.relax.VirtualMachine(ex, tvm.cpu())
+    if hasattr(ex, "kernel_functions"):  # (tirbyoc.compile's; for the breakdown's flags)
+        vm.kernel_functions = ex.kernel_functions
+    return vm
 
 
 def _measure(label, contenders, ref, reps, tvm_reps, settle, vm_ours, args_ours, extra):
@@ -142,8 +196,25 @@ def _measure(label, contenders, ref, reps, tvm_reps, settle, vm_ours, args_ours,
     row = {"model": label, "ms": {k: v * 1e3 for k, v in times.items()},
            "rounds_ms": {k: [t * 1e3 for t in v] for k, v in samples.items()},
            "rel_err": errors, **extra}
-    row["breakdown"] = breakdown(vm_ours, args_ours)
+    traffic = {}
+    row["breakdown"] = breakdown(vm_ours, args_ours, traffic=traffic)
+    row["traffic_bytes"] = traffic
+    kernel_functions = getattr(vm_ours, "kernel_functions", None)
+    if kernel_functions is not None:  # (a loaded library does not know them)
+        row["kernel_functions"] = sorted(kernel_functions)
+        row["slow"] = flag_slow(row["breakdown"], traffic, kernel_functions,
+                                _bandwidth())
     return row
+
+
+_BANDWIDTH = []
+
+
+def _bandwidth() -> float:
+    """copy_bandwidth, measured once per process."""
+    if not _BANDWIDTH:
+        _BANDWIDTH.append(copy_bandwidth())
+    return _BANDWIDTH[0]
 
 
 def bench_torch_model(spec: ModelSpec, threads: int, reps: int, tvm_reps: int, with_tvm: bool,
@@ -309,8 +380,13 @@ def report(rows, threads) -> str:
         total = sum(t for _, t in r["breakdown"])
         lines += ["", f"where the time goes: {r['model']} {r['shape']} (instrumented: "
                       f"{total:.2f} ms of calls per run)"]
-        for name, t in r["breakdown"][:12]:
-            lines.append(f"  {t:8.3f} ms {t / total:6.1%}  {name}")
+        slow = r.get("slow", {})
+        for i, (name, t) in enumerate(r["breakdown"]):
+            if i >= 12 and name not in slow:  # (the top 12, and every flagged one)
+                continue
+            mark = f"  <- SLOW: {slow[name]:.0f}x what its {r['traffic_bytes'][name] / 1e6:.2f} " \
+                   "MB of tensors need" if name in slow else ""
+            lines.append(f"  {t:8.3f} ms {t / total:6.1%}  {name}{mark}")
     return "\n".join(lines)
 
 
