@@ -116,6 +116,38 @@ static void C16(c16_fill)(const dw_job *j, const float *img, int64_t nc,
     }
 }
 
+/* The bias and the relus before any residual (the lanes are the channels;
+ * a blocked y: the residual too) on P pixels' sums, one operation at a time
+ * over the P vectors, stored at tb (res: the residual at the same pixels). */
+DW_INLINE void C16(c16_finish)(const int P, const dw_job *j, V16 *acc, V16 bias,
+                               float *tb, const float *res)
+{
+    int64_t r;
+    int p;
+    if (j->has_bias)
+#pragma GCC unroll 8
+        for (p = 0; p < P; ++p)
+            acc[p] = V16_ADD(acc[p], bias);
+    for (r = 0; r < j->c16_npre; ++r) {
+        const int relu6 = j->pre[r] != TIRBYOC_EPI_RELU;
+        if (j->pre[r] == TIRBYOC_EPI_RESIDUAL) {
+#pragma GCC unroll 8
+            for (p = 0; p < P; ++p)
+                acc[p] = V16_ADD(acc[p], V16_LOADU(res + p * 16));
+            continue;
+        }
+#pragma GCC unroll 8
+        for (p = 0; p < P; ++p) {
+            acc[p] = V16_MAX0(acc[p]);
+            if (relu6)
+                acc[p] = V16_MIN6(acc[p]);
+        }
+    }
+#pragma GCC unroll 8
+    for (p = 0; p < P; ++p)
+        V16_STOREU(tb + p * 16, acc[p]);
+}
+
 /* Sums of P output pixels from (li, jx) of the unit into the staging area
  * tb (16 floats per pixel, pixel li * OW + jx + p; a blocked y itself, res
  * its residual at the same offsets); K: a K x K filter known here (0:
@@ -151,37 +183,51 @@ DW_INLINE void C16(c16_px)(const int P, const int K, const int EDGE,
             }
         }
     }
-    /* the bias and the relus before any residual (the lanes are the
-     * channels; a blocked y: the residual too), one operation at a time
-     * over the P vectors */
-    if (j->has_bias)
-#pragma GCC unroll 8
-        for (p = 0; p < P; ++p)
-            acc[p] = V16_ADD(acc[p], bias);
-    for (r = 0; r < j->c16_npre; ++r) {
-        const int relu6 = j->pre[r] != TIRBYOC_EPI_RELU;
-        if (j->pre[r] == TIRBYOC_EPI_RESIDUAL) {
-#pragma GCC unroll 8
-            for (p = 0; p < P; ++p)
-                acc[p] = V16_ADD(acc[p], V16_LOADU(res + (li * j->ow + jx + p) * 16));
-            continue;
-        }
-#pragma GCC unroll 8
-        for (p = 0; p < P; ++p) {
-            acc[p] = V16_MAX0(acc[p]);
-            if (relu6)
-                acc[p] = V16_MIN6(acc[p]);
-        }
-    }
-#pragma GCC unroll 8
-    for (p = 0; p < P; ++p)
-        V16_STOREU(tb + (li * j->ow + jx + p) * 16, acc[p]);
+    C16(c16_finish)(P, j, acc, bias, tb + (li * j->ow + jx) * 16,
+                    res != NULL ? res + (li * j->ow + jx) * 16 : NULL);
 }
 
-/* The unit's sums, row by row: from the window win (img NULL), or read in
- * place from the rows of NCHW16c image plane img (the unit's first input
- * row ih0, zero rows at win, the edge columns one pixel at a time). rpk:
- * room for kh row pointers (K 0). */
+/* Sums of P output pixels of the unit from its window win, pixels q.. in
+ * row-major order, whatever rows they lie on (each pixel's taps from its own
+ * corner of the window: the rows of 7 pixels of a 7 x 7 image are summed as
+ * groups of V16_PMAX across rows, not as 4 + 2 + 1 per row, whose short
+ * groups waited on the FMA latency), into tb (and res) at pixel q. The same
+ * operations per pixel as c16_px. */
+DW_INLINE void C16(c16_flat)(const int P, const int K, const dw_job *j,
+                             const float *win, const float *wts, const V16 *wk,
+                             V16 bias, int64_t q, float *tb, const float *res)
+{
+    const int64_t kh = K ? K : j->kh, kw = K ? K : j->kw, rs = j->vw * 16;
+    const float *bp[V16_PMAX];
+    V16 acc[V16_PMAX];
+    int64_t r, e;
+    int p;
+    for (p = 0; p < P; ++p) {
+        const int64_t li = (q + p) / j->ow, jx = (q + p) % j->ow;
+        bp[p] = win + li * j->sh * rs + jx * j->sw * 16;
+        acc[p] = V16_ZERO();
+    }
+#pragma GCC unroll 7
+    for (r = 0; r < kh; ++r) {
+#pragma GCC unroll 7
+        for (e = 0; e < kw; ++e) {
+            const int64_t o = r * j->dh * rs + e * j->dw * 16;
+            const V16 wv = K ? wk[r * K + e] : V16_LOAD(wts + (r * kw + e) * 16);
+#pragma GCC unroll 8
+            for (p = 0; p < P; ++p) {
+                const V16 xv = V16_LOADU(bp[p] + o);
+                acc[p] = r == 0 && e == 0 ? V16_MUL(xv, wv) : V16_FMA(xv, wv, acc[p]);
+            }
+        }
+    }
+    C16(c16_finish)(P, j, acc, bias, tb + q * 16, res != NULL ? res + q * 16 : NULL);
+}
+
+/* The unit's sums: from the window win (img NULL), in groups of pixels
+ * across its rows (c16_flat), or row by row, read in place from the rows of
+ * NCHW16c image plane img (the unit's first input row ih0, zero rows at win,
+ * the edge columns one pixel at a time). rpk: room for kh row pointers (K
+ * 0). */
 DW_INLINE void C16(c16_sums)(const int K, const dw_job *j, const float *win,
                              const float *img, int64_t ih0, const float **rpk,
                              const float *wts, int64_t rows, float *tb,
@@ -198,7 +244,25 @@ DW_INLINE void C16(c16_sums)(const int K, const dw_job *j, const float *win,
     int t;
     for (t = 0; t < K * K; ++t)
         wk[t] = V16_LOAD(wts + t * 16);
-    if (img != NULL) {
+    if (img == NULL) {
+        /* the window: every pixel's taps lie in it; groups across rows */
+        const int64_t npx = rows * ow;
+        int64_t q = 0;
+        for (; q + V16_PMAX <= npx; q += V16_PMAX)
+            C16(c16_flat)(V16_PMAX, K, j, win, wts, wk, bias, q, tb, res);
+        if (V16_PMAX > 4 && q + 4 <= npx) {
+            C16(c16_flat)(4, K, j, win, wts, wk, bias, q, tb, res);
+            q += 4;
+        }
+        if (q + 2 <= npx) {
+            C16(c16_flat)(2, K, j, win, wts, wk, bias, q, tb, res);
+            q += 2;
+        }
+        if (q < npx)
+            C16(c16_flat)(1, K, j, win, wts, wk, bias, q, tb, res);
+        return;
+    }
+    {
         const int64_t last = j->w - 1 + j->pl - (kw - 1) * j->dw;
         lo = j->pl > 0 ? min_i64(ow, cdiv(j->pl, j->sw)) : 0;
         hi = max_i64(lo, last < 0 ? 0 : min_i64(ow, last / j->sw + 1));
@@ -206,8 +270,7 @@ DW_INLINE void C16(c16_sums)(const int K, const dw_job *j, const float *win,
     for (li = 0; li < rows; ++li) {
         for (r = 0; r < kh; ++r) {
             const int64_t u = li * j->sh + r * j->dh, ih = ih0 + u;
-            rp[r] = img == NULL ? win + u * j->vw * 16
-                    : ih >= 0 && ih < j->h ? img + ih * j->w * 16 : win;
+            rp[r] = ih >= 0 && ih < j->h ? img + ih * j->w * 16 : win;
         }
         for (jx = 0; jx < lo; ++jx)
             C16(c16_px)(1, K, 1, j, rp, off, wts, wk, bias, li, jx, tb, res);
