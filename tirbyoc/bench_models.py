@@ -16,6 +16,7 @@ function, from the VM's instrument hook), and writes ``models.json`` and ``model
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import os
@@ -122,14 +123,13 @@ def breakdown(vm, args, runs: int = 5, traffic=None) -> list:
     dict, gets each function's bytes of tensor arguments per run (what it reads and
     writes at least)."""
     totals, started = {}, {}
-    moved = traffic if traffic is not None else {}
+    moved = {} if traffic is None else traffic
 
     def instrument(func, name, before, ret, *rest):  # noqa: ARG001 (the VM's signature)
         now = time.perf_counter()
         if before:
-            if traffic is not None:
-                moved[name] = moved.get(name, 0) + _tensor_bytes(rest)
-            started[name] = time.perf_counter()
+            moved[name] = moved.get(name, 0) + _tensor_bytes(rest)
+            started[name] = time.perf_counter()  # (the bytes counted outside the timing)
         else:
             totals[name] = totals.get(name, 0.0) + now - started.pop(name, now)
         return 0
@@ -207,14 +207,10 @@ def _measure(label, contenders, ref, reps, tvm_reps, settle, vm_ours, args_ours,
     return row
 
 
-_BANDWIDTH = []
-
-
+@functools.lru_cache(maxsize=None)
 def _bandwidth() -> float:
     """copy_bandwidth, measured once per process."""
-    if not _BANDWIDTH:
-        _BANDWIDTH.append(copy_bandwidth())
-    return _BANDWIDTH[0]
+    return copy_bandwidth()
 
 
 def bench_torch_model(spec: ModelSpec, threads: int, reps: int, tvm_reps: int, with_tvm: bool,
