@@ -359,35 +359,42 @@ ALWAYS_INLINE void load_transposed(__m256 r[8], const float *src, int64_t ld,
     const __m256i mk = mask_n(cols);
     int i;
     for (i = 0; i < 8; ++i)
-        r[i] = i < rows ? _mm256_maskload_ps(src + i * ld, mk)
-                        : _mm256_setzero_ps();
+        r[i] = i >= rows    ? _mm256_setzero_ps()
+               : cols == 8 ? _mm256_loadu_ps(src + i * ld)
+                           : _mm256_maskload_ps(src + i * ld, mk);
     tb_transpose8(r);
 }
 
 /* Up to 8 rows x kc of a row-major matrix, k-major: dst[p * ds + i] =
- * src[i][p] for the lanes in keep (lanes past rows hold zeros). */
+ * src[i][p] for i < min(ds, 8) (lanes past rows hold zeros), one 8-lane
+ * store per k step. A masked store costs about ten times a plain one on
+ * AMD's cores up to Zen 3 (vmaskmovps), so only the last steps, whose 8
+ * lanes would run past dst[kc * ds], are masked (to ds lanes); with ds < 8
+ * each earlier store runs into the places of the next steps, which are
+ * written after it. */
 ALWAYS_INLINE void pack_kmajor(const float *src, int64_t ld, int64_t rows,
-                               int64_t kc, float *restrict dst, int64_t ds,
-                               __m256i keep)
+                               int64_t kc, float *restrict dst, int64_t ds)
 {
+    const __m256i keep = mask_n(ds);
     int64_t p0, j;
     for (p0 = 0; p0 < kc; p0 += 8) {
         const int64_t cols = min_i64(8, kc - p0);
         __m256 r[8];
         load_transposed(r, src + p0, ld, rows, cols);
-        for (j = 0; j < cols; ++j)
-            _mm256_maskstore_ps(dst + (p0 + j) * ds, keep, r[j]);
+        for (j = 0; j < cols; ++j) {
+            if ((p0 + j) * ds + 8 <= kc * ds)
+                _mm256_storeu_ps(dst + (p0 + j) * ds, r[j]);
+            else
+                _mm256_maskstore_ps(dst + (p0 + j) * ds, keep, r[j]);
+        }
     }
 }
 
 static void pack_a(int64_t mr, int64_t kc, const float *restrict a,
                    int64_t lda, float *restrict ap)
 {
-    int64_t i0;
-    /* Row groups of 8 (mr <= Y_MR < 8 in practice). */
-    for (i0 = 0; i0 < mr; i0 += 8)
-        pack_kmajor(a + i0 * lda, lda, min_i64(8, mr - i0), kc, ap + i0, mr,
-                    mask_n(mr - i0));
+    /* one group of at most 8 rows (mr <= Y_MR < 8) */
+    pack_kmajor(a, lda, mr, kc, ap, mr);
 }
 
 static void pack_w(tb_wlayout layout, int64_t kc, int64_t nc,
@@ -398,13 +405,11 @@ static void pack_w(tb_wlayout layout, int64_t kc, int64_t nc,
     if (layout == TB_W_NT) {
         /* Each panel as two halves of 8 lanes; the padding columns come out
          * as zeros (a half with no rows is all zeros). */
-        const __m256i all = mask_n(8);
         for (q = 0; q * 16 < nc; ++q) {
             const int64_t nb = min_i64(16, nc - q * 16);
             const float *src = w + q * 16 * ldw;
-            pack_kmajor(src, ldw, min_i64(8, nb), kc, dst + q * dps, 16, all);
-            pack_kmajor(src + 8 * ldw, ldw, nb - 8, kc, dst + q * dps + 8, 16,
-                        all);
+            pack_kmajor(src, ldw, min_i64(8, nb), kc, dst + q * dps, 16);
+            pack_kmajor(src + 8 * ldw, ldw, nb - 8, kc, dst + q * dps + 8, 16);
         }
     } else {
         /* Row by row, so that W is read sequentially. */
@@ -768,7 +773,6 @@ static void nt_direct(int64_t m, int64_t n, int64_t k, const float *a,
                       float *ap)
 {
     const int64_t kblocks = tb_kblocks(k, ISA_KC);
-    const __m256i all = mask_n(8);
     int64_t i0, j;
     for (i0 = 0; i0 < m; i0 += Y_DROWS) {
         const int mv = (int)min_i64(Y_DROWS, m - i0);
@@ -777,7 +781,7 @@ static void nt_direct(int64_t m, int64_t n, int64_t k, const float *a,
         /* Rows past mv come out as zeros. */
         for (v = 0; v < V; ++v)
             pack_kmajor(a + (i0 + 8 * v) * lda, lda, min_i64(8, mv - 8 * v), k,
-                        ap + 8 * v, 8 * V, all);
+                        ap + 8 * v, 8 * V);
         for (j = 0; j < n; j += Y_DJ)
             for (u = 0; u < mv; u += 16) {
                 const int rows = (int)min_i64(16, mv - u);
@@ -789,9 +793,10 @@ static void nt_direct(int64_t m, int64_t n, int64_t k, const float *a,
     }
 }
 
-/* The scratch buffer (threads.c) is sized for the largest blocks. */
+/* The scratch buffer (threads.c) is sized for the largest blocks; pack_a
+ * packs one group of rows. */
 typedef char check_blocks[ISA_KC <= TB_KC_MAX && ISA_NC <= TB_NC_MAX &&
-                                  Y_MR <= TB_MR_MAX
+                                  Y_MR <= TB_MR_MAX && Y_MR < 8
                               ? 1
                               : -1];
 
