@@ -211,11 +211,19 @@ static void blocked(const tb_isa *isa, tb_wlayout layout, int acc, int64_t m,
                         const int mr = (int)(m * (mp + 1) / mpanels - i0);
                         /* Pre-packed W is read from memory by the first
                          * tile of each micro-panel only; the rest find it
-                         * in L1. */
-                        const int pf = layout == TB_W_PACKED && mb == 0 &&
-                                               mp == mb
-                                           ? TB_PREFETCH_W
-                                           : 0;
+                         * in L1. That tile also fetches the next tile's
+                         * panels into L2, so that the first tile after it
+                         * does not wait on memory for each line (the
+                         * prefetch 16 k steps ahead is too short for that;
+                         * a model's weights are not in cache). */
+                        const int pf =
+                            (layout == TB_W_PACKED && mb == 0 && mp == mb
+                                 ? TB_PREFETCH_W
+                                 : 0) |
+                            (layout == TB_W_PACKED && mp == mb &&
+                                     nc - jr - nr >= isa->nr
+                                 ? TB_PREFETCH_NEXT
+                                 : 0);
                         isa->ukernel(kc, abuf + (mp - mb) * isa->mr * kc,
                                      wblk + (jr / TB_NR) * wps, wps,
                                      c + i0 * ldc + jc + jr, ldc, mr, nr,

@@ -120,8 +120,8 @@ ALWAYS_INLINE void tile(const int MR, const int FULL, const int IND,
             acc1[i] = _mm256_fmadd_ps(x, b1, acc1[i]);                        \
         }                                                                     \
     } while (0)
-    if (IND && (flags & TB_PREFETCH_NEXT)) {
-        /* (the direct path: the next block's panel, wps floats on) */
+    if (flags & TB_PREFETCH_NEXT) {
+        /* (the next panel, wps floats on) */
 #pragma GCC unroll 4
         for (p = 0; p < kc; ++p)
             Y_STEP(flags & TB_PREFETCH_W, 1);
