@@ -117,32 +117,91 @@ def _tensor_bytes(args) -> int:
     return total
 
 
-def breakdown(vm, args, runs: int = 5, traffic=None) -> list:
+def breakdown(vm, args, runs: int = 5, traffic=None, calls=None, overhead_ms=None,
+              func: str = "main") -> list:
     """``[(function, ms per run)]`` of one VM, slowest first: wall time between the VM's
-    before/after instrument calls around every packed function it calls. ``traffic``, a
-    dict, gets each function's bytes of tensor arguments per run (what it reads and
-    writes at least)."""
-    totals, started = {}, {}
+    before/after instrument calls around every packed function it calls, less the time the
+    instrument itself adds to each call (``overhead_ms``; default: measured once per
+    process, ``instrument_overhead_ms``), so that a cheap function called often shows its
+    own cost and not the instrument's. ``traffic``, a dict, gets each function's bytes of
+    tensor arguments per run (what it reads and writes at least); ``calls`` its calls per
+    run."""
+    totals, started, counts = {}, {}, {}
     moved = {} if traffic is None else traffic
 
     def instrument(func, name, before, ret, *rest):  # noqa: ARG001 (the VM's signature)
         now = time.perf_counter()
         if before:
             moved[name] = moved.get(name, 0) + _tensor_bytes(rest)
+            counts[name] = counts.get(name, 0) + 1
             started[name] = time.perf_counter()  # (the bytes counted outside the timing)
         else:
             totals[name] = totals.get(name, 0.0) + now - started.pop(name, now)
         return 0
 
+    if overhead_ms is None:
+        overhead_ms = instrument_overhead_ms()
     vm.set_instrument(instrument)
     try:
         for _ in range(runs):
-            vm["main"](*args)
+            vm[func](*args)
     finally:
         vm.set_instrument(lambda *a: 0)
     for name in moved:
         moved[name] //= runs
-    return sorted(((name, t / runs * 1e3) for name, t in totals.items()), key=lambda x: -x[1])
+    if calls is not None:
+        calls.update({name: n // runs for name, n in counts.items()})
+    return sorted(((name, max(0.0, t / runs * 1e3 - overhead_ms * counts[name] / runs))
+                   for name, t in totals.items()), key=lambda x: -x[1])
+
+
+# Calls of a cheap builtin in the instrument's calibration function.
+_CALIBRATION_CALLS = 200
+
+
+def _calibration_vm():
+    """A VM whose ``many`` makes _CALIBRATION_CALLS more views of one storage than
+    ``one`` (``vm.builtin.alloc_tensor``: a fraction of a microsecond each)."""
+    import tvm
+    from tvm import relax
+
+    bb = relax.BlockBuilder()
+    for name, n in (("one", 1), ("many", _CALIBRATION_CALLS + 1)):
+        with bb.function(name, []):
+            storage = bb.emit(relax.op.memory.alloc_storage(
+                relax.ShapeExpr([1024]), 0, "global", "float32"))
+            for _ in range(n):
+                view = bb.emit(relax.op.memory.alloc_tensor(
+                    storage, relax.prim_value(0), relax.ShapeExpr([256]), "float32"))
+            bb.emit_func_output(view)
+    return relax.VirtualMachine(tvm.compile(bb.get(), target="llvm"), tvm.cpu())
+
+
+@functools.lru_cache(maxsize=None)
+def instrument_overhead_ms(rounds: int = 31) -> float:
+    """ms that breakdown's instrument adds to the time it measures for each call: a
+    function of _CALIBRATION_CALLS more cheap calls than another, timed without the
+    instrument (what the calls cost) and with it (what it reports), medians."""
+    vm = _calibration_vm()
+    plain = []
+    for _ in range(rounds):
+        run = {}
+        for name in ("one", "many"):
+            f = vm[name]
+            f()
+            start = time.perf_counter()
+            for _ in range(20):
+                f()
+            run[name] = (time.perf_counter() - start) / 20
+        plain.append(run["many"] - run["one"])
+    cost_ms = max(0.0, float(np.median(plain))) * 1e3 / _CALIBRATION_CALLS
+    reported = []
+    for _ in range(rounds):
+        calls = {}
+        times = dict(breakdown(vm, [], runs=1, calls=calls, overhead_ms=0.0, func="many"))
+        name = "vm.builtin.alloc_tensor"
+        reported.append(times[name] / calls[name])
+    return max(0.0, float(np.median(reported)) - cost_ms)
 
 
 # A function of TVM's code is flagged when it takes more than this many times what its
@@ -196,9 +255,11 @@ def _measure(label, contenders, ref, reps, tvm_reps, settle, vm_ours, args_ours,
     row = {"model": label, "ms": {k: v * 1e3 for k, v in times.items()},
            "rounds_ms": {k: [t * 1e3 for t in v] for k, v in samples.items()},
            "rel_err": errors, **extra}
-    traffic = {}
-    row["breakdown"] = breakdown(vm_ours, args_ours, traffic=traffic)
+    traffic, calls = {}, {}
+    row["breakdown"] = breakdown(vm_ours, args_ours, traffic=traffic, calls=calls)
     row["traffic_bytes"] = traffic
+    row["calls"] = calls
+    row["instrument_overhead_us"] = instrument_overhead_ms() * 1e3
     kernel_functions = getattr(vm_ours, "kernel_functions", None)
     if kernel_functions is not None:  # (a loaded library does not know them)
         row["kernel_functions"] = sorted(kernel_functions)
@@ -374,15 +435,18 @@ def report(rows, threads) -> str:
                      f"{ratio('torch'):>9s}  {err:9.1e}  {len(r['offloaded'])}")
     for r in rows:
         total = sum(t for _, t in r["breakdown"])
-        lines += ["", f"where the time goes: {r['model']} {r['shape']} (instrumented: "
-                      f"{total:.2f} ms of calls per run)"]
+        lines += ["", f"where the time goes: {r['model']} {r['shape']} ({total:.2f} ms of "
+                      f"calls per run, less the instrument's "
+                      f"{r.get('instrument_overhead_us', 0):.1f} us per call)"]
         slow = r.get("slow", {})
         for i, (name, t) in enumerate(r["breakdown"]):
             if i >= 12 and name not in slow:  # (the top 12, and every flagged one)
                 continue
             mark = f"  <- SLOW: {slow[name]:.0f}x what its {r['traffic_bytes'][name] / 1e6:.2f} " \
                    "MB of tensors need" if name in slow else ""
-            lines.append(f"  {t:8.3f} ms {t / total:6.1%}  {name}{mark}")
+            n = r.get("calls", {}).get(name)
+            lines.append(f"  {t:8.3f} ms {t / total:6.1%} {n if n is not None else '':>5}x  "
+                         f"{name}{mark}")
     return "\n".join(lines)
 
 
