@@ -76,11 +76,17 @@ class build_ext_with_static_object(build_ext):
             )
         self.mkpath(os.path.dirname(built))
         # "-r": partial link of all kernel objects into one relocatable object
-        # (also for a single object, so there is one code path).
+        # (also for a single object, so there is one code path). Without the
+        # debug information the objects carry from the compiler flags, except
+        # in a sanitizer build (its reports name source lines): every exported
+        # model library links this object, and it was 16.8 MB of which 1.3 MB
+        # is code and data (MobileNetV2's library: 21.8 MB for 8.6 MB of
+        # weights).
         # The compiler command without its flags (it may be "ccache gcc").
         cc = list(itertools.takewhile(lambda arg: not arg.startswith("-"),
                                       self.compiler.compiler_so))
-        self.spawn(cc + ["-r", "-nostdlib", "-o", built] + objects)
+        strip = [] if os.environ.get(_KERNEL_BUILD["SANITIZE_ENV"]) else ["-Wl,--strip-debug"]
+        self.spawn(cc + ["-r", "-nostdlib"] + strip + ["-o", built] + objects)
         if self.inplace:
             self.copy_file(built, inplace, level=self.verbose)
 

@@ -595,17 +595,30 @@ def test_header_cdef_block_declares_exported_symbols():
     assert sorted(declared) == sorted(kernels.exported_symbols())
 
 
-def elf_symbols(path):
-    """(name, defined, global, is_function) for every ELF64 LE symbol."""
+def _elf_sections(path):
+    """(file bytes, section headers) of an ELF64 LE relocatable object."""
     data = Path(path).read_bytes()
     assert data[:4] == b"\x7fELF" and data[4] == 2 and data[5] == 1, "expected ELF64 little-endian"
     (e_type,) = struct.unpack_from("<H", data, 16)
     assert e_type == 1, "expected a relocatable object (ET_REL)"
     e_shoff, = struct.unpack_from("<Q", data, 0x28)
     e_shentsize, e_shnum = struct.unpack_from("<HH", data, 0x3A)
-    sections = [
+    return data, [
         struct.unpack_from("<IIQQQQIIQQ", data, e_shoff + i * e_shentsize) for i in range(e_shnum)
     ]
+
+
+def elf_section_names(path):
+    data, sections = _elf_sections(path)
+    (e_shstrndx,) = struct.unpack_from("<H", data, 0x3E)
+    names_at = sections[e_shstrndx][4]
+    return [data[names_at + sh[0]:data.index(b"\0", names_at + sh[0])].decode()
+            for sh in sections]
+
+
+def elf_symbols(path):
+    """(name, defined, global, is_function) for every ELF64 LE symbol."""
+    data, sections = _elf_sections(path)
     symbols = []
     for sh in sections:
         sh_type, sh_offset, sh_size, sh_link, sh_entsize = sh[1], sh[4], sh[5], sh[6], sh[9]
@@ -627,6 +640,18 @@ def test_static_object_defines_every_exported_symbol():
     assert set(kernels.exported_symbols()) <= defined_functions
     # A plain C object: nothing from Python.
     assert not [name for name, *_ in symbols if name.startswith(("Py", "_Py"))]
+
+
+def test_static_object_carries_no_debug_information():
+    """Every exported model library links the static object: its debug sections (most of
+    its size) stay out, except in a sanitizer build, whose reports name source lines."""
+    import os
+
+    if os.environ.get("TIRBYOC_SANITIZE"):
+        pytest.skip("a sanitizer build keeps its debug information")
+    names = elf_section_names(kernels.static_library_path())
+    assert ".text" in names and ".symtab" in names
+    assert not [n for n in names if n.startswith((".debug", ".rela.debug"))], names
 
 
 # --- linking through TVM ---------------------------------------------------
