@@ -217,13 +217,9 @@ static void blocked(const tb_isa *isa, tb_wlayout layout, int acc, int64_t m,
                          * prefetch 16 k steps ahead is too short for that;
                          * a model's weights are not in cache). */
                         const int pf =
-                            (layout == TB_W_PACKED && mb == 0 && mp == mb
-                                 ? TB_PREFETCH_W
-                                 : 0) |
-                            (layout == TB_W_PACKED && mp == mb &&
-                                     nc - jr - nr >= isa->nr
-                                 ? TB_PREFETCH_NEXT
-                                 : 0);
+                            layout != TB_W_PACKED || mp != mb ? 0
+                            : (mb == 0 ? TB_PREFETCH_W : 0) |
+                                  (nc - jr - nr >= isa->nr ? TB_PREFETCH_NEXT : 0);
                         isa->ukernel(kc, abuf + (mp - mb) * isa->mr * kc,
                                      wblk + (jr / TB_NR) * wps, wps,
                                      c + i0 * ldc + jc + jr, ldc, mr, nr,

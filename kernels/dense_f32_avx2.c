@@ -35,6 +35,24 @@ ALWAYS_INLINE __m256i mask_n(int64_t n)
                               _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
 
+/* The first n (clamped to 0..8) of the 8 floats at p, the rest zero; and
+ * their store. Whole vectors take the plain instructions: the masked ones
+ * (VMASKMOVPS) are several times slower on AMD's cores up to Zen 3, a store
+ * about ten times, and loads streamed through them ran at a third of the
+ * speed. */
+ALWAYS_INLINE __m256 load_n(const float *p, int64_t n)
+{
+    return n >= 8 ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, mask_n(n));
+}
+
+ALWAYS_INLINE void store_n(float *p, int64_t n, __m256 v)
+{
+    if (n >= 8)
+        _mm256_storeu_ps(p, v);
+    else
+        _mm256_maskstore_ps(p, mask_n(n), v);
+}
+
 /* ---- micro-kernel ---- */
 
 /* One vector pair of an NCHW16c y (a pixel's 16 channels of a block)
@@ -356,12 +374,9 @@ static void conv_tile16y(int64_t kc, const float *const *kp, int64_t off,
 ALWAYS_INLINE void load_transposed(__m256 r[8], const float *src, int64_t ld,
                                    int64_t rows, int64_t cols)
 {
-    const __m256i mk = mask_n(cols);
     int i;
     for (i = 0; i < 8; ++i)
-        r[i] = i >= rows    ? _mm256_setzero_ps()
-               : cols == 8 ? _mm256_loadu_ps(src + i * ld)
-                           : _mm256_maskload_ps(src + i * ld, mk);
+        r[i] = i < rows ? load_n(src + i * ld, cols) : _mm256_setzero_ps();
     tb_transpose8(r);
 }
 
@@ -422,11 +437,8 @@ static void pack_w(tb_wlayout layout, int64_t kc, int64_t nc,
                     _mm256_storeu_ps(out, _mm256_loadu_ps(src + q * 16));
                     _mm256_storeu_ps(out + 8, _mm256_loadu_ps(src + q * 16 + 8));
                 } else {
-                    _mm256_storeu_ps(out, _mm256_maskload_ps(src + q * 16,
-                                                             mask_n(nb)));
-                    _mm256_storeu_ps(out + 8,
-                                     _mm256_maskload_ps(src + q * 16 + 8,
-                                                        mask_n(nb - 8)));
+                    _mm256_storeu_ps(out, load_n(src + q * 16, nb));
+                    _mm256_storeu_ps(out + 8, load_n(src + q * 16 + 8, nb - 8));
                 }
             }
         }
@@ -445,7 +457,6 @@ static void conv_out(const float *ct, int64_t ldc, int64_t m, int64_t n,
     int j;
     for (t0 = 0; t0 < n; t0 += 8) {
         const int64_t rows = min_i64(8, n - t0);
-        const __m256i mk = mask_n(rows);
         for (o0 = 0; o0 < m; o0 += 8) {
             const int64_t cols = min_i64(8, m - o0);
             __m256 r[8];
@@ -457,10 +468,7 @@ static void conv_out(const float *ct, int64_t ldc, int64_t m, int64_t n,
             for (j = 0; j < 8; ++j) {
                 if (j >= cols)
                     break;
-                if (rows == 8)
-                    _mm256_storeu_ps(y + (o0 + j) * ldy + t0, r[j]);
-                else
-                    _mm256_maskstore_ps(y + (o0 + j) * ldy + t0, mk, r[j]);
+                store_n(y + (o0 + j) * ldy + t0, rows, r[j]);
             }
         }
     }
@@ -504,19 +512,13 @@ ALWAYS_INLINE void dots(const int MM, const int JB, int64_t k,
     for (i = 0; i < MM; ++i)
         for (j = 0; j < JB; ++j)
             acc[i][j] = _mm256_setzero_ps();
-    /* whole vectors with plain loads, then the last k steps masked (the
-     * same lanes and order: masked-off lanes add zeros); streaming W through
-     * masked loads ran at a third of the speed on Zen 3 */
+    /* (the last k steps' masked-off lanes add zeros) */
     for (p = 0; p < k; p += 8) {
-        const int whole = k - p >= 8;
-        const __m256i mk = mask_n(k - p);
         __m256 x[4];
         for (i = 0; i < MM; ++i)
-            x[i] = whole ? _mm256_loadu_ps(a + i * lda + p)
-                         : _mm256_maskload_ps(a + i * lda + p, mk);
+            x[i] = load_n(a + i * lda + p, k - p);
         for (j = 0; j < JB; ++j) {
-            const __m256 y = whole ? _mm256_loadu_ps(w + j * ldw + p)
-                                   : _mm256_maskload_ps(w + j * ldw + p, mk);
+            const __m256 y = load_n(w + j * ldw + p, k - p);
             for (i = 0; i < MM; ++i)
                 acc[i][j] = _mm256_fmadd_ps(x[i], y, acc[i][j]);
         }
@@ -591,11 +593,9 @@ ALWAYS_INLINE void panels(const int MM, const int PB, int64_t k,
             for (q = 0; q < 2 * PB; ++q)
                 acc[i][q] = (__m256)t[i * 2 * PB + q];
     }
-    for (q = 0; q < 2 * PB; ++q) {
-        const __m256i mk = mask_n(nb - q * 8);
+    for (q = 0; q < 2 * PB; ++q)
         for (i = 0; i < MM; ++i)
-            _mm256_maskstore_ps(c + i * ldc + q * 8, mk, acc[i][q]);
-    }
+            store_n(c + i * ldc + q * 8, nb - q * 8, acc[i][q]);
 }
 
 #define PANELS_FN(MM, PB)                                                     \
@@ -642,28 +642,17 @@ static void rows_nn(int64_t mm, int64_t n, int64_t k, const float *restrict a,
                 for (s = 0; s < 4; ++s)
                     xs[s] = _mm256_set1_ps(s < steps ? x[s] : 0.0f);
                 for (j = 0; j < nb; j += 8) {
-                    /* plain loads and stores but at the chunk's end: the
-                     * masked ones (VMASKMOVPS) are several times slower on
-                     * AMD's cores up to Zen 3 */
-                    const int whole = nb - j >= 8;
-                    const __m256i mk = mask_n(nb - j);
-                    __m256 v = p == 0 ? _mm256_setzero_ps()
-                               : whole ? _mm256_loadu_ps(row + j)
-                                       : _mm256_maskload_ps(row + j, mk);
-                    if (steps == 4 && whole) {
+                    __m256 v = p == 0 ? _mm256_setzero_ps() : load_n(row + j, nb - j);
+                    if (steps == 4 && nb - j >= 8) {
                         v = _mm256_fmadd_ps(xs[0], _mm256_loadu_ps(wr + j), v);
                         v = _mm256_fmadd_ps(xs[1], _mm256_loadu_ps(wr + ldw + j), v);
                         v = _mm256_fmadd_ps(xs[2], _mm256_loadu_ps(wr + 2 * ldw + j), v);
                         v = _mm256_fmadd_ps(xs[3], _mm256_loadu_ps(wr + 3 * ldw + j), v);
                     } else {
                         for (s = 0; s < steps; ++s)
-                            v = _mm256_fmadd_ps(
-                                xs[s], _mm256_maskload_ps(wr + s * ldw + j, mk), v);
+                            v = _mm256_fmadd_ps(xs[s], load_n(wr + s * ldw + j, nb - j), v);
                     }
-                    if (whole)
-                        _mm256_storeu_ps(row + j, v);
-                    else
-                        _mm256_maskstore_ps(row + j, mk, v);
+                    store_n(row + j, nb - j, v);
                 }
             }
         }
