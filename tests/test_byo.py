@@ -22,6 +22,8 @@ import pytest
 import tirbyoc
 from tirbyoc import examples, ops
 
+from .fresh import without_torch
+
 HERE = pathlib.Path(__file__).parent / "byo"
 TOY_C = str(HERE / "toy.c")
 TOY_H = (HERE / "toy.h").read_text()
@@ -199,7 +201,7 @@ def run_fresh(tmp_path, ex, x):
     ex.export_library(str(so))
     np.save(xin, x)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    subprocess.run([sys.executable, "-c", FRESH, str(so), str(xin), str(out)], check=True,
+    subprocess.run([sys.executable, "-c", without_torch(FRESH), str(so), str(xin), str(out)], check=True,
                    cwd=tmp_path, env=env, timeout=120)
     return np.load(out)
 

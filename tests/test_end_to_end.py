@@ -19,6 +19,8 @@ import tirbyoc
 from intrinsics import REGISTRY, by_name
 from tirbyoc import examples
 
+from .fresh import without_torch
+
 RTOL = 1e-4
 
 
@@ -211,7 +213,7 @@ def test_export_library_runs_in_a_fresh_process(tmp_path, batch):
     np.savez(tmp_path / "in.npz", *args)
     # NOTE: a plain interpreter that never imports tirbyoc: the kernels must be inside
     # the exported library itself.
-    subprocess.run([sys.executable, "-c", _FRESH_PROCESS, path, str(tmp_path / "in.npz"),
+    subprocess.run([sys.executable, "-c", without_torch(_FRESH_PROCESS), path, str(tmp_path / "in.npz"),
                     str(tmp_path / "out.npy")], check=True, cwd=tmp_path,
                    env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
     assert_close(np.load(tmp_path / "out.npy"), examples.mlp_numpy(x, layers))
@@ -253,7 +255,7 @@ def test_tir_only_module_in_process_and_exported(tmp_path):
         lib["main"](*args, out)
         np.save(sys.argv[3], out.numpy())
     """)
-    subprocess.run([sys.executable, "-c", script, path, str(tmp_path / "in.npz"),
+    subprocess.run([sys.executable, "-c", without_torch(script), path, str(tmp_path / "in.npz"),
                     str(tmp_path / "out.npy")], check=True, cwd=tmp_path)
     assert_close(np.load(tmp_path / "out.npy"), ref)
 

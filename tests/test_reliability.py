@@ -30,6 +30,7 @@ import tirbyoc
 from tirbyoc import examples
 
 from . import tir_forms
+from .fresh import without_torch
 
 HERE = Path(__file__).resolve().parent
 RTOL = 1e-4
@@ -265,7 +266,7 @@ def test_tvm_runs_on_as_many_threads_as_the_kernels(preset):
     code = ("import os, tvm, tirbyoc, tirbyoc.kernels\n"
             "print(os.environ.get('TVM_NUM_THREADS'), "
             "tvm.get_global_func('runtime.NumThreads')(), tirbyoc.kernels.num_threads())")
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+    out = subprocess.run([sys.executable, "-c", without_torch(code)], env=env, capture_output=True,
                          text=True, timeout=120, check=True).stdout.split()
     cpus = min(2, len(os.sched_getaffinity(0)))  # TVM uses no more workers than cores
     if preset is None:
@@ -286,6 +287,6 @@ def test_tvm_workers_neither_spin_nor_bind(variable, preset):
     if preset:
         env[variable] = preset
     code = f"import os, tirbyoc\nprint(os.environ.get('{variable}'))"
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+    out = subprocess.run([sys.executable, "-c", without_torch(code)], env=env, capture_output=True,
                          text=True, timeout=120, check=True).stdout.split()
     assert out == [preset or "0"]

@@ -25,6 +25,8 @@ torch = pytest.importorskip("torch")
 import tirbyoc  # noqa: E402
 from tirbyoc import examples  # noqa: E402
 
+from .fresh import without_torch  # noqa: E402
+
 THREADS = (3, 8, 16)
 RTOL = 1e-4
 MODELS = {
@@ -71,7 +73,7 @@ def _run(lib, folder, threads):
     env.update(TIRBYOC_NUM_THREADS=str(threads), TVM_NUM_THREADS=str(threads))
     out = os.path.join(folder, f"y{threads}.npy")
     try:
-        proc = subprocess.run([sys.executable, "-c", textwrap.dedent(RUN), lib,
+        proc = subprocess.run([sys.executable, "-c", without_torch(textwrap.dedent(RUN)), lib,
                                os.path.join(folder, "x.npy"), out],
                               env=env, capture_output=True, text=True, timeout=180)
     except subprocess.TimeoutExpired:

@@ -29,6 +29,8 @@ import pytest
 
 from tirbyoc import kernels
 
+from .fresh import without_torch
+
 ROOT = Path(__file__).resolve().parents[1]
 # Thread counts every call is checked at: small, primes, powers of two, above the cores.
 THREAD_COUNTS = (1, 2, 3, 4, 5, 7, 8, 13, 16, 17, 31, 64)
@@ -41,7 +43,7 @@ def _child(code, timeout, env=None):
     full_env.pop("TIRBYOC_ISA", None)
     full_env.update(env or {})
     try:
-        proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=ROOT,
+        proc = subprocess.run([sys.executable, "-c", without_torch(textwrap.dedent(code))], cwd=ROOT,
                               env=full_env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as exc:
         pytest.fail(f"no result within {timeout} s (a kernel call that never returns?); "

@@ -53,10 +53,12 @@ def sanitizer_flags(sanitizers):
     a comma-separated list such as ``"address,undefined"`` or ``"thread"``;
     two empty lists for ``""``.
 
-    ``-O1 -g`` replaces ``-O3`` (a later ``-O`` wins): the sanitizers' own
+    ``-O1 -g1`` replaces ``-O3`` (a later ``-O`` wins): the sanitizers' own
     advice for usable reports and speed, and 5x faster to compile here
     (the AVX-512 file takes ~30 s at ``-O3`` with ASan+UBSan, ~3 s at
-    ``-O1``). The SIMD code is written with intrinsics, so it runs the same
+    ``-O1``). ``-g1`` (line tables, no variables) gives every frame of a
+    report its file and line, as ``-g`` does, and compiles about 30% faster
+    (the depthwise file with ASan+UBSan: 31 s against 43 s). The SIMD code is written with intrinsics, so it runs the same
     instructions at either level; undefined behaviour that only ``-O3``
     would exploit is what UBSan reports at any level.
     ``-fno-sanitize-recover=all``: the first UBSan report aborts, so a test
@@ -70,7 +72,7 @@ def sanitizer_flags(sanitizers):
         if not re.fullmatch(r"[a-z][a-z0-9-]*", name):
             raise ValueError(f"{SANITIZE_ENV}: not a sanitizer name: {name!r}")
     fsanitize = "-fsanitize=" + ",".join(names)
-    compile_args = [fsanitize, "-fno-sanitize-recover=all", "-fno-omit-frame-pointer", "-O1", "-g"]
+    compile_args = [fsanitize, "-fno-sanitize-recover=all", "-fno-omit-frame-pointer", "-O1", "-g1"]
     return compile_args, [fsanitize]
 
 
