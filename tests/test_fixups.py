@@ -1,4 +1,5 @@
-"""Fix-ups of what TVM's frontend gets wrong: a cumsum over a bool tensor.
+"""Fix-ups of what TVM's frontend gets wrong: a cumsum over a bool tensor, slices and
+shapes at a symbolic sequence length, ONNX's Clip, flattened and broadcast products.
 
 PyTorch computes ``cumsum`` of a bool tensor in int64; TVM 0.27's frontend types it
 bool and its build then fails. ``transformers``' masking code (GPT-2, Llama) does exactly
@@ -53,21 +54,27 @@ def test_a_module_without_bool_cumsum_is_returned_as_it_is():
     assert fixups.apply(mod) is mod
 
 
-def _hf(name, attention):
+def _hf(name, attention, positions=64):
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
     if name == "gpt2":
-        cfg = transformers.GPT2Config(n_layer=2, n_embd=128, n_head=4, n_positions=64,
+        cfg = transformers.GPT2Config(n_layer=2, n_embd=128, n_head=4, n_positions=positions,
                                       vocab_size=500)
         cfg._attn_implementation = attention
         model = transformers.GPT2Model(cfg)
-    else:  # grouped-query attention, RoPE, RMSNorm, SiLU-gated MLP
+    elif name == "llama":  # grouped-query attention, RoPE, RMSNorm, SiLU-gated MLP
         cfg = transformers.LlamaConfig(num_hidden_layers=2, hidden_size=128,
                                        intermediate_size=256, num_attention_heads=4,
                                        num_key_value_heads=2, vocab_size=500,
-                                       max_position_embeddings=64)
+                                       max_position_embeddings=positions)
         cfg._attn_implementation = attention
         model = transformers.LlamaModel(cfg)
+    else:
+        cfg = transformers.BertConfig(num_hidden_layers=2, hidden_size=128,
+                                      intermediate_size=256, num_attention_heads=4,
+                                      vocab_size=500, max_position_embeddings=positions)
+        cfg._attn_implementation = attention
+        model = transformers.BertModel(cfg, add_pooling_layer=False)
 
     class Hidden(torch.nn.Module):
         def __init__(self):
@@ -75,6 +82,8 @@ def _hf(name, attention):
             self.model = model.eval()
 
         def forward(self, input_ids):
+            if name == "bert":
+                return self.model(input_ids=input_ids).last_hidden_state
             return self.model(input_ids=input_ids, use_cache=False).last_hidden_state
 
     return Hidden().eval()
@@ -100,6 +109,101 @@ def test_huggingface_decoders_compile_and_match_pytorch(name, batch, attention, 
     # fewer)
     report = tirbyoc.explain(mod)
     assert len(report.offloaded) == offloaded, report
+
+
+# ---- a symbolic sequence length: slices and shapes TVM cannot type on its own ----
+
+class PackedStarts(torch.nn.Module):
+    """``transformers``' packed-sequence check as its masking utilities write it: the
+    positions with one before the first, the steps between neighbours (``x[..., 1:]`` and
+    ``x[..., :-1]``, exported as INT64_MAX and -1 on axis -1), a new sequence where a
+    step is not 1."""
+
+    def forward(self, pos):
+        full = torch.cat([pos[:, :1] - 1, pos], dim=-1)
+        ids = (full[..., 1:] - full[..., :-1] != 1).cumsum(-1)
+        return ids, ids[:, :, None] == ids[:, None, :]
+
+
+def _import_dynamic(model, x, max_seq=64):
+    with torch.no_grad():
+        ep = torch.export.export(model, (x,), dynamic_shapes={
+            list(__import__("inspect").signature(model.forward).parameters)[0]:
+                {1: torch.export.Dim("seq", min=2, max=max_seq)}})
+    return from_exported_program(ep)
+
+
+def test_slices_at_a_symbolic_length_are_typed_and_built_once():
+    """TVM types the two slices of the concatenation with ``min(1, s)`` terms it cannot
+    show equal, so their difference has no known shape and legalizing it fails (with
+    INT64_MAX and -1 as bounds, the build crashed the process); the fix-ups count the
+    bounds from the start, mark the slices in bounds, and every shape is known."""
+    mod = _import_dynamic(PackedStarts(), torch.tensor([[0, 1, 2, 0, 1, 0, 1, 2]]))
+    before = mod.script()
+    assert "ndim=2" in before and "9223372036854775807" in before and "(-1,)" in before
+    fixed = fixups.apply(mod)
+    after = fixed.script()
+    assert "ndim=" not in after and "T.min" not in after and "9223372036854775807" not in after
+    slices = [line for line in after.splitlines() if "R.strided_slice" in line]
+    assert len(slices) == 3 and all("assume_inbound=True" in line for line in slices)
+    ex = tirbyoc.compile(mod)
+    for pos in ([[0, 1, 2, 0, 1, 0, 1, 2]], [[0, 1, 0, 1, 2, 3, 0, 1, 0, 5, 6, 7, 8]],
+                [[3, 4]]):
+        pos = torch.tensor(pos)
+        ids, same = tirbyoc.run(ex, pos.numpy())
+        want_ids, want_same = PackedStarts()(pos)
+        np.testing.assert_array_equal(ids, want_ids.numpy())
+        np.testing.assert_array_equal(same, want_same.numpy())
+
+
+def test_a_slice_that_may_run_past_its_dimension_keeps_its_clamp():
+    """``x[:, :8]`` and ``x[:, -20:]`` of a [1, s] tensor are inside only when s >= 8 and
+    s >= 20: neither is rewritten, and both give numpy's result either way."""
+    import tvm
+    from tvm import relax
+
+    s = tvm.tirx.Var("s", "int64")
+    x = relax.Var("x", relax.TensorType((1, s), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            head = bb.emit(relax.op.strided_slice(x, (1,), (0,), (8,), (1,)))
+            tail = bb.emit(relax.op.strided_slice(x, (-1,), (-20,), (s,), (1,)))
+            out = bb.emit_output(relax.Tuple([head, tail]))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    slices = [line for line in fixups.apply(mod).script().splitlines()
+              if "R.strided_slice" in line]
+    assert len(slices) == 2 and all("assume_inbound=False" in line for line in slices)
+    assert "(1,), (-20,)" in slices[1]  # the axis counted from zero, the bound kept
+    ex = tirbyoc.compile(mod)
+    for n in (5, 12, 30):
+        xs = np.random.default_rng(n).standard_normal((1, n)).astype(np.float32)
+        got_head, got_tail = tirbyoc.run(ex, xs)
+        np.testing.assert_array_equal(got_head, xs[:, :8])
+        np.testing.assert_array_equal(got_tail, xs[:, -20:])
+
+
+# (at a symbolic length, FuseOps puts the residual adds with their products: Llama's three
+# residual products are PrimFuncs of their own, 10 in all against 8 static)
+@pytest.mark.parametrize("name, attention, offloaded", [
+    ("gpt2", "sdpa", 7), ("llama", "sdpa", 10), ("bert", "sdpa", 7)])
+def test_huggingface_models_build_once_for_every_sequence_length(name, attention,
+                                                                  offloaded):
+    """One build with a symbolic sequence length (``torch.export.Dim``, 2 to 64), run at
+    lengths 3, 16 and 41 against PyTorch (1e-4 of max|y|)."""
+    model = _hf(name, attention)
+    mod = _import_dynamic(model, torch.randint(0, 500, (1, 16)))
+    assert len(tirbyoc.explain(mod).offloaded) == offloaded
+    ex = tirbyoc.compile(mod)
+    for seq in (3, 16, 41):
+        ids = torch.randint(0, 500, (1, seq), generator=torch.Generator().manual_seed(seq))
+        out = tirbyoc.run(ex, ids.numpy())
+        out = out[0] if isinstance(out, list) else out
+        with torch.no_grad():
+            ref = model(ids).numpy()
+        assert out.shape == ref.shape
+        assert np.abs(out - ref).max() <= 1e-4 * np.abs(ref).max(), (seq, name)
 
 
 # ---- ONNX Clip: the frontend's max / min call_tirs written as R.clip again ----

@@ -67,9 +67,11 @@ def scaled_operand(call, values, kinds=None):
 
 class Bindings:
     """A Relax function's variable bindings: ``values`` (variable -> bound expression)
-    and ``uses`` (variable -> how many bindings, and the function's result, read it)."""
+    and ``uses`` (variable -> how many bindings, and the function's result, read it);
+    ``func``: the function."""
 
     def __init__(self, func):
+        self.func = func
         self.values, self.uses, self._block = {}, {}, {}
         for index, block in enumerate(func.body.blocks):
             for binding in block.bindings:

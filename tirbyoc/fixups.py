@@ -343,7 +343,190 @@ def fix_broadcast_weight(mod):
     return rewrite_calls(mod, _unbroadcast_matmul)
 
 
+# ---- strided_slice: negative axes, bounds known to be inside ----
+
+def _from_start(v, dim, an):
+    """Slice bound ``v`` of a dimension of size ``dim`` as TVM reads it, counted from the
+    start: a negative constant counts from the end, a bound past the end (``x[1:]`` is
+    exported with INT64_MAX) is the end; simplified with what ``an`` knows."""
+    if isinstance(v, T.IntImm) and v.value < 0 and an.can_prove(dim + v.value >= 0):
+        return an.simplify(dim + v.value)
+    if an.can_prove(v >= dim):
+        return an.simplify(dim)
+    return an.simplify(v)
+
+
+def _inside_bounds(dims, axes, begin, end, strides, an):
+    """``(begin, end)`` counted from the start, where every slice is then provably
+    [begin, end) with 0 <= begin <= end <= its dimension and stride 1 (``an``: what is
+    known of the symbolic dimensions); else None."""
+    if dims is None or (strides is not None and any(
+            getattr(v, "value", None) != 1 for v in strides.fields)):
+        return None
+    if not all(str(getattr(e, "ty", "")).startswith("int")
+               for e in list(begin.fields) + list(end.fields)):
+        return None  # (bounds given as tensors, or not integers)
+    begin = [_from_start(v, dims[a], an) for a, v in zip(axes, begin.fields)]
+    end = [_from_start(v, dims[a], an) for a, v in zip(axes, end.fields)]
+    if all(an.can_prove(0 <= b) and an.can_prove(b <= e) and an.can_prove(e <= dims[a])
+           for a, b, e in zip(axes, begin, end)):
+        return begin, end
+    return None
+
+
+def _slice_fixed(call, b):
+    """``strided_slice`` with each negative axis written as its count from the first
+    dimension, and where its bounds are provably inside (every symbolic dimension
+    positive, and within the function's declared bounds) those bounds counted from the
+    start and ``assume_inbound``; None when neither changes anything (or its input's
+    rank is unknown)."""
+    from .bindings import is_op, shape_of
+
+    if not is_op(call, "relax.strided_slice"):
+        return None
+    x, axes, begin, end, *rest = call.args
+    strides = rest[0] if rest else None
+    ndim = getattr(getattr(x, "ty", None), "ndim", -1)
+    values = [getattr(a, "value", None) for a in axes.fields]
+    if ndim is None or ndim < 1 or any(not isinstance(v, int) or not -ndim <= v < ndim
+                                       for v in values):
+        return None
+    axes_from_zero = [v % ndim for v in values]
+    inbound = bool(call.attrs.assume_inbound)
+    if not inbound:
+        found = _inside_bounds(shape_of(x), axes_from_zero, begin, end, strides,
+                               _positive_dims_analyzer(b.func))
+        if found is not None:
+            begin, end, inbound = R.ShapeExpr(found[0]), R.ShapeExpr(found[1]), True
+    if axes_from_zero == values and inbound == bool(call.attrs.assume_inbound):
+        return None
+    return R.op.strided_slice(x, axes_from_zero, _fields(begin), _fields(end), strides,
+                              assume_inbound=inbound)
+
+
+def _fields(bounds):
+    return list(bounds.values) if isinstance(bounds, R.ShapeExpr) else bounds
+
+
+def fix_strided_slices(mod):
+    """``mod`` with its ``strided_slice`` calls in the forms TVM 0.27 legalizes at a
+    symbolic (dynamic) sequence length, as HuggingFace's masking utilities write them
+    through ``torch.export``: ``x[:, -n:]`` keeps ``dim=-1``, and
+    ``topi.dynamic_strided_slice`` takes that axis as given and fails (``axis <
+    src_tensor_dim (-1 vs. 2)``); a slice whose bounds are symbolic is typed with
+    ``if_then_else`` clamps (for bounds that could be negative or past the end), which
+    ``FuseOps`` then cannot type (``Cannot find the FInferType attribute registered to
+    op: prim.if_then_else``), or on which TVM's pattern rewriting recurses until the
+    process overflows its stack. Axes are counted from zero, and a slice whose bounds are
+    provably inside its dimension (every symbolic dimension at least 1 and within the
+    bounds the function declares; a negative bound counts from the end, one past the
+    end is the end) gets those bounds counted from the start and ``assume_inbound``,
+    which types it as ``end - begin``. ``mod`` itself when nothing
+    changes."""
+    from .bindings import rewrite_calls
+
+    return rewrite_calls(mod, _slice_fixed)
+
+
+# ---- shapes TVM cannot simplify without knowing that a dimension is positive ----
+
+def _positive_dims_analyzer(func):
+    """An analyzer that knows every symbolic dimension of ``func`` to be at least 1, and
+    within the bounds the function declares (``tir_var_lower_bound`` and
+    ``tir_var_upper_bound``: ``torch.export``'s ``Dim(min=, max=)``, which TVM's
+    frontend records)."""
+    import tvm.sym
+
+    def bounds(key):
+        found = func.attrs.get(key) if func.attrs is not None else None
+        return {str(k): int(v) for k, v in found.items()} if found is not None else {}
+
+    lower, upper = bounds("tir_var_lower_bound"), bounds("tir_var_upper_bound")
+    an = T.analyzer()
+    for var in R.analysis.defined_symbolic_vars(func):
+        an.update(var, tvm.sym.ConstIntBound(max(1, lower.get(var.name, 1)), upper.get(
+            var.name, tvm.sym.ConstIntBound.POS_INF)), True)
+    return an
+
+
+@R.expr_functor.mutator
+class _TightenShapes(R.PyExprMutator):
+    # NOTE: only dataflow variables are re-bound (to the match_cast's variable): a
+    # function's outputs keep the variables they are.
+    def __init__(self, mod, an):
+        super().__init__(mod)
+        self.an = an
+
+    def visit_var_binding_(self, binding):
+        from .bindings import is_op, shape_of
+
+        value = self.builder_.normalize(self.visit_expr(binding.value))
+        if is_op(value, "relax.reshape") and isinstance(value.args[1], R.ShapeExpr):
+            # a view to a shape written with such bounds: to the simpler shape itself
+            target = _tightened(list(value.args[1].values), self.an)
+            if target is not None:
+                value = self.builder_.normalize(R.op.reshape(value.args[0],
+                                                             R.ShapeExpr(target)))
+        dims = shape_of(value)
+        tight = None if dims is None else _tightened(dims, self.an)
+        if tight is None or not isinstance(binding.var, R.DataflowVar):
+            new = (self.builder_.emit if isinstance(binding.var, R.DataflowVar)
+                   else self.builder_.emit_output)(value, binding.var.name)
+        else:
+            new = self.builder_.match_cast(self.builder_.emit(value),
+                                           R.TensorType(tight, value.ty.dtype),
+                                           binding.var.name)
+        self.set_var_remap(binding.var, new)
+
+
+def _tightened(dims, an):
+    """``dims`` simplified by ``an``, or None where knowing the dimensions positive
+    simplifies none of them further than a plain simplification does."""
+    plain = T.analyzer()
+    tight = [an.simplify(d) for d in dims]
+    if all(T.structural_equal(a, plain.simplify(d)) for a, d in zip(tight, dims)):
+        return None
+    return tight
+
+
+def _loose(func, an) -> bool:
+    from .bindings import shape_of
+
+    found = []
+
+    def check(binding):
+        dims = shape_of(binding.var)
+        if dims is not None and _tightened(dims, an) is not None:
+            found.append(binding)
+
+    T.structural_walk(func, [(R.VarBinding, check)])
+    return bool(found)
+
+
+def tighten_symbolic_shapes(mod):
+    """``mod`` with each tensor whose symbolic shape simplifies once its dimensions are
+    known to be positive (``min(1, s)`` is 1) cast to the simpler shape (a
+    ``match_cast``, checked when it runs), or within the bounds the function declares
+    (``min(s, 512)`` is ``s`` where ``s <= 512``). ``torch.export`` of HuggingFace's masks at a
+    dynamic sequence length slices ``[1 + s]`` positions into ``[min(s, min(1, s) + s)]``
+    and ``[max(min(1, s) + s - 1, 0)]``: both are ``[s]``, but TVM cannot show it, types
+    their difference with an unknown shape, and then cannot legalize it (``emit_te now
+    only supports Tensor that has ShapeExpr shape``). ``mod`` itself when nothing
+    simplifies."""
+    out = None
+    for gv, func in mod.functions_items():
+        if not isinstance(func, R.Function) or (func.attrs and "Codegen" in func.attrs):
+            continue
+        an = _positive_dims_analyzer(func)
+        if not R.analysis.defined_symbolic_vars(func) or not _loose(func, an):
+            continue
+        out = out or mod.clone()
+        out[gv] = _TightenShapes(mod, an).visit_expr(func)
+    return out or mod
+
+
 def apply(mod):
     """Every fix-up, in order."""
     return fold_column_scale(fix_flattened_matmul(fix_broadcast_weight(
-        fix_onnx_clip(fix_bool_cumsum(mod)))))
+        tighten_symbolic_shapes(fix_strided_slices(fix_onnx_clip(
+            fix_bool_cumsum(mod)))))))
