@@ -165,3 +165,31 @@ def test_breakdown_counts_calls_and_takes_off_the_instrument():
     again = dict(bench_models.breakdown(vm, [], runs=1, overhead_ms=1e3, func="many"))
     assert all(t == 0.0 for t in again.values())  # 1 s per call: more than any took
     assert all(t >= 0.0 for t in one.values())
+
+
+def test_zoo_any_length_row_checks_other_lengths(tmp_path, monkeypatch, capsys):
+    """``--zoo --any-length`` on a one-layer HuggingFace GPT-2: one build with a symbolic
+    sequence length, timed at the zoo's length and checked at the other lengths (1e-4);
+    the table says so."""
+    transformers = pytest.importorskip("transformers")
+    from tirbyoc import bench, bench_zoo
+
+    def build():
+        torch.manual_seed(0)
+        cfg = transformers.GPT2Config(n_layer=1, n_embd=64, n_head=2, n_positions=512,
+                                      vocab_size=bench_zoo.VOCAB)
+        cfg._attn_implementation = "eager"
+        return bench_zoo._hidden(transformers.GPT2Model(cfg), True)
+
+    monkeypatch.setattr(bench_zoo, "ZOO", {"tiny_gpt2": bench_zoo.ZooModel("tiny_gpt2", build,
+                                                                             True)})
+    assert bench.main(["--models", "--zoo", "--any-length", "--batch", "1", "--reps", "1",
+                       "--settle", "0", "--out", str(tmp_path)]) == 0
+    (row,) = json.load(open(tmp_path / "zoo.json"))["rows"]
+    assert row["build"] == "dynamic-seq" and row["model"] == "tiny_gpt2 (any length)"
+    assert row["shape"] == [1, bench_zoo.SEQ]
+    assert sorted(row["other_lengths_rel_err"]) == sorted(str(n) for n in
+                                                          bench_zoo.OTHER_LENGTHS)
+    assert max(row["other_lengths_rel_err"].values()) <= bench_models.RTOL
+    assert row["rel_err"]["tirbyoc"] <= bench_models.RTOL
+    assert "one build, also at lengths 7" in capsys.readouterr().out

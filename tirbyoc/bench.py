@@ -266,6 +266,9 @@ def main(argv=None) -> int:
                              "(tirbyoc.bench_zoo), with build time and library size")
     parser.add_argument("--batch", default="1,8",
                         help="with --zoo: batch sizes of the transformers (default 1,8)")
+    parser.add_argument("--any-length", action="store_true",
+                        help="with --zoo: the transformers built once for every sequence "
+                             "length (2 to 512), timed at 128, checked at 7 and 300 too")
     parser.add_argument("--layers", action="store_true",
                         help="the models' conv layers one by one against ONNX Runtime and "
                              "PyTorch eager, from chains of them (tirbyoc.bench_layers)")
@@ -297,7 +300,8 @@ def main(argv=None) -> int:
 
         return bench_zoo.run_zoo(args.model or list(bench_zoo.ZOO),
                                  tuple(int(b) for b in args.batch.split(",")), args.threads,
-                                 args.reps or 20, args.settle, args.out)
+                                 args.reps or 20, args.settle, args.out,
+                                 dynamic=args.any_length)
     if args.models:
         from . import bench_models
 

@@ -164,9 +164,15 @@ def _library_bytes(ex) -> int:
         return os.path.getsize(path)
 
 
+# Sequence lengths a build for every length is also checked at (besides SEQ).
+OTHER_LENGTHS = (7, 300)
+
+
 def bench_zoo_model(zoo: ZooModel, batch: int, threads: int, reps: int, settle: float,
-                    progress=print) -> dict:
-    """One row: ``zoo`` at ``batch`` (sequence ``SEQ`` for text)."""
+                    progress=print, dynamic: bool = False) -> dict:
+    """One row: ``zoo`` at ``batch`` (sequence ``SEQ`` for text). ``dynamic``: a text
+    model built once for every sequence length (``torch.export.Dim``, 2 to 512), timed
+    at ``SEQ`` and its numerics also checked at ``OTHER_LENGTHS``."""
     import time
 
     import torch
@@ -178,7 +184,8 @@ def bench_zoo_model(zoo: ZooModel, batch: int, threads: int, reps: int, settle: 
 
     model = zoo.build()
     example = zoo.example(batch)
-    mod = examples.import_torch(model, example)
+    dynamic = dynamic and zoo.text
+    mod = examples.import_torch(model, example, dynamic_seq=dynamic)
     report = tirbyoc.explain(mod)
     start = time.perf_counter()
     ours = tirbyoc.compile(mod)
@@ -192,8 +199,9 @@ def bench_zoo_model(zoo: ZooModel, batch: int, threads: int, reps: int, settle: 
     # ONNX Runtime's at 1.5e-4 of a float32 reference)
     import copy
 
+    double = copy.deepcopy(model).double()
     with torch.no_grad():
-        ref = copy.deepcopy(model).double()(x if zoo.text else x.double()).numpy()
+        ref = double(x if zoo.text else x.double()).numpy()
         mine = model(x).numpy()
     vm = bm._vm(ours)
     xt = tvm.runtime.tensor(xn)
@@ -203,8 +211,16 @@ def bench_zoo_model(zoo: ZooModel, batch: int, threads: int, reps: int, settle: 
     c.fns["ort"] = lambda: sess.run(None, {"x": xn})
     c.outputs = {"tirbyoc": bm._first(vm["main"](xt)), "torch": mine,
                  "ort": sess.run(None, {"x": xn})[0]}
-    row = bm._measure(zoo.name, c, ref, reps, 1, settle, vm, [xt],
-                      {"shape": list(xn.shape), "build": "static",
+    other = {}
+    for seq in OTHER_LENGTHS if dynamic else ():
+        xs = zoo.example(batch, seq, seed=2)
+        with torch.no_grad():
+            want = double(xs).numpy()
+        other[seq] = bm._rel_err(bm._first(vm["main"](tvm.runtime.tensor(xs.numpy()))), want)
+    label = f"{zoo.name} (any length)" if dynamic else zoo.name
+    row = bm._measure(label, c, ref, reps, 1, settle, vm, [xt],
+                      {"shape": list(xn.shape), "build": "dynamic-seq" if dynamic else "static",
+                       "other_lengths_rel_err": other,
                        "offloaded": [r.intrinsic for r in report.offloaded],
                        "build_s": build_s, "library_mb": lib_bytes / 2**20,
                        "weights_mb": weights / 2**20})
@@ -223,11 +239,16 @@ def report(rows, threads) -> str:
         extra.append(f"{r['model']:28s} {shape:16s} {r['build_s']:8.1f} "
                      f"{r['library_mb']:11.1f} {r['weights_mb']:11.1f} "
                      f"{r['library_mb'] / max(r['weights_mb'], 1e-9):11.2f}x")
+    for r in rows:
+        if r.get("other_lengths_rel_err"):
+            extra.append(f"{r['model']}: one build, also at lengths " + ", ".join(
+                f"{seq} (error {err:.1e})" for seq, err in r["other_lengths_rel_err"].items()))
     cut = next(i for i, line in enumerate(lines) if line.startswith("where the time goes"))
     return "\n".join(lines[:cut] + extra + [""] + lines[cut:])
 
 
-def run_zoo(names, batches=(1, 8), threads=2, reps=20, settle=None, out="bench-results") -> int:
+def run_zoo(names, batches=(1, 8), threads=2, reps=20, settle=None, out="bench-results",
+            dynamic=False) -> int:
     import sys
 
     from . import bench_models as bm
@@ -247,7 +268,8 @@ def run_zoo(names, batches=(1, 8), threads=2, reps=20, settle=None, out="bench-r
             try:
                 rows.append(bench_zoo_model(ZOO[name], batch, threads, reps,
                                             SETTLE_SECONDS if settle is None else settle,
-                                            progress=lambda s: print(s, file=sys.stderr)))
+                                            progress=lambda s: print(s, file=sys.stderr),
+                                            dynamic=dynamic))
             except Exception as exc:  # noqa: BLE001 (reported in the table's footer)
                 failed.append(f"{name} batch {batch}: {type(exc).__name__}: "
                               f"{str(exc).strip().splitlines()[-1][:300] if str(exc) else ''}")
@@ -260,6 +282,8 @@ def run_zoo(names, batches=(1, 8), threads=2, reps=20, settle=None, out="bench-r
     # batch norms put PyTorch's and ONNX Runtime's float32 at 1.1-1.3e-4 of float64)
     bad = [f"{r['model']} {r['shape']}: {r['rel_err']['tirbyoc']:.1e}" for r in rows
            if r["rel_err"]["tirbyoc"] > bm.RTOL]
+    bad += [f"{r['model']} at length {seq}: {err:.1e}" for r in rows
+            for seq, err in r.get("other_lengths_rel_err", {}).items() if err > bm.RTOL]
     if failed:
         print("FAILED:\n  " + "\n  ".join(failed))
     if bad:
