@@ -189,10 +189,15 @@ def _dims(expr):
     return [int(d) for d in shape]
 
 
+def _same_dims(a, b) -> bool:
+    an = T.analyzer()
+    return len(a) == len(b) and all(an.can_prove_equal(x, y) for x, y in zip(a, b))
+
+
 def _unflattened(call, b):
     """For ``reshape(add(matmul(reshape(x, [P, K]), W), bias), x.shape[:-1] + [N])``
     (the add optional), ``add(matmul(x, W), bias)`` on ``x`` itself; else None."""
-    from .bindings import is_op
+    from .bindings import is_op, shape_of
 
     if not is_op(call, "relax.reshape"):
         return None
@@ -208,9 +213,10 @@ def _unflattened(call, b):
     if not is_op(flat, "relax.reshape") or b.uses.get(inner.args[0]) != 1:
         return None
     x, w = flat.args[0], inner.args[1]
-    xs, ws, out = _dims(x), _dims(w), _dims(call)
+    xs, ws, out = shape_of(x), shape_of(w), shape_of(call)
+    # (symbolic dimensions too: a sequence length s gives [1, s, K] -> [s, K] -> [1, s, N])
     if xs is None or ws is None or out is None or len(xs) < 3 or len(ws) != 2 or \
-            ws[0] != xs[-1] or out != xs[:-1] + [ws[1]]:
+            not _same_dims([ws[0]], [xs[-1]]) or not _same_dims(out, xs[:-1] + [ws[1]]):
         return None
     if bias is not None and (_dims(bias) is None or len(_dims(bias)) > 1):
         return None
