@@ -158,7 +158,8 @@ def test_slices_at_a_symbolic_length_are_typed_and_built_once():
 
 def test_a_slice_that_may_run_past_its_dimension_keeps_its_clamp():
     """``x[:, :8]`` and ``x[:, -20:]`` of a [1, s] tensor are inside only when s >= 8 and
-    s >= 20: neither is rewritten, and both give numpy's result either way."""
+    s >= 20, ``x[:, :-1]`` only when s >= 1 (no bounds declared: s may be 0): none is
+    marked in bounds, and each gives numpy's result either way."""
     import tvm
     from tvm import relax
 
@@ -169,19 +170,21 @@ def test_a_slice_that_may_run_past_its_dimension_keeps_its_clamp():
         with bb.dataflow():
             head = bb.emit(relax.op.strided_slice(x, (1,), (0,), (8,), (1,)))
             tail = bb.emit(relax.op.strided_slice(x, (-1,), (-20,), (s,), (1,)))
-            out = bb.emit_output(relax.Tuple([head, tail]))
+            most = bb.emit(relax.op.strided_slice(x, (1,), (0,), (-1,), (1,)))
+            out = bb.emit_output(relax.Tuple([head, tail, most]))
         bb.emit_func_output(out)
     mod = bb.get()
     slices = [line for line in fixups.apply(mod).script().splitlines()
               if "R.strided_slice" in line]
-    assert len(slices) == 2 and all("assume_inbound=False" in line for line in slices)
+    assert len(slices) == 3 and all("assume_inbound=False" in line for line in slices)
     assert "(1,), (-20,)" in slices[1]  # the axis counted from zero, the bound kept
     ex = tirbyoc.compile(mod)
     for n in (5, 12, 30):
         xs = np.random.default_rng(n).standard_normal((1, n)).astype(np.float32)
-        got_head, got_tail = tirbyoc.run(ex, xs)
+        got_head, got_tail, got_most = tirbyoc.run(ex, xs)
         np.testing.assert_array_equal(got_head, xs[:, :8])
         np.testing.assert_array_equal(got_tail, xs[:, -20:])
+        np.testing.assert_array_equal(got_most, xs[:, :-1])
 
 
 # (the same kernel calls as a build at one length: GPT-2's tanh GELU the epilogue of its

@@ -382,9 +382,9 @@ def _inside_bounds(dims, axes, begin, end, strides, an):
 
 def _slice_fixed(call, b):
     """``strided_slice`` with each negative axis written as its count from the first
-    dimension, and where its bounds are provably inside (every symbolic dimension
-    positive, and within the function's declared bounds) those bounds counted from the
-    start and ``assume_inbound``; None when neither changes anything (or its input's
+    dimension, and where its bounds are provably inside (every symbolic dimension within
+    the function's declared bounds) those bounds counted from the start and
+    ``assume_inbound``; None when neither changes anything (or its input's
     rank is unknown)."""
     from .bindings import is_op, shape_of
 
@@ -401,7 +401,7 @@ def _slice_fixed(call, b):
     inbound = bool(call.attrs.assume_inbound)
     if not inbound:
         found = _inside_bounds(shape_of(x), axes_from_zero, begin, end, strides,
-                               _positive_dims_analyzer(b.func))
+                               _dims_analyzer(b.func))
         if found is not None:
             begin, end, inbound = R.ShapeExpr(found[0]), R.ShapeExpr(found[1]), True
     if axes_from_zero == values and inbound == bool(call.attrs.assume_inbound):
@@ -424,9 +424,9 @@ def fix_strided_slices(mod):
     ``FuseOps`` then cannot type (``Cannot find the FInferType attribute registered to
     op: prim.if_then_else``), or on which TVM's pattern rewriting recurses until the
     process overflows its stack. Axes are counted from zero, and a slice whose bounds are
-    provably inside its dimension (every symbolic dimension at least 1 and within the
-    bounds the function declares; a negative bound counts from the end, one past the
-    end is the end) gets those bounds counted from the start and ``assume_inbound``,
+    provably inside its dimension (every symbolic dimension within the bounds the
+    function declares; a negative bound counts from the end, one past the end is the
+    end) gets those bounds counted from the start and ``assume_inbound``,
     which types it as ``end - begin``. ``mod`` itself when nothing
     changes."""
     from .bindings import rewrite_calls
@@ -434,13 +434,14 @@ def fix_strided_slices(mod):
     return rewrite_calls(mod, _slice_fixed)
 
 
-# ---- shapes TVM cannot simplify without knowing that a dimension is positive ----
+# ---- shapes TVM cannot simplify without the bounds of the dimensions ----
 
-def _positive_dims_analyzer(func):
-    """An analyzer that knows every symbolic dimension of ``func`` to be at least 1, and
-    within the bounds the function declares (``tir_var_lower_bound`` and
-    ``tir_var_upper_bound``: ``torch.export``'s ``Dim(min=, max=)``, which TVM's
-    frontend records)."""
+def _dims_analyzer(func):
+    """An analyzer that knows every symbolic dimension of ``func`` to be within the
+    bounds the function declares (``tir_var_lower_bound`` and ``tir_var_upper_bound``:
+    ``torch.export``'s ``Dim(min=, max=)``, which TVM's frontend records; 2 to 512 for
+    ``examples.import_torch``), and at least 0 where it declares none. (Not 1: a
+    dimension of size 0 would then meet a slice marked in bounds that is not.)"""
     import tvm.sym
 
     def bounds(key):
@@ -450,7 +451,7 @@ def _positive_dims_analyzer(func):
     lower, upper = bounds("tir_var_lower_bound"), bounds("tir_var_upper_bound")
     an = T.analyzer()
     for var in R.analysis.defined_symbolic_vars(func):
-        an.update(var, tvm.sym.ConstIntBound(max(1, lower.get(var.name, 1)), upper.get(
+        an.update(var, tvm.sym.ConstIntBound(max(0, lower.get(var.name, 0)), upper.get(
             var.name, tvm.sym.ConstIntBound.POS_INF)), True)
     return an
 
@@ -486,8 +487,8 @@ class _TightenShapes(R.PyExprMutator):
 
 
 def _tightened(dims, an):
-    """``dims`` simplified by ``an``, or None where knowing the dimensions positive
-    simplifies none of them further than a plain simplification does."""
+    """``dims`` simplified by ``an``, or None where the bounds it knows simplify none of
+    them further than a plain simplification does."""
     plain = T.analyzer()
     tight = [an.simplify(d) for d in dims]
     if all(T.structural_equal(a, plain.simplify(d)) for a, d in zip(tight, dims)):
@@ -511,9 +512,9 @@ def _loose(func, an) -> bool:
 
 def tighten_symbolic_shapes(mod):
     """``mod`` with each tensor whose symbolic shape simplifies once its dimensions are
-    known to be positive (``min(1, s)`` is 1) cast to the simpler shape (a
-    ``match_cast``, checked when it runs), or within the bounds the function declares
-    (``min(s, 512)`` is ``s`` where ``s <= 512``). ``torch.export`` of HuggingFace's masks at a
+    known to be within the bounds the function declares (``min(1, s)`` is 1 where
+    ``s >= 2``, ``min(s, 512)`` is ``s`` where ``s <= 512``) cast to the simpler shape (a
+    ``match_cast``, checked when it runs). ``torch.export`` of HuggingFace's masks at a
     dynamic sequence length slices ``[1 + s]`` positions into ``[min(s, min(1, s) + s)]``
     and ``[max(min(1, s) + s - 1, 0)]``: both are ``[s]``, but TVM cannot show it, types
     their difference with an unknown shape, and then cannot legalize it (``emit_te now
@@ -523,7 +524,7 @@ def tighten_symbolic_shapes(mod):
     for gv, func in mod.functions_items():
         if not isinstance(func, R.Function) or (func.attrs and "Codegen" in func.attrs):
             continue
-        an = _positive_dims_analyzer(func)
+        an = _dims_analyzer(func)
         if not R.analysis.defined_symbolic_vars(func) or not _loose(func, an):
             continue
         out = out or mod.clone()
