@@ -33,6 +33,8 @@ import pytest
 
 from tirbyoc import kernels
 
+from .fresh import without_torch
+
 ROOT = Path(__file__).resolve().parents[1]
 DRIVER = ROOT / "tests" / "sanitize" / "kernel_driver.c"
 BUILD = runpy.run_path(str(ROOT / "tirbyoc" / "_build_kernels.py"))
@@ -217,7 +219,10 @@ def test_sanitized_extension_runs_fuzz_cases(asan_extension, report_lines):
            # The interpreter itself does not free everything at exit.
            "ASAN_OPTIONS": RUN_ENV["ASAN_OPTIONS"].replace("detect_leaks=1", "detect_leaks=0")}
     start = time.perf_counter()
-    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+    # (PyTorch hidden: the fuzz tests do not use it, and importing it under ASan is slow)
+    run = subprocess.run([sys.executable, "-c", without_torch(
+                              "import pytest\nsys.exit(pytest.main(sys.argv[1:]))\n"),
+                          "-q", "-p", "no:cacheprovider",
                           str(ROOT / "tests" / "test_kernel_fuzz.py")],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     seconds = time.perf_counter() - start

@@ -128,6 +128,14 @@ def _child(folder: str, name: str, threads: int, reps: int, settle: float,
     return {"ms": seconds * 1e3, "rel_err": _rel_err(output, ref)}
 
 
+# A contender's process. TVM's FFI package imports PyTorch whenever it is installed (4-6 s
+# and about 2,000 modules); tirbyoc's and ONNX Runtime's processes run without it, as a
+# deployment would, and PyTorch's own is the only one that loads it.
+_CHILD = "import sys\nfrom tirbyoc.bench_scaling import main\nsys.exit(main())\n"
+_CHILD_WITHOUT_TORCH = "import sys\nsys.modules.setdefault('torch', None)\n" + \
+    _CHILD.split("\n", 1)[1]
+
+
 def _run_count(folder, name, threads, reps, settle, rounds=3, timeout=CHILD_TIMEOUT) -> dict:
     """Every contender at one thread count: ``rounds`` rounds of one process each,
     alternating (each round starts one contender further along)."""
@@ -139,8 +147,8 @@ def _run_count(folder, name, threads, reps, settle, rounds=3, timeout=CHILD_TIME
     errors = {peer: 0.0 for peer in PEERS}
     for r in range(rounds):
         for peer in PEERS[r % len(PEERS):] + PEERS[:r % len(PEERS)]:
-            cmd = [sys.executable, "-m", "tirbyoc.bench_scaling", "--child", folder, name,
-                   str(threads), str(reps), str(settle), peer]
+            cmd = [sys.executable, "-c", _CHILD if peer == "torch" else _CHILD_WITHOUT_TORCH,
+                   "--child", folder, name, str(threads), str(reps), str(settle), peer]
             try:
                 proc = subprocess.run(cmd, env=env, capture_output=True, text=True,
                                       timeout=timeout)
