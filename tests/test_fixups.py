@@ -91,9 +91,10 @@ def _hf(name, attention, positions=64):
 
 # NOTE: GPT-2 with PyTorch's SDPA attention at batch > 1 fails inside TVM's frontend
 # (from_exported_program's decompositions leave the attention output transposed, and a
-# view of it fails), before tirbyoc sees the module; its eager attention imports.
+# view of it fails), before tirbyoc sees the module; its eager attention imports. (At
+# batch 1 with SDPA, see the build for every sequence length below.)
 @pytest.mark.parametrize("name, batch, attention, offloaded", [
-    ("gpt2", 1, "sdpa", 7), ("gpt2", 2, "eager", 7), ("llama", 2, "sdpa", 8)])
+    ("gpt2", 2, "eager", 7), ("llama", 2, "sdpa", 8)])
 def test_huggingface_decoders_compile_and_match_pytorch(name, batch, attention, offloaded):
     model = _hf(name, attention)
     ids = torch.randint(0, 500, (batch, 16))
