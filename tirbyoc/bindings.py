@@ -24,6 +24,14 @@ def shape_of(expr):
     return list(values) if values is not None else None
 
 
+def same_dims(a, b) -> bool:
+    """Whether two lists of dimensions (PrimExprs, or None) are provably equal."""
+    if a is None or b is None or len(a) != len(b):
+        return False
+    an = T.analyzer()
+    return all(an.can_prove_equal(x, y) for x, y in zip(a, b))
+
+
 def tir_dims(shape, names: dict) -> list:
     """TIR dims for a Relax shape (of a kernel call's buffer): constants stay, each
     symbolic dim becomes one TIR variable per distinct expression, kept in ``names``

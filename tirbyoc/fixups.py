@@ -189,15 +189,10 @@ def _dims(expr):
     return [int(d) for d in shape]
 
 
-def _same_dims(a, b) -> bool:
-    an = T.analyzer()
-    return len(a) == len(b) and all(an.can_prove_equal(x, y) for x, y in zip(a, b))
-
-
 def _unflattened(call, b):
     """For ``reshape(add(matmul(reshape(x, [P, K]), W), bias), x.shape[:-1] + [N])``
     (the add optional), ``add(matmul(x, W), bias)`` on ``x`` itself; else None."""
-    from .bindings import is_op, shape_of
+    from .bindings import is_op, same_dims, shape_of
 
     if not is_op(call, "relax.reshape"):
         return None
@@ -216,7 +211,7 @@ def _unflattened(call, b):
     xs, ws, out = shape_of(x), shape_of(w), shape_of(call)
     # (symbolic dimensions too: a sequence length s gives [1, s, K] -> [s, K] -> [1, s, N])
     if xs is None or ws is None or out is None or len(xs) < 3 or len(ws) != 2 or \
-            not _same_dims([ws[0]], [xs[-1]]) or not _same_dims(out, xs[:-1] + [ws[1]]):
+            not same_dims([ws[0]], [xs[-1]]) or not same_dims(out, xs[:-1] + [ws[1]]):
         return None
     if bias is not None and (_dims(bias) is None or len(_dims(bias)) > 1):
         return None
@@ -403,15 +398,10 @@ def _slice_fixed(call, b):
         found = _inside_bounds(shape_of(x), axes_from_zero, begin, end, strides,
                                _dims_analyzer(b.func))
         if found is not None:
-            begin, end, inbound = R.ShapeExpr(found[0]), R.ShapeExpr(found[1]), True
+            (begin, end), inbound = found, True
     if axes_from_zero == values and inbound == bool(call.attrs.assume_inbound):
         return None
-    return R.op.strided_slice(x, axes_from_zero, _fields(begin), _fields(end), strides,
-                              assume_inbound=inbound)
-
-
-def _fields(bounds):
-    return list(bounds.values) if isinstance(bounds, R.ShapeExpr) else bounds
+    return R.op.strided_slice(x, axes_from_zero, begin, end, strides, assume_inbound=inbound)
 
 
 def fix_strided_slices(mod):

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from . import _tvm as T
 from .bindings import call_args, call_tir_sites  # noqa: F401 (part of this module's API)
+from .bindings import same_dims
 from .ops import resolve
 
 R = T.relax_ns
@@ -207,13 +208,6 @@ def _shape(expr):
     return list(shape.values)
 
 
-def _same_shape(a, b) -> bool:
-    if a is None or b is None or len(a) != len(b):
-        return False
-    an = T.analyzer()
-    return all(an.can_prove_equal(x, y) for x, y in zip(a, b))
-
-
 def _trailing_broadcast(other, last) -> bool:
     """``other`` broadcasts against any shape ending in ``last`` the same way: all its
     dimensions are 1 except, possibly, a last one equal to ``last``."""
@@ -267,9 +261,9 @@ def sink_reshapes(mod):
             # NOTE: the call's arguments are the Vars bound to the matched reshape and
             # operand; which side the reshape is on is the pattern's, not a comparison's.
             ye, re, oe = m[y], m[inner], m[other]
-            if not regroups(ye, re) or not _same_shape(_shape(orig), _shape(re)):
+            if not regroups(ye, re) or not same_dims(_shape(orig), _shape(re)):
                 return orig
-            if _same_shape(_shape(oe), _shape(re)):
+            if same_dims(_shape(oe), _shape(re)):
                 oe = R.op.reshape(oe, R.ShapeExpr(_shape(ye)))
             elif not _trailing_broadcast(oe, _shape(ye)[-1]):
                 return orig
@@ -281,7 +275,7 @@ def sink_reshapes(mod):
     def twice(orig, m):
         ye = m[y]
         target = _shape(orig)
-        if _same_shape(_shape(ye), target):
+        if same_dims(_shape(ye), target):
             return ye
         return R.op.reshape(ye, R.ShapeExpr(target))
 
@@ -293,7 +287,7 @@ def sink_reshapes(mod):
             return orig
         an = T.analyzer()
         keep = lambda shape: [d for d in shape if not an.can_prove_equal(d, 1)]  # noqa: E731
-        if not _same_shape(keep(src), keep(dst)):
+        if not same_dims(keep(src), keep(dst)):
             return orig
         axes = [int(a) for a in orig.attrs.axes]
         order = [a for a in axes if not an.can_prove_equal(src[a], 1)]
