@@ -4,8 +4,8 @@ Pattern: a ``C[batch.., rows.., n] += A[batch.., rows.., k] * B[batch.., n, k]``
 ``B[batch.., k, n]``) reduction, where either operand may broadcast over batch dimensions
 (index 0 over a dimension of size 1, or fewer dimensions), then any run of epilogue
 operations in the order the program has them: bias, relu, relu6, scale (``* c``), divide
-(``/ c``), a residual add, and gelu (erf and tanh forms), silu, sigmoid, tanh, each of
-those possibly written as several blocks (see ``tirbyoc.epilogues.identify_unary``).
+(``/ c``), a residual add, and gelu (erf and tanh forms), silu, sigmoid, tanh,
+hardswish, hardsigmoid, each of those possibly written as several blocks (see ``tirbyoc.epilogues.identify_unary``).
 A chain takes at most one bias, one residual and one constant (scale and divide share it).
 
 Kernel: ``tirbyoc_matmul_f32`` (``kernels/tirbyoc_kernels.h``), which reads the chain from
@@ -26,7 +26,8 @@ from .dense_relu6 import RELU6
 
 # Mirrors enum tirbyoc_epilogue_op and enum tirbyoc_b_layout in kernels/tirbyoc_kernels.h.
 OPS = {"bias": 1, "relu": 2, "relu6": 3, "gelu_erf": 4, "gelu_tanh": 5, "silu": 6,
-       "sigmoid": 7, "tanh": 8, "scale": 9, "divide": 10, "residual": 11}
+       "sigmoid": 7, "tanh": 8, "scale": 9, "divide": 10, "residual": 11, "hardswish": 12,
+       "hardsigmoid": 13}
 B_LAYOUT = {"nn": 0, "nt": 1, "packed": 2}
 MAX_OPS = 15
 

@@ -281,8 +281,8 @@ CH_INLINE ch_vf ch_phi(ch_vf x)
     return ch_sel(x < ch_splat(0.0f), half_erfc, 1.0f - half_erfc);
 }
 
-/* One unary operation (RELU .. TANH of tirbyoc_epilogue_op); any other code
- * leaves v as is. */
+/* One unary operation (tb_op_unary's codes of tirbyoc_epilogue_op); any
+ * other code leaves v as is. */
 CH_INLINE ch_vf ch_unary(ch_vf v, int op)
 {
     const ch_vf zero = ch_splat(0.0f), six = ch_splat(6.0f);
@@ -302,6 +302,14 @@ CH_INLINE ch_vf ch_unary(ch_vf v, int op)
         return ch_sigmoid(v);
     case TIRBYOC_EPI_TANH:
         return ch_tanh(v);
+    case TIRBYOC_EPI_HARDSWISH:
+    case TIRBYOC_EPI_HARDSIGMOID: {
+        /* PyTorch's order of operations (a true division by 6), so that the
+         * result is its bits; NaN passes both selects */
+        const ch_vf t = v + ch_splat(3.0f);
+        const ch_vf c = ch_sel(t < zero, zero, ch_sel(t > six, six, t));
+        return op == TIRBYOC_EPI_HARDSWISH ? v * c / six : c / six;
+    }
     default:
         return v;
     }
@@ -365,6 +373,8 @@ tb_chain_tile(const tb_chain *ch, int64_t ops, ch_vf *t, int outer, int nv,
             CH_TILE_UNARY(TIRBYOC_EPI_SILU)
             CH_TILE_UNARY(TIRBYOC_EPI_SIGMOID)
             CH_TILE_UNARY(TIRBYOC_EPI_TANH)
+            CH_TILE_UNARY(TIRBYOC_EPI_HARDSWISH)
+            CH_TILE_UNARY(TIRBYOC_EPI_HARDSIGMOID)
 #undef CH_TILE_UNARY
         default:
             break; /* codes were validated by the caller */
@@ -423,6 +433,8 @@ static void tb_unary_row(int op, int64_t n, const float *x, float *y)
         CH_UNARY_CASE(TIRBYOC_EPI_SILU)
         CH_UNARY_CASE(TIRBYOC_EPI_SIGMOID)
         CH_UNARY_CASE(TIRBYOC_EPI_TANH)
+        CH_UNARY_CASE(TIRBYOC_EPI_HARDSWISH)
+        CH_UNARY_CASE(TIRBYOC_EPI_HARDSIGMOID)
 #undef CH_UNARY_CASE
     default:
         return;

@@ -606,7 +606,7 @@ int32_t tirbyoc_unary_f32(int32_t op, int64_t n, const float *x, float *y)
 {
     unary_job_t u;
     int want;
-    if (op < TIRBYOC_EPI_RELU || op > TIRBYOC_EPI_TANH)
+    if (!tb_op_unary(op))
         return TIRBYOC_EEPILOGUE;
     if (n < 0)
         return TIRBYOC_ESIZE;

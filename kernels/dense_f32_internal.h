@@ -201,7 +201,8 @@ typedef void (*tb_conv_out_fn)(const float *ct, int64_t ldc, int64_t m,
  * operations than RESIDUAL and the unary ones (tb_op_unary). */
 static inline int tb_op_unary(int op)
 {
-    return op >= TIRBYOC_EPI_RELU && op <= TIRBYOC_EPI_TANH;
+    return (op >= TIRBYOC_EPI_RELU && op <= TIRBYOC_EPI_TANH) ||
+           op == TIRBYOC_EPI_HARDSWISH || op == TIRBYOC_EPI_HARDSIGMOID;
 }
 /* The NCHW16c stores' part of a chain: its leading RESIDUAL, RELU and RELU6
  * steps, which the stores apply in registers (returned); *rest: the

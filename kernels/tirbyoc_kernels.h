@@ -62,8 +62,9 @@ typedef enum tirbyoc_status {
 /*
  * Elementwise epilogue operations. A chain of them is applied, in order, to
  * each output element v of a matrix product (see tirbyoc_matmul_f32), in the
- * same call, before the element is stored. Unary operations (RELU .. TANH) are
- * also available on their own through tirbyoc_unary_f32.
+ * same call, before the element is stored. Unary operations (RELU .. TANH,
+ * HARDSWISH, HARDSIGMOID) are also available on their own through
+ * tirbyoc_unary_f32.
  *
  * An epilogue chain is an int64_t holding up to 15 operations, 4 bits each:
  * the first operation in the lowest 4 bits, the next one in the following 4
@@ -72,7 +73,8 @@ typedef enum tirbyoc_status {
  * TIRBYOC_EPI_BIAS | TIRBYOC_EPI_GELU_ERF << 4.
  *
  * NaN propagates through every operation; relu(NaN) = relu6(NaN) = NaN as in
- * PyTorch and ONNX Runtime. Transcendental operations are vectorized on every
+ * PyTorch and ONNX Runtime (hardswish(NaN) and hardsigmoid(NaN) too; as
+ * there, hardswish(-inf) is NaN). Transcendental operations are vectorized on every
  * instruction set: tanh, sigmoid and silu within 5e-7 relative of the exact
  * value, the GELUs within 7e-7 for x > -2 and 2e-5 in the lower tail.
  */
@@ -89,7 +91,9 @@ typedef enum tirbyoc_epilogue_op {
     TIRBYOC_EPI_SCALE = 9,     /* v * scale */
     TIRBYOC_EPI_DIVIDE = 10,   /* v / scale (a true division, not v * (1 / scale)) */
     TIRBYOC_EPI_RESIDUAL = 11, /* v + residual[b][i][j]: a tensor of the output's shape */
-    TIRBYOC_EPI_OP_COUNT = 12
+    TIRBYOC_EPI_HARDSWISH = 12,   /* v * min(max(v + 3, 0), 6) / 6 (a true division) */
+    TIRBYOC_EPI_HARDSIGMOID = 13, /* min(max(v + 3, 0), 6) / 6 */
+    TIRBYOC_EPI_OP_COUNT = 14
 } tirbyoc_epilogue_op;
 
 /* How tirbyoc_matmul_f32 reads its second operand B (logically [K, N]). */
@@ -194,7 +198,7 @@ int32_t tirbyoc_matmul_f32(int64_t batch, int64_t m, int64_t n, int64_t k, const
 
 /*
  * y[i] = op(x[i]) for i < n, op one of the unary epilogue operations (RELU
- * .. TANH); x == y is allowed. Errors: TIRBYOC_EEPILOGUE (op is not unary),
+ * .. TANH, HARDSWISH, HARDSIGMOID); x == y is allowed. Errors: TIRBYOC_EEPILOGUE (op is not unary),
  * TIRBYOC_ESIZE (n < 0), TIRBYOC_ENULL.
  */
 int32_t tirbyoc_unary_f32(int32_t op, int64_t n, const float *x, float *y);
@@ -312,7 +316,7 @@ typedef enum tirbyoc_layout {
  * tirbyoc_conv2d_f32_packed with x and/or y NCHW16c: the same values. A
  * blocked x needs 16 | C, a blocked y 16 | OC (else TIRBYOC_EINVAL), and
  * the chain after the bias of a blocked y may only hold RESIDUAL and the
- * unary operations, RELU to TANH (else TIRBYOC_EEPILOGUE). Fast where the
+ * unary operations (RELU to TANH, HARDSWISH, HARDSIGMOID; else TIRBYOC_EEPILOGUE). Fast where the
  * direct path runs (AVX2, AVX-512; a blocked x: a 1x1 conv of stride 1
  * without padding, in one group): there
  * the tiles read and write the blocks in place. Elsewhere the call converts

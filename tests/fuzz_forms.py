@@ -31,9 +31,10 @@ import numpy as np
 # The epilogue operations a kernel fuses (intrinsics/dense.py, dense_relu6.py and the
 # chain of intrinsics/matmul.py): an offloaded layer is named "dense" (or "batch_matmul"
 # for a batched weight) followed by its operations, e.g. "dense_bias_relu_tanh". Of the
-# "tail" forms, these fuse (by form name); the others (exp, abs, a cast) end the chain.
+# "tail" forms, these fuse (by form name); the others (exp, abs, a cast, a hardswish
+# bending elsewhere) end the chain.
 KERNEL_STEPS = ("bias", "relu", "relu6")
-CHAIN_TAILS = ("tanh", "sigmoid", "scale", "residual")
+CHAIN_TAILS = ("tanh", "sigmoid", "scale", "residual", "hardswish", "hardsigmoid")
 # A chain takes one bias and one residual (intrinsics/matmul.py).
 ONCE = ("bias", "residual")
 
@@ -100,7 +101,8 @@ class Case:
 
     def source(self, nanprop=()) -> str:
         """TVMScript of a TIR case. ``nanprop``: per layer, how many leading epilogue steps
-        compute relu/relu6 the kernels' way, NaN in -> NaN out (the case's "twin")."""
+        compute relu/relu6 (hardswish, hardsigmoid) the kernels' way, NaN in -> NaN out (the
+        case's "twin")."""
         return render_tir(self.spec, self.name, nanprop)[0]
 
 
@@ -379,8 +381,14 @@ def _relu6_text(x, o, dt):
             else f"T.{f_out}({inner}, {_c(dt, b_out)})")
 
 
+def _hard(t, shift):
+    """clip(x + shift, 0, 6) as a hardswish writes it."""
+    return f"T.max(T.min({t.x} + {_c(t.dt, shift)}, {_c(t.dt, 6.0)}), {_c(t.dt, 0.0)})"
+
+
 def _nan(x, text, on):
-    """A relu step that propagates NaN like the kernels (for a case's twin)."""
+    """A relu (or hardswish, hardsigmoid) step that propagates NaN like the kernels (for a
+    case's twin)."""
     return f"T.Select(T.isnan({x}), {x}, {text})" if on else text
 
 
@@ -457,6 +465,12 @@ STEPS = {
         "scale": (True, None, lambda t: f"{t.x} * {_c(t.dt, 0.5)}"),
         "residual": (True, None, lambda t: f"{t.x} + {t.p('R', t.rows + [t.n])}[{t.idx}]"),
         "cast_f16": (True, None, lambda t: f'T.Cast("float16", {t.x})'),  # only ever last
+        "hardswish": (True, None, lambda t: _nan(t.x, f"{t.x} * {_hard(t, 3.0)} / "
+                                                      f"{_c(t.dt, 6.0)}", t.nanprop)),
+        "hardsigmoid": (True, None,
+                        lambda t: _nan(t.x, f"{_hard(t, 3.0)} / {_c(t.dt, 6.0)}", t.nanprop)),
+        # bends at -2.5 and 3.5: no hardswish
+        "hardswish_near": (True, None, lambda t: f"{t.x} * {_hard(t, 2.5)} / {_c(t.dt, 6.0)}"),
     },
 }
 

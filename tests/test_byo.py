@@ -539,6 +539,39 @@ def test_a_gelu_epilogue_written_as_several_blocks():
     assert tirbyoc.check(lib, cases=8)
 
 
+def test_a_hardswish_epilogue_written_as_several_blocks():
+    """PyTorch's hardswish legalizes to five blocks (add, two clips, multiply, divide):
+    the declared ``dense + bias + hardswish`` takes them all (MobileNetV3's classifier);
+    a near miss (``clip(v + 3, 0, 6) / 5``) stays TVM's; ``check`` agrees with TVM."""
+    import torch
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(24, 40), torch.nn.Linear(40, 8)
+
+        def forward(self, x):
+            v = self.b(torch.nn.functional.hardswish(self.a(x)))
+            return v * torch.clamp(v + 3, 0, 6) / 5
+
+    torch.manual_seed(0)
+    net = Net().eval()
+    x = torch.randn(5, 24) * 3
+    mod = examples.import_torch(net, x)
+    lib = tirbyoc.Library("hard", sources=[TOY_C], cdef=TOY_H)
+    lib.kernel("toy_dense_bias_hardswish",
+               computes=ops.dense(epilogue=("bias", "hardswish")), args=DENSE_ARGS)
+    report = tirbyoc.explain(mod, libraries=[lib])
+    assert by_library(report) == {"hard": ["toy_dense_bias_hardswish"],
+                                  "tirbyoc": ["tirbyoc_dense_f32_packed"]}, str(report)
+    out = tirbyoc.run(tirbyoc.compile(mod, libraries=[lib]), x.numpy())
+    out = out[0] if isinstance(out, list) else out
+    with torch.no_grad():
+        ref = net(x).numpy()
+    assert np.abs(out - ref).max() <= TOL * max(1.0, np.abs(ref).max())
+    assert tirbyoc.check(lib, cases=8)
+
+
 def test_libraries_are_tried_in_the_order_given(mlp):
     mod, x, ref = mlp
     first = tirbyoc.Library("first", sources=[TOY_C], cdef=TOY_H)

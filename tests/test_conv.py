@@ -632,3 +632,85 @@ def test_silu_and_sigmoid_join_the_conv_calls():
     _check(_SiluConvs(shared=True), (1, 3, 20, 22),
            ["conv2d_bias_silu", "depthwise_conv2d_bias_silu", "conv2d_bias_sigmoid",
             "conv2d_bias"])
+
+
+
+class _HardConvs(torch.nn.Module):
+    """MobileNetV3's activations: a conv + batch norm, a depthwise conv + batch norm
+    + hardswish, a 1x1 conv whose hardsigmoid gates the features (a squeeze-excitation
+    gate's form), scaled so that its inputs reach past +-3; then ``tail``: None (a conv +
+    hardswish), "shared" (a conv whose pre-activation output the sum after its hardswish
+    also reads), "near" (a conv and one of ``NEAR_MISSES`` after it, for each of them in
+    turn)."""
+
+    # each a hardswish or hardsigmoid but for one operation or constant
+    NEAR_MISSES = (lambda v: torch.clamp(v + 3, 0, 6) / 5,
+                   lambda v: v * torch.clamp(v + 2.5, 0, 6) / 6,
+                   lambda v: v * torch.clamp(v + 3, 0.5, 6) / 6,
+                   lambda v: (v - torch.clamp(v + 3, 0, 6)) / 6,
+                   lambda v: v - torch.clamp(v + 3, 0, 6) / 6,
+                   lambda v: v * torch.clamp(v + 3, 0, 6) - 6)
+
+    def __init__(self, tail=None):
+        super().__init__()
+        torch.manual_seed(9)
+        self.c1 = torch.nn.Sequential(torch.nn.Conv2d(3, 32, 3, 2, 1), torch.nn.BatchNorm2d(32))
+        self.dw = torch.nn.Sequential(torch.nn.Conv2d(32, 32, 5, padding=2, groups=32),
+                                      torch.nn.BatchNorm2d(32))
+        self.pw = torch.nn.Conv2d(32, 32, 1)
+        self.tail = tail
+        self.c2 = torch.nn.ModuleList(torch.nn.Conv2d(32, 32, 1) for _ in range(
+            len(self.NEAR_MISSES) if tail == "near" else 1))
+        with torch.no_grad():
+            for m in (self.pw, self.c2[0]):
+                m.weight.mul_(4.0)
+        examples._randomize_batch_norms(self, 4)
+        self.eval()
+
+    def forward(self, x):
+        x = torch.nn.functional.hardswish(self.dw(self.c1(x)))
+        x = torch.nn.functional.hardsigmoid(self.pw(x)) * x
+        if self.tail == "near":
+            for f, c in zip(self.NEAR_MISSES, self.c2):
+                x = f(c(x))
+            return x
+        v = self.c2[0](x)
+        if self.tail == "shared":
+            return torch.nn.functional.hardswish(v) + v
+        return torch.nn.functional.hardswish(v)
+
+
+@pytest.mark.parametrize("tail, last, tvms", [
+    (None, "conv2d_bias_hardswish", 1), ("shared", "conv2d_bias", 2),
+    ("near", "conv2d_bias", 1 + len(_HardConvs.NEAR_MISSES))])
+def test_hardswish_and_hardsigmoid_join_the_conv_calls(tail, last, tvms):
+    """PyTorch's hardswish and hardsigmoid (``v * clip(v + 3, 0, 6) / 6`` and
+    ``clip(v + 3, 0, 6) / 6`` after ``torch.export``, the clip as two) after a depthwise
+    conv and 1x1 convs are the call's last epilogue step; a conv whose own output is read
+    by more than the activation, and near misses, keep them out (and stay right): ``tvms``
+    PrimFuncs stay TVM's, the gate's multiply and one for each of those. Numerics against
+    PyTorch. (Calls of one shape share one PrimFunc.)"""
+    report = _check(_HardConvs(tail), (2, 3, 24, 20),
+                    ["conv2d_bias", "depthwise_conv2d_bias_hardswish",
+                     "conv2d_bias_hardsigmoid", last])
+    assert sum(not how.startswith("kernel") for how in report.schedules.values()) == tvms
+
+
+def test_onnx_hardswish_and_hardsigmoid_join_the_conv_calls():
+    """The same from an ONNX file: ``HardSwish`` (``v * (clip(v + 3, 0, 6) / 6)`` from
+    TVM's frontend) and ``HardSigmoid`` (``clip(v * a + 0.5, 0, 1)``, ``a`` 1/6 in
+    float32); 2 ulp of rounding apart from the kernels' order of operations, well inside
+    the tolerance."""
+    from .test_fixups import _onnx
+
+    model = _HardConvs()
+    x = torch.randn(2, 3, 24, 20, generator=torch.Generator().manual_seed(1))
+    mod = _onnx(model, x, opset=14)  # the ONNX graph: Conv, HardSwish, HardSigmoid, Mul
+    report = tirbyoc.explain(mod)
+    assert sorted(r.intrinsic for r in report.offloaded) == sorted(
+        ["conv2d_bias", "depthwise_conv2d_bias_hardswish", "conv2d_bias_hardsigmoid",
+         "conv2d_bias_hardswish"]), str(report)
+    with torch.no_grad():
+        ref = model(x).numpy()
+    got = tirbyoc.run(tirbyoc.compile(mod), x.numpy())
+    assert float(np.abs(got - ref).max()) <= RTOL * float(np.abs(ref).max())

@@ -21,7 +21,7 @@ import pytest
 
 from tirbyoc import kernels
 
-from .test_kernel_fuzz import CHAIN_REFERENCE as UNARY
+from .test_kernel_fuzz import CHAIN_REFERENCE as UNARY, chain_growth
 from .test_matmul_kernels import on_each_thread_count
 
 
@@ -90,8 +90,8 @@ def reference(x, wt, stride, pad, dil, size, ops, bias=None, residual=None, grou
 def apply_chain(v, err, ops, bias=None, residual=None):
     """(value, error bound) of the float64 sums ``v`` [N, OC, OH, OW] (error bound
     ``err``) through the chain ``ops``: the bias per output channel, the residual, unary
-    operations (each one grows the bound by 1.2 and 1e-6 of its value, 2e-5 for the
-    GELUs); the bound plus 1e-6 of the final value."""
+    operations (each one grows the bound by ``chain_growth`` and 1e-6 of its value, 2e-5
+    for the GELUs); the bound plus 1e-6 of the final value."""
     with np.errstate(invalid="ignore", over="ignore"):
         for op in ops:
             if op == "bias":
@@ -100,7 +100,7 @@ def apply_chain(v, err, ops, bias=None, residual=None):
                 v = v + residual
             else:
                 v = UNARY[op](v)
-                err = err * 1.2 + (2e-5 if op.startswith("gelu") else 1e-6) * np.abs(v)
+                err = err * chain_growth(op) + (2e-5 if op.startswith("gelu") else 1e-6) * np.abs(v)
         return v, err + 1e-6 * np.abs(v) + 1e-30
 
 

@@ -12,8 +12,8 @@ bit), empty sizes and the error statuses with nothing written.
 
 The reference takes each tap's input in float64 (exact zeros in the padding) times the
 tap's weight. Tolerance as the conv tests: 1e-5 * sqrt(sum of squared terms) *
-max(1, sqrt(KH * KW) / 8) per output, grown through the chain (x 1.2 and 1e-6 of the
-value per unary operation, 2e-5 for the GELUs), plus 1e-6 of the value.
+max(1, sqrt(KH * KW) / 8) per output, grown through the chain (by chain_growth and 1e-6
+of the value per unary operation, 2e-5 for the GELUs), plus 1e-6 of the value.
 """
 
 import math

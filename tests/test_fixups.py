@@ -215,14 +215,14 @@ def test_huggingface_models_build_once_for_every_sequence_length(name, attention
 
 # ---- ONNX Clip: the frontend's max / min call_tirs written as R.clip again ----
 
-def _onnx(net, x):
+def _onnx(net, x, opset=13):
     import io
 
     import onnx
     from tvm.relax.frontend.onnx import from_onnx
 
     buf = io.BytesIO()
-    torch.onnx.export(net, (x,), buf, input_names=["x"], dynamo=False, opset_version=13)
+    torch.onnx.export(net, (x,), buf, input_names=["x"], dynamo=False, opset_version=opset)
     return from_onnx(onnx.load_from_string(buf.getvalue()), keep_params_in_input=False)
 
 

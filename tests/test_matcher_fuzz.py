@@ -10,10 +10,11 @@ A case fails when
 
 * a result differs (rtol 1e-4, 2 eps for float16 results; atol rtol times max(1, the
   largest finite |value| of TVM's result); NaN where NaN, the same infinities). One
-  documented exception: the kernels' relu/relu6 propagate NaN (like PyTorch and ONNX)
-  where TVM's ``max(x, 0)`` / select give 0. A position where tirbyoc gives NaN and TVM does not is accepted only when the case's
-  offloaded region has a relu/relu6 step and the case's *twin* gives NaN there too: the
-  same program, built by TVM alone, with exactly the offloaded relu steps rewritten as
+  documented exception: the kernels' relu/relu6 (and hardswish/hardsigmoid) propagate
+  NaN (like PyTorch and ONNX) where TVM's ``max(x, 0)`` / select give 0 (a clamp's
+  bound). A position where tirbyoc gives NaN and TVM does not is accepted only when the case's
+  offloaded region has such a step and the case's *twin* gives NaN there too: the
+  same program, built by TVM alone, with exactly the offloaded steps rewritten as
   ``select(isnan(x), x, relu(x))``;
 * an accepted form was not offloaded exactly as expected (``MissedMatch``), or a
   look-alike was offloaded beyond its valid prefix (``FalseMatch``, also raised for a
@@ -294,13 +295,19 @@ def _run_batch(cases, outcomes, intrinsics=None):
             if not bad.any():
                 continue
             excusable = nan_exception_candidates(t, r, bad)
-            relu = any("relu" in (g or "") for g in o.got)
-            if relu and (excusable == bad).all():
+            if _clamps_nan(o.got) and (excusable == bad).all():
                 o.twin = True
                 o.pending[i] = bad
             else:
                 _numeric_failure(o, i, t, r, bad)
     _judge_twins([outcomes[c.index] for c in built if outcomes[c.index].twin])
+
+
+def _clamps_nan(got) -> bool:
+    """Whether an offloaded region clamps (relu, relu6, hardswish, hardsigmoid): the
+    kernels' clamps pass NaN, TVM's ``max`` / ``min`` of a NaN give the other operand."""
+    return any(any(op in (g or "") for op in ("relu", "hardswish", "hardsigmoid"))
+               for g in got)
 
 
 def _numeric_failure(o: Outcome, i: int, got, ref, bad):
@@ -319,8 +326,7 @@ def _judge_twins(outs):
     # the activation was offloaded (twins exist only for cases with an offloaded relu)
     nanprop = {o.case.index: tuple(len(_kinds(g)) for g in o.got) for o in outs}
     if outs[0].case.kind == "relax":
-        nanprop = {i: any("relu" in (g or "") for g in o.got) for i, o in
-                   zip(nanprop, outs)}
+        nanprop = {i: _clamps_nan(o.got) for i, o in zip(nanprop, outs)}
     if outs[0].case.kind == "tir":
         mod = tvm.IRModule({o.case.name: _parse(o.case, nanprop[o.case.index]) for o in outs})
         ex = tvm.compile(mod, target=TARGET)

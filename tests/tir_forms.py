@@ -446,6 +446,95 @@ def two_biases(A: T.Buffer((4, 6), "float32"), W: T.Buffer((6, 5), "float32"),
             O[vi, vj] = E[vi, vj] + B2[vj]
 
 
+@T.prim_func(s_tir=True)
+def bias_hardswish_clips(A: T.Buffer((4, 6), "float32"), W: T.Buffer((6, 5), "float32"),
+                         B: T.Buffer((5,), "float32"), O: T.Buffer((4, 5), "float32")):
+    # PyTorch's hardswish as TVM legalizes it: v * clip(clip(v + 3, 0, inf), -inf, 6) / 6
+    C = T.sblock_alloc_buffer((4, 5), "float32")
+    D = T.sblock_alloc_buffer((4, 5), "float32")
+    E = T.sblock_alloc_buffer((4, 5), "float32")
+    F = T.sblock_alloc_buffer((4, 5), "float32")
+    G = T.sblock_alloc_buffer((4, 5), "float32")
+    H = T.sblock_alloc_buffer((4, 5), "float32")
+    for i, j, k in T.grid(4, 5, 6):
+        with T.sblock("mm"):
+            vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+            with T.init():
+                C[vi, vj] = T.float32(0)
+            C[vi, vj] = C[vi, vj] + A[vi, vk] * W[vk, vj]
+    for i, j in T.grid(4, 5):
+        with T.sblock("bias"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            D[vi, vj] = C[vi, vj] + B[vj]
+    for i, j in T.grid(4, 5):
+        with T.sblock("plus3"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            E[vi, vj] = D[vi, vj] + T.float32(3)
+    for i, j in T.grid(4, 5):
+        with T.sblock("clip_low"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            F[vi, vj] = T.max(T.min(E[vi, vj], T.float32("inf")), T.float32(0))
+    for i, j in T.grid(4, 5):
+        with T.sblock("clip_high"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            G[vi, vj] = T.max(T.min(F[vi, vj], T.float32(6)), T.float32("-inf"))
+    for i, j in T.grid(4, 5):
+        with T.sblock("times"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            H[vi, vj] = D[vi, vj] * G[vi, vj]
+    for i, j in T.grid(4, 5):
+        with T.sblock("sixth"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            O[vi, vj] = H[vi, vj] / T.float32(6)
+
+
+@T.prim_func(s_tir=True)
+def onnx_hardsigmoid(A: T.Buffer((4, 6), "float32"), W: T.Buffer((5, 6), "float32"),
+                     O: T.Buffer((4, 5), "float32")):
+    # ONNX HardSigmoid(alpha=1/6, beta=0.5) as TVM imports it: clip(alpha * v + 0.5, 0, 1),
+    # alpha the float32 nearest 1/6
+    C = T.sblock_alloc_buffer((4, 5), "float32")
+    for i, j, k in T.grid(4, 5, 6):
+        with T.sblock("mm"):
+            vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+            with T.init():
+                C[vi, vj] = T.float32(0)
+            C[vi, vj] = C[vi, vj] + A[vi, vk] * W[vj, vk]
+    for i, j in T.grid(4, 5):
+        with T.sblock("hardsigmoid"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            O[vi, vj] = T.max(T.min(T.float32(0.1666666716337204) * C[vi, vj] + T.float32(0.5),
+                                    T.float32(1)), T.float32(0))
+
+
+def _hardswish_plus(tent_height, shift=3.0):
+    @T.prim_func(s_tir=True)
+    def func(A: T.Buffer((4, 6), "float32"), W: T.Buffer((6, 5), "float32"),
+             O: T.Buffer((4, 5), "float32")):
+        C = T.sblock_alloc_buffer((4, 5), "float32")
+        for i, j, k in T.grid(4, 5, 6):
+            with T.sblock("mm"):
+                vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+                with T.init():
+                    C[vi, vj] = T.float32(0)
+                C[vi, vj] = C[vi, vj] + A[vi, vk] * W[vk, vj]
+        for i, j in T.grid(4, 5):
+            with T.sblock("almost_hardswish"):
+                vi, vj = T.axis.remap("SS", [i, j])
+                O[vi, vj] = C[vi, vj] * T.max(T.min(C[vi, vj] + T.float32(shift),
+                                                    T.float32(6)), T.float32(0)) / \
+                    T.float32(6) + T.float32(tent_height) * T.max(
+                        T.float32(0), T.min(C[vi, vj] - T.float32(3.03),
+                                            T.float32(3.05) - C[vi, vj]))
+    return func
+
+
+# hardswish plus a tent on [3.03, 3.05], between two probe points (3.0 and 3.1): equal to
+# hardswish at every probe, not on the line; its kinks give it away
+hardswish_tent = _hardswish_plus(1000.0)
+hardswish_shifted = _hardswish_plus(0.0, shift=2.5)
+
+
 # (name, function, intrinsic names in order, names of blocks that must stay TIR)
 ACCEPTED = [
     ("nt_bias_relu", nt_bias_relu, ["dense_bias_relu"], []),
@@ -464,6 +553,8 @@ ACCEPTED = [
     ("bias_gelu_erf", bias_gelu_erf, ["dense_bias_gelu_erf"], []),
     ("gelu_tanh_pow", gelu_tanh_pow, ["dense_bias_gelu_tanh"], []),
     ("silu_residual", silu_residual, ["dense_silu_residual"], []),
+    ("bias_hardswish_clips", bias_hardswish_clips, ["dense_bias_hardswish"], []),
+    ("onnx_hardsigmoid", onnx_hardsigmoid, ["dense_hardsigmoid"], []),
 ]
 
 # ---------------------------------------------------------------- refused forms
@@ -669,4 +760,8 @@ PARTIAL = [
     ("gelu_tanh_wrong_cube", gelu_tanh_wrong_cube, "dense_bias", "gelu",
      "no unary operation the kernel has"),
     ("two_biases", two_biases, "dense_bias_tanh", "bias2", "a second bias"),
+    ("hardswish_tent", hardswish_tent, "dense", "almost_hardswish",
+     "no unary operation the kernel has"),
+    ("hardswish_shifted", hardswish_shifted, "dense", "almost_hardswish",
+     "no unary operation the kernel has"),
 ]

@@ -229,10 +229,6 @@ def _call(kernel, arrays: dict, values: dict):
     return 0 if status is None else int(status)
 
 
-_UNARY = {"relu": "relax.nn.relu", "gelu": "relax.nn.gelu", "gelu_tanh": "relax.nn.gelu_tanh",
-          "silu": "relax.nn.silu", "sigmoid": "relax.sigmoid", "tanh": "relax.tanh"}
-
-
 def _epilogue(bb, R, y, steps, params):
     """Emit the epilogue steps on ``y`` with the Relax params ``params`` (by role)."""
     for step in steps:
@@ -256,6 +252,12 @@ def _epilogue(bb, R, y, steps, params):
             y = bb.emit(R.op.sigmoid(y))
         elif step == "tanh":
             y = bb.emit(R.op.tanh(y))
+        elif step in ("hardswish", "hardsigmoid"):  # as PyTorch's frontend writes them
+            three, six = (R.const(v, "float32") for v in (3.0, 6.0))
+            clamp = bb.emit(R.op.clip(bb.emit(R.op.add(y, three)), 0.0, 6.0))
+            if step == "hardswish":
+                clamp = bb.emit(R.op.multiply(y, clamp))
+            y = bb.emit(R.op.divide(clamp, six))
     return y
 
 

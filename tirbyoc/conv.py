@@ -8,7 +8,7 @@ one product per group, in the same call), static channels and spatial sizes (the
 may be symbolic), and a constant weight:
 
     y = conv2d(x, W) (+ b) (-> batch_norm in inference mode) (+ r)
-        (-> relu | relu6 | silu | sigmoid)
+        (-> relu | relu6 | silu | sigmoid | hardswish | hardsigmoid)
 
 becomes
 
@@ -25,7 +25,9 @@ the batch norm. ``pack_constants`` packs ``W'`` (and ``b'``) for the kernel (bel
 ResNet shortcut), added before the activation; where two convs meet at an add (a
 projection shortcut), the add goes to the first. The activation is a relu, a ReLU6
 (``clip(0, 6)``), a sigmoid or a SiLU (``R.nn.silu``, or ``v * sigmoid(v)`` written out,
-as ``torch.export`` gives HF's EfficientNet). Every intermediate of the replaced ops must
+as ``torch.export`` gives HF's EfficientNet), or MobileNetV3's hardswish or hardsigmoid
+(``v * clip(v + 3, 0, 6) / 6``, ``clip(v + 3, 0, 6) / 6``, as PyTorch's and ONNX's
+frontends write them: ``_hard_activation``). Every intermediate of the replaced ops must
 be used only by the next one (SiLU's ``v``: by its sigmoid and the product only).
 
 A 3x3 conv of stride 1 and dilation 1 in one group with a constant weight, over enough
@@ -79,7 +81,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from . import _tvm as T
-from .bindings import Bindings, is_op, rewrite_calls, shape_of, tir_dims
+from .bindings import Bindings, is_op, rewrite_calls, scalar_constant, shape_of, tir_dims
 from .normalize import INTRINSIC_ATTR, NOTES_ATTR, OFFLOADED_ATTR
 
 R = T.relax_ns
@@ -88,13 +90,13 @@ PACKED_SYMBOL = "tirbyoc_conv2d_f32_packed"
 LAYOUTS_SYMBOL = "tirbyoc_conv2d_f32_packed_layouts"
 WINOGRAD_SYMBOL = "tirbyoc_conv2d_winograd_f32"
 INTRINSIC = "conv2d"
-DESCRIPTION = ("R.nn.conv2d (+ bias, batch norm, shortcut, relu, relu6, silu or sigmoid) as one "
-               "kernel call")
+DESCRIPTION = ("R.nn.conv2d (+ bias, batch norm, shortcut, relu, relu6, silu, sigmoid, hardswish "
+               "or hardsigmoid) as one kernel call")
 DEPTHWISE_SYMBOL = "tirbyoc_depthwise_conv2d_f32"
 DEPTHWISE_LAYOUTS_SYMBOL = "tirbyoc_depthwise_conv2d_f32_layouts"
 DEPTHWISE_INTRINSIC = "depthwise_conv2d"
 DEPTHWISE_DESCRIPTION = ("depthwise R.nn.conv2d (+ bias, batch norm, shortcut, relu, relu6, "
-                         "silu or sigmoid) as one kernel call")
+                         "silu, sigmoid, hardswish or hardsigmoid) as one kernel call")
 
 
 def _static_shape(expr):
@@ -126,7 +128,7 @@ class _Plan:
     weight_shape: tuple
     bias: np.ndarray | None  # [OC], float64
     residual: object | None  # a tensor of the output's shape added after the bias
-    act: str | None          # "relu", "relu6", "silu" or "sigmoid"
+    act: str | None          # "relu", "relu6", "silu", "sigmoid", "hardswish", "hardsigmoid"
     depthwise: bool
     groups: int
     strides: tuple
@@ -215,6 +217,10 @@ def _plan(b: Bindings, var, call, residuals=True, batch_norms=True):
     bias, residual, act, last = None, None, None, var
     norm, bias_after = None, None
     while True:
+        hard = _hard_activation(b, last) if act is None else None
+        if hard is not None:
+            act, last = hard
+            break
         user = b.only_user(last)
         if user is None:
             silu = _silu_of(b, last) if act is None else None
@@ -340,6 +346,89 @@ def _silu_of(b: Bindings, var):
                 any(mval.args[i].same_as(var) and mval.args[1 - i].same_as(svar)
                     for i in (0, 1)):
             return mvar
+    return None
+
+
+# ONNX HardSigmoid's alpha for hardsigmoid (what torch.onnx writes): 1 / 6 in float32.
+_ONNX_SIXTH = float(np.float32(1.0 / 6.0))
+
+
+def _scalar_operand(b: Bindings, call, op, var):
+    """c of ``op(var, c)`` (or ``op(c, var)``, for add and multiply) with a 0-d constant
+    c, else None."""
+    if not is_op(call, op) or len(call.args) != 2:
+        return None
+    x, y = call.args
+    if not x.same_as(var):
+        if op == "relax.divide" or not y.same_as(var):
+            return None
+        x, y = y, x
+    return scalar_constant(y, b.values, "f")
+
+
+def _clamped(b: Bindings, var):
+    """(the variable, low, high) after the chain of ``R.clip`` bindings that read ``var``
+    one after another, each the only reader of the one before: the chain is
+    ``clip(var, low, high)`` (two clips with overlapping ranges are one clip of their
+    intersection; PyTorch's hardswish gives ``clip(0, inf)`` then ``clip(-inf, 6)``)."""
+    lo, hi, last = -np.inf, np.inf, var
+    while True:
+        user = b.only_user(last)
+        if user is None or not is_op(user[1], "relax.clip") or \
+                not user[1].args[0].same_as(last):
+            return last, lo, hi
+        bounds = _clip_bounds(user[1])
+        if bounds is None or max(lo, bounds[0]) > min(hi, bounds[1]):
+            return last, lo, hi
+        lo, hi, last = max(lo, bounds[0]), min(hi, bounds[1]), user[0]
+
+
+def _hard_activation(b: Bindings, var):
+    """("hardswish" or "hardsigmoid", the variable of its result) when the bindings that
+    read ``var`` compute one of them and nothing else reads their intermediates, as the
+    frontends write them:
+
+    - PyTorch: ``var * clip(var + 3, 0, 6) / 6`` and ``clip(var + 3, 0, 6) / 6``;
+    - ONNX ``HardSwish``: ``var * (clip(var + 3, 0, 6) / 6)``;
+    - ONNX ``HardSigmoid`` as ``torch.onnx`` writes it: ``clip(var * a + 0.5, 0, 1)``,
+      ``a`` 1/6 in float32 (the kernels' ``clip(var + 3, 0, 6) / 6`` is within 2 ulp).
+
+    Else None."""
+    users = b.users(var)
+    if b.uses.get(var, 0) != len(users) or len(users) not in (1, 2):
+        return None
+    if len(users) == 1 and _scalar_operand(b, users[0][1], "relax.multiply", var) == \
+            _ONNX_SIXTH:
+        half = b.only_user(users[0][0])
+        if half is not None and \
+                _scalar_operand(b, half[1], "relax.add", users[0][0]) == 0.5:
+            out, lo, hi = _clamped(b, half[0])
+            return ("hardsigmoid", out) if (lo, hi) == (0.0, 1.0) else None
+    plus3 = [u for u in users if _scalar_operand(b, u[1], "relax.add", var) == 3.0]
+    if len(plus3) != 1:
+        return None
+    clamp, lo, hi = _clamped(b, plus3[0][0])
+    if (lo, hi) != (0.0, 6.0):
+        return None
+    after = b.only_user(clamp)
+    if after is None:
+        return None
+    if len(users) == 1:  # hardsigmoid
+        return ("hardsigmoid", after[0]) \
+            if _scalar_operand(b, after[1], "relax.divide", clamp) == 6.0 else None
+    (mvar, mval), = [u for u in users if u is not plus3[0]]
+    if not is_op(mval, "relax.multiply") or len(mval.args) != 2 or \
+            not any(a.same_as(var) for a in mval.args):
+        return None
+    other = mval.args[1] if mval.args[0].same_as(var) else mval.args[0]
+    if other.same_as(clamp) and after[0].same_as(mvar):  # PyTorch: (var * clamp) / 6
+        last = b.only_user(mvar)
+        return ("hardswish", last[0]) if last is not None and _scalar_operand(
+            b, last[1], "relax.divide", mvar) == 6.0 else None
+    if other.same_as(after[0]) and \
+            _scalar_operand(b, after[1], "relax.divide", clamp) == 6.0 and \
+            b.uses.get(after[0], 0) == 1:  # ONNX: var * (clamp / 6)
+        return "hardswish", mvar
     return None
 
 

@@ -172,18 +172,29 @@ def _definitions():
         "silu": lambda x: x / (1.0 + np.exp(-x)),
         "sigmoid": lambda x: 1.0 / (1.0 + np.exp(-x)),
         "tanh": np.tanh,
+        "hardswish": lambda x: x * np.clip(x + 3.0, 0.0, 6.0) / 6.0,
+        "hardsigmoid": lambda x: np.clip(x + 3.0, 0.0, 6.0) / 6.0,
     }
+
+
+# Where each operation is not analytic (its kinks); none for the others.
+_KINKS = {"hardswish": (-3.0, 3.0), "hardsigmoid": (-3.0, 3.0)}
 
 
 def _float32_constant_forms():
     """Operations as a graph writes them with float32 constants, which the kernels use as
     well (``chain_f32.h``: ``0.044715f``): HF GPT-2's written-out tanh GELU, its
     ``sqrt(2 / pi)`` and ``0.044715`` rounded to float32, is 6e-7 from the exact definition
-    at the probes far in the negative tail, where ``1 + tanh`` cancels."""
+    at the probes far in the negative tail, where ``1 + tanh`` cancels. ONNX's
+    ``HardSigmoid(alpha=1/6, beta=0.5)`` (what ``torch.onnx`` writes for hardsigmoid) is
+    ``clip(alpha x + 0.5, 0, 1)`` with alpha rounded to float32: 1.5e-8 from the exact
+    definition near -3, where the result nears 0."""
     import numpy as np
 
     c, k = float(np.float32(np.sqrt(2.0 / np.pi))), float(np.float32(0.044715))
-    return {"gelu_tanh": lambda x: 0.5 * x * (1.0 + np.tanh(c * (x + k * x ** 3)))}
+    sixth = float(np.float32(1.0 / 6.0))
+    return {"gelu_tanh": lambda x: 0.5 * x * (1.0 + np.tanh(c * (x + k * x ** 3))),
+            "hardsigmoid": lambda x: np.clip(sixth * x + 0.5, 0.0, 1.0)}
 
 
 def _probes():
@@ -197,15 +208,107 @@ class _NotElementwise(Exception):
     pass
 
 
+class _Piecewise:
+    """A piecewise-linear function of the operation's input x: ``knots`` (sorted, where
+    it bends) and ``pieces``, one (slope, intercept) per interval between them."""
+
+    def __init__(self, knots, pieces):
+        self.knots, self.pieces = tuple(knots), tuple(pieces)
+
+    @staticmethod
+    def constant(c):
+        return _Piecewise((), ((0.0, float(c)),))
+
+    def is_constant(self):
+        return not self.knots and self.pieces[0][0] == 0.0
+
+    def on(self, knots):
+        """The pieces over the finer partition ``knots`` (which holds ``self.knots``)."""
+        out, i = [], 0
+        for k in knots:
+            out.append(self.pieces[i])
+            if i < len(self.knots) and self.knots[i] == k:
+                i += 1
+        return out + [self.pieces[i]]
+
+    def combine(self, other, fn):
+        """The pieces of ``fn(self, other)`` for an affine ``fn`` of two affine pieces."""
+        knots = sorted(set(self.knots) | set(other.knots))
+        return _Piecewise(knots, [fn(a, b) for a, b in zip(self.on(knots), other.on(knots))])
+
+    def extreme(self, other, larger):
+        """max (``larger``) or min of two piecewise-linear functions: a knot more where
+        they cross inside a piece; adjacent equal pieces merged."""
+        import math
+
+        for c in (self, other):  # min(f, inf) = f, max(f, -inf) = f, and their opposites
+            if c.is_constant() and math.isinf(c.pieces[0][1]):
+                if (c.pieces[0][1] > 0) != larger:
+                    return other if c is self else self
+                return c
+        if not all(math.isfinite(v) for f in self.pieces + other.pieces for v in f):
+            raise _NotElementwise("takes a max or min of a non-finite line")
+        knots = sorted(set(self.knots) | set(other.knots))
+        bounds = [-math.inf] + knots + [math.inf]
+
+        def pick(f, g, lo, hi):  # the larger (smaller) of two lines that do not cross
+            x = 0.0 if lo == -hi else lo + 1.0 if hi == math.inf else \
+                hi - 1.0 if lo == -math.inf else (lo + hi) / 2
+            fx, gx = f[0] * x + f[1], g[0] * x + g[1]
+            return f if (fx >= gx) == larger else g
+
+        out_knots, out = [], []
+        for i, (f, g) in enumerate(zip(self.on(knots), other.on(knots))):
+            lo, hi = bounds[i], bounds[i + 1]
+            if i:
+                out_knots.append(lo)
+            x = (g[1] - f[1]) / (f[0] - g[0]) if f[0] != g[0] else lo
+            if lo < x < hi:
+                out += [pick(f, g, lo, x), pick(f, g, x, hi)]
+                out_knots.append(x)
+            else:
+                out.append(pick(f, g, lo, hi))
+        keep_knots, keep = [], [out[0]]
+        for k, piece in zip(out_knots, out[1:]):
+            if piece != keep[-1]:
+                keep_knots.append(k)
+                keep.append(piece)
+        return _Piecewise(keep_knots, keep)
+
+
+class _Value:
+    """An expression's value at the probes (``at``), where it is not analytic
+    (``kinks``), and its piecewise-linear form (``linear``; None where it has none)."""
+
+    def __init__(self, at, kinks=(), linear=None):
+        self.at, self.kinks, self.linear = at, frozenset(kinks), linear
+
+
 _CALLS = {f"{ns}.{fn}": fn for ns in ("tir", "tirx") for fn in ("tanh", "exp", "erf", "sigmoid")}
 
 
+def _affine_op(node, a, b):
+    """The pieces of ``a node b`` (+, -, or * or / by a constant), or None."""
+    if node in (T.Add, T.Sub):
+        sign = 1.0 if node is T.Add else -1.0
+        return a.combine(b, lambda f, g: (f[0] + sign * g[0], f[1] + sign * g[1]))
+    if node is T.Mul and (a.is_constant() or b.is_constant()):
+        c, f = (a, b) if a.is_constant() else (b, a)
+        k = c.pieces[0][1]
+        return _Piecewise(f.knots, [(s * k, t * k) for s, t in f.pieces])
+    if node is T.Div and b.is_constant() and b.pieces[0][1] != 0.0:
+        k = b.pieces[0][1]
+        return _Piecewise(a.knots, [(s / k, t / k) for s, t in a.pieces])
+    return None
+
+
 def _evaluate(expr, env, own):
-    """``expr`` in float64 over the probe points; ``env``: [(buffer, values)]."""
+    """``expr`` in float64 over the probe points, as a ``_Value``; ``env``: [(buffer,
+    _Value)]."""
     import numpy as np
 
     if isinstance(expr, (T.FloatImm, T.IntImm)):
-        return float(expr.value)
+        return _Value(float(expr.value), linear=_Piecewise.constant(expr.value))
     if isinstance(expr, T.Cast):
         if not str(expr.dtype).startswith("float"):
             raise _NotElementwise(f"casts to {expr.dtype}")
@@ -214,28 +317,42 @@ def _evaluate(expr, env, own):
         if len(expr.indices) != len(own) or not all(
                 e.same_as(o) for e, o in zip(expr.indices, own)):
             raise _NotElementwise(f"reads {expr.source.name} at other indices")
-        for buf, values in env:
+        for buf, value in env:
             if buf.same_as(expr.source):
-                return values
+                return value
         raise _NotElementwise(f"reads {expr.source.name}, not only the previous result")
     binary = {T.Add: np.add, T.Sub: np.subtract, T.Mul: np.multiply, T.Div: np.divide}
     for node, fn in binary.items():
         if isinstance(expr, node):
-            return fn(_evaluate(expr.a, env, own), _evaluate(expr.b, env, own))
+            a, b = _evaluate(expr.a, env, own), _evaluate(expr.b, env, own)
+            linear = _affine_op(node, a.linear, b.linear) \
+                if a.linear is not None and b.linear is not None else None
+            return _Value(fn(a.at, b.at), linear.knots if linear else a.kinks | b.kinks,
+                          linear)
+    if isinstance(expr, (T.Max, T.Min)):
+        a, b = _evaluate(expr.a, env, own), _evaluate(expr.b, env, own)
+        if a.linear is None or b.linear is None:
+            raise _NotElementwise("takes a max or min of a value that is not piecewise "
+                                  "linear in the input")
+        larger = isinstance(expr, T.Max)
+        linear = a.linear.extreme(b.linear, larger)
+        return _Value((np.maximum if larger else np.minimum)(a.at, b.at), linear.knots,
+                      linear)
     if isinstance(expr, T.Call) and hasattr(expr.op, "name") and \
             expr.op.name in ("tir.pow", "tirx.pow") and len(expr.args) == 2 and \
             float_value(expr.args[1]) is not None:
         # x ** c with a constant c (the cube of HF GPT-2's written-out tanh GELU)
-        return np.power(_evaluate(expr.args[0], env, own), float_value(expr.args[1]))
+        a = _evaluate(expr.args[0], env, own)
+        return _Value(np.power(a.at, float_value(expr.args[1])), a.kinks)
     if isinstance(expr, T.Call) and hasattr(expr.op, "name") and expr.op.name in _CALLS:
         (arg,) = expr.args
-        x = _evaluate(arg, env, own)
+        a = _evaluate(arg, env, own)
         name = _CALLS[expr.op.name]
         if name == "erf":
-            return _erf(x)
+            return _Value(_erf(a.at), a.kinks)
         if name == "sigmoid":
-            return 1.0 / (1.0 + np.exp(-x))
-        return getattr(np, name)(x)
+            return _Value(1.0 / (1.0 + np.exp(-a.at)), a.kinks)
+        return _Value(getattr(np, name)(a.at), a.kinks)
     raise _NotElementwise(f"uses {type(expr).__name__}")
 
 
@@ -244,34 +361,44 @@ def _evaluate(expr, env, own):
 PROBE_RTOL = 1e-7
 
 
+def _kinks_within(kinks, allowed) -> bool:
+    """Whether every kink is one of ``allowed`` (to PROBE_RTOL: ONNX's HardSigmoid bends
+    at -0.5 / float32(1/6), 9e-8 from -3)."""
+    return all(any(abs(k - a) <= PROBE_RTOL * max(1.0, abs(a)) for a in allowed)
+               for k in kinks)
+
+
 def identify_unary(nests, source, sink):
     """The unary operation that ``nests`` (in program order, ending with ``sink``) compute
     from ``source``, checked numerically at a fixed set of probe points, or a NoMatch.
 
-    Only +, -, *, /, float constants, powers with a constant exponent and
-    tanh/exp/erf/sigmoid are evaluated (analytic functions; no selects or comparisons), so
-    a group either is the operation on the whole line or differs from it at the probes.
+    Only +, -, *, /, float constants, powers with a constant exponent, tanh/exp/erf/sigmoid
+    and max/min of piecewise-linear values are evaluated (no selects or comparisons). The
+    kinks of the max/min are found exactly, and must be the operation's own (hardswish
+    bends at -3 and 3; the others nowhere): between them both are analytic, so a group
+    either is the operation on the whole line or differs from it at the probes.
     """
     import numpy as np
 
     x = _probes()
-    env = [(source, x)]
+    env = [(source, _Value(x, linear=_Piecewise((), ((1.0, 0.0),))))]
     with np.errstate(all="ignore"):
         try:
             for nest in nests:
-                env.append((nest.store.buffer,
-                            np.broadcast_to(_evaluate(nest.store.value, env,
-                                                      list(nest.store.indices)), x.shape)))
+                value = _evaluate(nest.store.value, env, list(nest.store.indices))
+                value.at = np.broadcast_to(value.at, x.shape)
+                env.append((nest.store.buffer, value))
         except _NotElementwise as exc:
             return NoMatch(str(exc))
         got = env[-1][1]
         forms = list(_definitions().items()) + list(_float32_constant_forms().items())
         for name, ref in forms:
             want = ref(x)
-            if np.all(np.abs(got - want) <= PROBE_RTOL * np.abs(want) + 1e-12):
+            if np.all(np.abs(got.at - want) <= PROBE_RTOL * np.abs(want) + 1e-12) and \
+                    _kinks_within(got.kinks, _KINKS.get(name, ())):
                 return StepMatch(params={"op": name}, nests=tuple(n for n in nests
                                                                   if n is not sink))
-    return NoMatch("the elementwise blocks compute none of gelu, silu, sigmoid, tanh")
+    return NoMatch(f"the elementwise blocks compute none of {', '.join(_definitions())}")
 
 
 UNARY_OPS = tuple(_definitions())

@@ -35,8 +35,10 @@ TIRBYOC_ENOMEM = 6
 
 # Mirrors enum tirbyoc_epilogue_op (codes of an epilogue chain, 4 bits each).
 EPILOGUE_OPS = {"bias": 1, "relu": 2, "relu6": 3, "gelu_erf": 4, "gelu_tanh": 5, "silu": 6,
-                "sigmoid": 7, "tanh": 8, "scale": 9, "divide": 10, "residual": 11}
-UNARY_OPS = ("relu", "relu6", "gelu_erf", "gelu_tanh", "silu", "sigmoid", "tanh")
+                "sigmoid": 7, "tanh": 8, "scale": 9, "divide": 10, "residual": 11,
+                "hardswish": 12, "hardsigmoid": 13}
+UNARY_OPS = ("relu", "relu6", "gelu_erf", "gelu_tanh", "silu", "sigmoid", "tanh", "hardswish",
+             "hardsigmoid")
 # Mirrors enum tirbyoc_b_layout.
 B_LAYOUTS = {"nn": 0, "nt": 1, "packed": 2}
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from . import _tvm as T
 from . import weights
-from .epilogues import UNARY_STEPS, identify_unary
+from .epilogues import UNARY_OPS, UNARY_STEPS, identify_unary
 from .intrinsic import Intrinsic, NoMatch, StepContext
 from .normalize import Nest, NormalFunc
 
@@ -415,7 +415,7 @@ def _unary_group(normal: NormalFunc, dense: Dense, source, after: int):
         if sm:
             return sink, sm
     return NoMatch(f"the elementwise blocks after {source.name} compute no unary operation "
-                   "the kernel has (gelu, silu, sigmoid, tanh)")
+                   f"the kernel has ({', '.join(UNARY_OPS)})")
 
 
 def _ancestors(group, sink, source):

@@ -49,6 +49,7 @@ matcher) and its ``tirbyoc.check`` (``checker``). Adding a family is its rewrite
 and one registration here (with its constructor).
 
 Epilogue steps: bias, relu, relu6, gelu (erf form), gelu_tanh, silu, sigmoid, tanh,
+hardswish (``v * clip(v + 3, 0, 6) / 6``), hardsigmoid (``clip(v + 3, 0, 6) / 6``),
 scale (``* c``), residual (``+ r``, a tensor of the output's shape). Matrix and
 convolution families take them; pooling and softmax take none.
 """
@@ -59,7 +60,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 EPILOGUE_STEPS = ("bias", "relu", "relu6", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh",
-                  "scale", "residual")
+                  "hardswish", "hardsigmoid", "scale", "residual")
 # What a step adds to a family's roles: an operand, or a scalar.
 _STEP_ROLES = {"bias": ("bias",), "residual": ("residual", "ldr"), "scale": ("scale",)}
 

@@ -21,7 +21,8 @@ from .matcher import Region, batch_stride, row_stride
 _STEP = {"bias": BIAS, "relu": RELU, "scale": SCALE, "residual": RESIDUAL,
          "gelu": UNARY_STEPS["gelu_erf"], "gelu_tanh": UNARY_STEPS["gelu_tanh"],
          "silu": UNARY_STEPS["silu"], "sigmoid": UNARY_STEPS["sigmoid"],
-         "tanh": UNARY_STEPS["tanh"]}
+         "tanh": UNARY_STEPS["tanh"], "hardswish": UNARY_STEPS["hardswish"],
+         "hardsigmoid": UNARY_STEPS["hardsigmoid"]}
 
 
 def _relu6():

@@ -116,6 +116,17 @@ int toy_bmm(const float *x, const float *w, float *y, int64_t batch, int64_t m, 
     return 0;
 }
 
+/* y = hardswish(x @ w.T + b): v * min(max(v + 3, 0), 6) / 6. */
+int toy_dense_bias_hardswish(const float *x, const float *w, const float *b, float *y,
+                             int64_t m, int64_t n, int64_t k) {
+    dense(x, w, b, y, m, n, k, 0);
+    for (int64_t i = 0; i < m * n; i++) {
+        const float t = y[i] + 3.0f;
+        y[i] = y[i] * (t < 0.0f ? 0.0f : t > 6.0f ? 6.0f : t) / 6.0f;
+    }
+    return 0;
+}
+
 /* y = gelu(x @ w.T + b), the erf form. */
 int toy_dense_bias_gelu(const float *x, const float *w, const float *b, float *y,
                         int64_t m, int64_t n, int64_t k) {

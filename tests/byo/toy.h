@@ -15,3 +15,5 @@ int toy_bmm(const float *x, const float *w, float *y, int64_t batch, int64_t m, 
             int64_t k);
 int toy_dense_bias_gelu(const float *x, const float *w, const float *b, float *y,
                         int64_t m, int64_t n, int64_t k);
+int toy_dense_bias_hardswish(const float *x, const float *w, const float *b, float *y,
+                             int64_t m, int64_t n, int64_t k);

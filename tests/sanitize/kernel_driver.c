@@ -781,6 +781,9 @@ static double unary_d(int op, double x)
     case TIRBYOC_EPI_SILU: return x * sigmoid_d(x);
     case TIRBYOC_EPI_SIGMOID: return sigmoid_d(x);
     case TIRBYOC_EPI_TANH: return tanh(x);
+    case TIRBYOC_EPI_HARDSWISH: /* NaN passes the clamp, as in relu6 */
+        return x * (x + 3 < 0 ? 0 : (x + 3 > 6 ? 6 : x + 3)) / 6;
+    case TIRBYOC_EPI_HARDSIGMOID: return (x + 3 < 0 ? 0 : (x + 3 > 6 ? 6 : x + 3)) / 6;
     default: return x;
     }
 }
@@ -1585,6 +1588,7 @@ static void conv_cases(uint64_t *rng, int threaded)
         TIRBYOC_EPI_BIAS | TIRBYOC_EPI_RESIDUAL << 4 | TIRBYOC_EPI_RELU6 << 8,
         TIRBYOC_EPI_RESIDUAL | TIRBYOC_EPI_SILU << 4,
         TIRBYOC_EPI_BIAS | TIRBYOC_EPI_GELU_ERF << 4 | TIRBYOC_EPI_TANH << 8,
+        TIRBYOC_EPI_BIAS | TIRBYOC_EPI_HARDSWISH << 4,
     };
     size_t si, ci;
     int pass;
@@ -1803,6 +1807,7 @@ static void dw_cases(uint64_t *rng, int threaded)
         TIRBYOC_EPI_BIAS | TIRBYOC_EPI_RESIDUAL << 4 | TIRBYOC_EPI_RELU << 8,
         TIRBYOC_EPI_RELU | TIRBYOC_EPI_RESIDUAL << 4 | TIRBYOC_EPI_SILU << 8,
         TIRBYOC_EPI_BIAS | TIRBYOC_EPI_GELU_ERF << 4 | TIRBYOC_EPI_TANH << 8,
+        TIRBYOC_EPI_BIAS | TIRBYOC_EPI_HARDSWISH << 4 | TIRBYOC_EPI_HARDSIGMOID << 8,
     };
     size_t si, ci;
     if (!threaded)
@@ -1936,6 +1941,7 @@ static void matmul_chains(uint64_t *rng, int threaded)
         {TIRBYOC_EPI_RESIDUAL, TIRBYOC_EPI_SILU, 0, 0},
         {TIRBYOC_EPI_BIAS, TIRBYOC_EPI_RELU, TIRBYOC_EPI_TANH, 0},
         {TIRBYOC_EPI_SIGMOID, TIRBYOC_EPI_RELU6, 0, 0},
+        {TIRBYOC_EPI_BIAS, TIRBYOC_EPI_HARDSWISH, TIRBYOC_EPI_RESIDUAL, TIRBYOC_EPI_HARDSIGMOID},
     };
     static const int64_t shapes[][4] = {
         {12, 16, 16, 8}, {3, 17, 33, 5}, {2, 1, 40, 7}, {4, 29, 65, 0}, {1, 130, 70, 300},
@@ -1964,13 +1970,21 @@ static void matmul_chains(uint64_t *rng, int threaded)
         static const int64_t lens[] = {1, 7, 15, 16, 17, 33, 100, 40000};
         int op;
         size_t li;
-        for (op = TIRBYOC_EPI_RELU; op <= TIRBYOC_EPI_TANH; ++op)
+        for (op = TIRBYOC_EPI_RELU; op < TIRBYOC_EPI_OP_COUNT; ++op)
             for (li = 0; li < sizeof(lens) / sizeof(lens[0]); ++li) {
                 buf_t bx, by;
                 float *xv = buf_alloc(&bx, (size_t)lens[li], 1);
-                float *yv = buf_alloc(&by, (size_t)lens[li], 3);
+                float *yv;
                 double worst = 0;
                 int64_t t;
+                if (op == TIRBYOC_EPI_SCALE || op == TIRBYOC_EPI_DIVIDE ||
+                    op == TIRBYOC_EPI_RESIDUAL) { /* not unary: refused */
+                    check(tirbyoc_unary_f32(op, lens[li], xv, xv) == TIRBYOC_EEPILOGUE,
+                          "non-unary op refused", "tirbyoc_unary_f32", lens[li], 0, 0, NULL);
+                    buf_free(&bx);
+                    continue;
+                }
+                yv = buf_alloc(&by, (size_t)lens[li], 3);
                 for (t = 0; t < lens[li]; ++t)
                     xv[t] = rng_float(rng) * 12;
                 check(tirbyoc_unary_f32(op, lens[li], xv, yv) == TIRBYOC_OK, "status",
