@@ -33,8 +33,9 @@ def test_tuning_keeps_offloaded_blocks(tmp_path):
     target = tvm.target.Target({"kind": "llvm", "num-cores": 2})
     # the rest of the model is there to tune; the kernel's function is not a task
     assert [t.task_name for t in tuning.tuning_tasks(offloaded, target)] == ["sum"]
+    # (the four trials in one round: each round starts fresh builder workers, 6-12 s)
     db = tirbyoc.tune(offloaded, target, str(tmp_path), max_trials_global=4,
-                      num_trials_per_iter=2, cost_model="random", strategy="replay-trace", seed=0)
+                      num_trials_per_iter=4, cost_model="random", strategy="replay-trace", seed=0)
     # candidates were built and measured (the builder's workers once timed out on every
     # one, and tuning tuned nothing)
     records = db.get_all_tuning_records()
