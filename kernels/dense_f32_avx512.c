@@ -15,6 +15,12 @@
  * Also here: the few-rows routines and nt_direct ("nt" with up to a few
  * dozen rows, without packing W).
  */
+#ifdef TIRBYOC_NO_AVX512
+/* Built without the AVX-512 code (TIRBYOC_NO_AVX512: see _build_kernels.py):
+ * only the table entry, which dispatch.c then never selects. */
+#include "dense_f32_internal.h"
+const tb_isa tb_isa_avx512 = {.name = "avx512"};
+#else
 #pragma GCC target("avx512f,avx2,fma")
 
 #include <immintrin.h>
@@ -1015,3 +1021,4 @@ const tb_isa tb_isa_avx512 = {
     conv_tile, conv_out, tb_wino_in, tb_wino_out, conv_tile16, conv_out16,
     conv_tile16y, strided_copy,
 };
+#endif /* TIRBYOC_NO_AVX512 */

@@ -699,6 +699,7 @@ DW_INLINE v16_avx2 v16_pre_avx2(const dw_span *s, v16_avx2 v, int64_t off, int64
 #pragma GCC pop_options
 
 /* ---- AVX-512 ---- */
+#ifndef TIRBYOC_NO_AVX512
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx2,fma")
 
@@ -986,6 +987,7 @@ static void fallback_avx512(const dw_job *j, const dw_span *s, int64_t n,
 #include "depthwise_c16.h" /* (it undefines these macros) */
 
 #pragma GCC pop_options
+#endif /* TIRBYOC_NO_AVX512 */
 
 #endif /* DW_X86 */
 
@@ -1023,11 +1025,14 @@ static dw_fns fns_of(const tb_isa *isa)
     f.plane = plane_generic;
     f.fallback = fallback_generic;
 #ifdef DW_X86
+#ifndef TIRBYOC_NO_AVX512
     if (isa == &tb_isa_avx512) {
         f.span = span_avx512;
         f.plane = plane_avx512;
         f.fallback = fallback_avx512;
-    } else if (isa == &tb_isa_avx2) {
+    } else
+#endif
+    if (isa == &tb_isa_avx2) {
         f.span = span_avx2;
         f.plane = plane_avx2;
         f.fallback = fallback_avx2;
@@ -1168,7 +1173,11 @@ static void dw_unit(void *arg, int64_t u, float *scratch)
     if (j->c16) {
         const int64_t rb = u % j->nrb, t = u / j->nrb;
         const int64_t i0 = rb * j->rows;
+#ifdef TIRBYOC_NO_AVX512
+        c16_unit_avx2(
+#else
         (j->isa == &tb_isa_avx512 ? c16_unit_avx512 : c16_unit_avx2)(
+#endif
             j, t / j->nblk, t % j->nblk * 16, i0, min_i64(j->oh, i0 + j->rows), scratch);
         return;
     }

@@ -24,10 +24,18 @@
 
 #include "dense_f32_internal.h"
 
+#ifdef TIRBYOC_NO_AVX512
+/* built without the AVX-512 code: an AVX-512 CPU runs the AVX2 level */
+enum { LEVEL_GENERIC, LEVEL_AVX2, LEVEL_COUNT, LEVEL_AVX512 = LEVEL_AVX2 };
+#else
 enum { LEVEL_GENERIC, LEVEL_AVX2, LEVEL_AVX512, LEVEL_COUNT };
+#endif
 
 static const tb_isa *const isa_table[LEVEL_COUNT] = {
-    &tb_isa_generic, &tb_isa_avx2, &tb_isa_avx512,
+    &tb_isa_generic, &tb_isa_avx2,
+#ifndef TIRBYOC_NO_AVX512
+    &tb_isa_avx512,
+#endif
 };
 
 #ifdef TB_X86

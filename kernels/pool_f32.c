@@ -156,6 +156,7 @@ PL_PASSES(generic)
 PL_PASSES(avx2)
 #pragma GCC pop_options
 
+#ifndef TIRBYOC_NO_AVX512
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx2,fma")
 #include <immintrin.h>
@@ -262,6 +263,7 @@ static void rows_avx512_3x3s2(const pl_job *j, const float *x, float *y, int64_t
 #define PL_ROWS_3X3S2_avx512 rows_avx512_3x3s2
 PL_PASSES(avx512)
 #pragma GCC pop_options
+#endif /* TIRBYOC_NO_AVX512 */
 #define PL_HAVE_X86 1
 #endif
 
@@ -376,9 +378,12 @@ int32_t tirbyoc_max_pool2d_f32(int64_t batch, int64_t c, int64_t h, int64_t w,
                  .dh = dilation_h, .dw = dilation_w, .oh = oh, .ow = ow, .x = x, .y = y};
     j.fns = &fns_generic;
 #ifdef PL_HAVE_X86
+#ifndef TIRBYOC_NO_AVX512
     if (isa == &tb_isa_avx512)
         j.fns = &fns_avx512;
-    else if (isa == &tb_isa_avx2)
+    else
+#endif
+    if (isa == &tb_isa_avx2)
         j.fns = &fns_avx2;
 #else
     (void)isa;

@@ -63,6 +63,11 @@ def sanitizer_flags(sanitizers):
     would exploit is what UBSan reports at any level.
     ``-fno-sanitize-recover=all``: the first UBSan report aborts, so a test
     run cannot pass with a report buried in its output.
+    On a CPU without AVX-512 (``/proc/cpuinfo``), ``-DTIRBYOC_NO_AVX512`` leaves
+    the AVX-512 code out (the kernels then run at most their AVX2 level): it
+    cannot run there, so there is nothing of it for a sanitizer to check, and
+    it is about half of the build (60 of 110 CPU-seconds with ASan+UBSan on
+    Zen 3). A CPU with AVX-512 builds and checks all of it.
     """
     names = [name.strip() for name in sanitizers.split(",") if name.strip()]
     if not names:
@@ -73,7 +78,22 @@ def sanitizer_flags(sanitizers):
             raise ValueError(f"{SANITIZE_ENV}: not a sanitizer name: {name!r}")
     fsanitize = "-fsanitize=" + ",".join(names)
     compile_args = [fsanitize, "-fno-sanitize-recover=all", "-fno-omit-frame-pointer", "-O1", "-g1"]
+    if not cpu_has_avx512():
+        compile_args.append("-DTIRBYOC_NO_AVX512")
     return compile_args, [fsanitize]
+
+
+def cpu_has_avx512() -> bool:
+    """Whether this CPU (and OS) runs AVX-512: its ``avx512f`` flag in
+    ``/proc/cpuinfo``; True where there is no such file (nothing is left out)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return "avx512f" in line.split()
+    except OSError:
+        pass
+    return True
 
 
 _SANITIZE_COMPILE_ARGS, _SANITIZE_LINK_ARGS = sanitizer_flags(os.environ.get(SANITIZE_ENV, ""))
