@@ -109,3 +109,45 @@ def test_explain_lists_every_candidate():
     text = str(report)
     assert "2 offloaded, 1 not offloaded" in text
     assert text.splitlines()[0].split() == ["function", "block", "result", "kernel", "/", "reason"]
+
+
+def test_piecewise_linear_max_and_min_find_every_kink():
+    """The unary identification's piecewise-linear values (tirbyoc.epilogues): max and min
+    of lines give their kinks exactly, against numpy on a dense grid (the values between
+    the kinks are the lines'); infinite bounds add none; a kink no one has is seen."""
+    import numpy as np
+
+    from tirbyoc import epilogues as E
+
+    x = E._Piecewise((), ((1.0, 0.0),))
+    const = E._Piecewise.constant
+
+    def at(f, xs):
+        bounds = [-np.inf, *f.knots, np.inf]
+        out = np.empty_like(xs)
+        for (lo, hi), (slope, icpt) in zip(zip(bounds, bounds[1:]), f.pieces):
+            sel = (xs >= lo) & (xs <= hi)
+            out[sel] = slope * xs[sel] + icpt
+        return out
+
+    xs = np.linspace(-12, 12, 24001)
+    plus3 = E._affine_op(tvm.tirx.Add, x, const(3.0))
+    clip = plus3.extreme(const(float("inf")), False).extreme(const(0.0), True)
+    clip = clip.extreme(const(6.0), False).extreme(const(float("-inf")), True)
+    assert clip.knots == (-3.0, 3.0)
+    np.testing.assert_array_equal(at(clip, xs), np.clip(xs + 3, 0, 6))
+    # a tent between 3.03 and 3.05 (hidden between two probe points) has three kinks
+    tent = E._affine_op(tvm.tirx.Sub, x, const(3.03)).extreme(
+        E._affine_op(tvm.tirx.Sub, const(3.05), x), False).extreme(const(0.0), True)
+    assert np.allclose(tent.knots, (3.03, 3.04, 3.05))
+    np.testing.assert_allclose(at(tent, xs), np.maximum(0, np.minimum(xs - 3.03, 3.05 - xs)),
+                               atol=1e-12)
+    assert not E._kinks_within(tent.knots, (-3.0, 3.0))
+    # equal slopes never cross; the same line twice has no kink
+    assert x.extreme(E._affine_op(tvm.tirx.Add, x, const(1.0)), True).pieces == ((1.0, 1.0),)
+    assert x.extreme(x, False).knots == ()
+    # lines crossing exactly at an existing kink add no second one there
+    kinked = x.extreme(const(0.0), True)  # relu: a kink at 0
+    both = kinked.extreme(E._affine_op(tvm.tirx.Mul, x, const(2.0)), False)
+    np.testing.assert_array_equal(at(both, xs), np.minimum(np.maximum(xs, 0), 2 * xs))
+    assert both.knots == (0.0,)
