@@ -595,6 +595,14 @@ def test_zero_pads_fold_into_the_convolutions_they_feed():
     assert [n for n in report.schedules if n.startswith("pad")] == ["pad"]  # the pool's
 
 
+def _stem_and_depthwise(k):
+    """A stride-2 3x3 conv 3 -> 32 and a k x k depthwise conv of 32 channels, each with a
+    batch norm (the activation tests' first two layers)."""
+    return (torch.nn.Sequential(torch.nn.Conv2d(3, 32, 3, 2, 1), torch.nn.BatchNorm2d(32)),
+            torch.nn.Sequential(torch.nn.Conv2d(32, 32, k, padding=k // 2, groups=32),
+                                torch.nn.BatchNorm2d(32)))
+
+
 class _SiluConvs(torch.nn.Module):
     """A conv, a depthwise conv and a 1x1 conv, each + batch norm and an activation:
     ``nn.SiLU``, SiLU written out as ``v * sigmoid(v)`` (HF EfficientNet's form), and a
@@ -604,9 +612,7 @@ class _SiluConvs(torch.nn.Module):
     def __init__(self, shared=False):
         super().__init__()
         torch.manual_seed(8)
-        self.c1 = torch.nn.Sequential(torch.nn.Conv2d(3, 32, 3, 2, 1), torch.nn.BatchNorm2d(32))
-        self.dw = torch.nn.Sequential(torch.nn.Conv2d(32, 32, 3, padding=1, groups=32),
-                                      torch.nn.BatchNorm2d(32))
+        self.c1, self.dw = _stem_and_depthwise(3)
         self.pw = torch.nn.Conv2d(32, 24, 1)
         self.shared = torch.nn.Conv2d(24, 24, 1) if shared else None
         examples._randomize_batch_norms(self, 4)
@@ -654,9 +660,7 @@ class _HardConvs(torch.nn.Module):
     def __init__(self, tail=None):
         super().__init__()
         torch.manual_seed(9)
-        self.c1 = torch.nn.Sequential(torch.nn.Conv2d(3, 32, 3, 2, 1), torch.nn.BatchNorm2d(32))
-        self.dw = torch.nn.Sequential(torch.nn.Conv2d(32, 32, 5, padding=2, groups=32),
-                                      torch.nn.BatchNorm2d(32))
+        self.c1, self.dw = _stem_and_depthwise(5)
         self.pw = torch.nn.Conv2d(32, 32, 1)
         self.tail = tail
         self.c2 = torch.nn.ModuleList(torch.nn.Conv2d(32, 32, 1) for _ in range(

@@ -81,26 +81,32 @@ class Bindings:
     def __init__(self, func):
         self.func = func
         self.values, self.uses, self._block = {}, {}, {}
+        self._users = {}  # variable -> [(variable, value)] of the bindings reading it
         for index, block in enumerate(func.body.blocks):
             for binding in block.bindings:
+                reader = None
                 if isinstance(binding, R.VarBinding):
                     self.values[binding.var] = binding.value
                     self._block[binding.var] = index
-                self._count(binding.value)
+                    reader = (binding.var, binding.value)
+                for var in self._count(binding.value):
+                    if reader is not None:
+                        self._users.setdefault(var, []).append(reader)
         self._count(func.body.body)
 
     def _count(self, expr):
-        for var in R.analysis.free_vars(expr):
+        free = R.analysis.free_vars(expr)
+        for var in free:
             self.uses[var] = self.uses.get(var, 0) + 1
+        return free
 
     def producer(self, var):
         """What ``var`` is bound to (None for a parameter or a non-variable)."""
         return self.values.get(var) if isinstance(var, R.Var) else None
 
     def users(self, var) -> list:
-        """``[(variable, value)]`` of the bindings that read ``var``."""
-        return [(v, value) for v, value in self.values.items()
-                if any(u.same_as(var) for u in R.analysis.free_vars(value))]
+        """``[(variable, value)]`` of the bindings that read ``var``, in program order."""
+        return list(self._users.get(var, ()))
 
     def same_block(self, a, b) -> bool:
         """Whether variables ``a`` and ``b`` are bound in the same binding block."""
