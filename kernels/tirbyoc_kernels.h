@@ -76,7 +76,8 @@ typedef enum tirbyoc_status {
  * PyTorch and ONNX Runtime (hardswish(NaN) and hardsigmoid(NaN) too; as
  * there, hardswish(-inf) is NaN). Transcendental operations are vectorized on every
  * instruction set: tanh, sigmoid and silu within 5e-7 relative of the exact
- * value, the GELUs within 7e-7 for x > -2 and 2e-5 in the lower tail.
+ * value, the erf GELU within 5e-7 for x > -2 and 1e-6 below, the tanh GELU
+ * within 7e-7 for x > -2 and 2e-5 in the lower tail.
  */
 typedef enum tirbyoc_epilogue_op {
     TIRBYOC_EPI_END = 0,       /* ends the chain */

@@ -3,8 +3,8 @@ cffi, on every instruction set this CPU has, against float64 numpy.
 
 Products: tolerance 1e-5 * sqrt(sum of squared terms) * max(1, sqrt(K) / 8), times the
 chain's scale, plus 1e-6 of the value (as tests/test_kernel_fuzz.py). Unary operations:
-relative 5e-7 (tanh, sigmoid, silu) and 7e-7 / 2e-5 (GELUs above / below x = -2) of the
-exact float64 value, absolute floor 1e-37; NaN and Inf as PyTorch gives them, except
+relative 5e-7 (tanh, sigmoid, silu), 5e-7 / 1e-6 (erf GELU above / below x = -2) and
+7e-7 / 2e-5 (tanh GELU) of the exact float64 value, absolute floor 1e-37; NaN and Inf as PyTorch gives them, except
 gelu(+inf) = +inf (PyTorch's float32 GELU gives NaN there).
 """
 
@@ -198,7 +198,7 @@ def test_fused_chain_equals_its_operations_one_by_one(isa, layout, chain):
 
 # relative tolerance per op: (x > -2, x <= -2)
 UNARY_RTOL = {"relu": (0, 0), "relu6": (0, 0), "tanh": (5e-7, 5e-7), "sigmoid": (5e-7, 5e-7),
-              "silu": (5e-7, 5e-7), "gelu_erf": (7e-7, 2e-5), "gelu_tanh": (7e-7, 2e-5),
+              "silu": (5e-7, 5e-7), "gelu_erf": (5e-7, 1e-6), "gelu_tanh": (7e-7, 2e-5),
               "hardswish": (2.5e-7, 2.5e-7), "hardsigmoid": (2.5e-7, 2.5e-7)}
 
 
