@@ -294,8 +294,12 @@ static void conv_unit(const conv_job_t *j, int64_t n, int64_t c0, int64_t o0,
 #define CONV_DIRECT_STRIDE_MAX 4
 /* Output channels per unit at most (bounds the scratch a tile row needs). */
 #define CONV_DIRECT_OB_MAX 1024
-/* A unit's sums: about this many floats (kept in L2). */
-#define CONV_DIRECT_SUMS (64 * 1024)
+/* A unit's sums, in floats: half the L2 (the other half holds the weight
+ * panels and the image rows streaming through), 64K floats on a 512 KiB L2;
+ * within these bounds (the upper one keeps the sums, two weight panels and
+ * the row pointers inside a thread's scratch). */
+#define CONV_DIRECT_SUMS_MIN (16 * 1024)
+#define CONV_DIRECT_SUMS_MAX (128 * 1024)
 /* Phase image floats at most. */
 #define CONV_DIRECT_FLOATS_MAX ((int64_t)1 << 28)
 /* conv_out: blocks of 16 pixels between fetching an output line and storing
@@ -634,9 +638,18 @@ static double direct_plan_busiest(direct_plan_t q, int64_t outer, int want)
     return (double)cdiv(units, nt) * (double)q.obw * (double)q.pbw;
 }
 
+static int64_t direct_sums(void)
+{
+    const int64_t sums = tb_cache_sizes()->l2_bytes / 2 / (int64_t)sizeof(float);
+    return sums < CONV_DIRECT_SUMS_MIN   ? CONV_DIRECT_SUMS_MIN
+           : sums > CONV_DIRECT_SUMS_MAX ? CONV_DIRECT_SUMS_MAX
+                                         : sums;
+}
+
 static direct_plan_t direct_plan(int64_t outer, int64_t tp, int64_t ocg, int64_t mr,
                                  int want)
 {
+    const int64_t sums = direct_sums();
     direct_plan_t q, best;
     /* Output channels in blocks of at most CONV_DIRECT_OB_MAX (multiples of
      * 16); tile pixels in blocks of whole tiles, as many as the scratch
@@ -648,12 +661,12 @@ static direct_plan_t direct_plan(int64_t outer, int64_t tp, int64_t ocg, int64_t
      * (MobileNet's 1x1 convs at 14 x 14, weights cold: 240 -> 226 us; the
      * two pixel blocks each read all of it) */
     if (tp < ocg) {
-        const int64_t fit = CONV_DIRECT_SUMS / (cdiv(tp, mr) * mr) / 16 * 16;
+        const int64_t fit = sums / (cdiv(tp, mr) * mr) / 16 * 16;
         q.nob = max_i64(q.nob, cdiv(ocg, fit > 16 ? fit : 16));
     }
     q.obw = cdiv(cdiv(ocg, q.nob), 16) * 16;
     q.nob = cdiv(ocg, q.obw);
-    q.pbw = CONV_DIRECT_SUMS / q.obw / mr * mr;
+    q.pbw = sums / q.obw / mr * mr;
     if (q.pbw < mr)
         q.pbw = mr;
     q.pbw = min_i64(q.pbw, cdiv(tp, mr) * mr);

@@ -82,8 +82,10 @@
 #define DW_DIM_MAX ((int64_t)1 << 31)
 /* Below this many flops a call stays on the calling thread. */
 #define DW_PAR_FLOPS (128.0 * 1024)
-/* A unit's window: about this many floats (it stays in L1). */
-#define DW_WINDOW_FLOATS 8192
+/* A unit's window: about the L1d's size (8192 floats in 32 KiB), within
+ * these bounds (dw_window_floats). */
+#define DW_WINDOW_MIN 4096
+#define DW_WINDOW_MAX 16384
 /* Units per thread wanted before planes are split into more row blocks. */
 #define DW_UNITS_PER_THREAD 4
 /* Outputs a unit of small planes computes at least (channels are grouped). */
@@ -95,8 +97,11 @@
 #define DW_FILL_PLANES 8
 /* Floats ahead that the channels-in-lanes fill prefetches in each channel. */
 #define DW_C16_AHEAD 64
-/* The channels-in-lanes path's scratch per unit: about this many floats. */
-#define DW_C16_FLOATS (64 * 1024)
+/* The channels-in-lanes path's scratch per unit: about half the L2 (64K
+ * floats of a 512 KiB L2; the rest for the image rows it reads), within
+ * these bounds (dw_c16_floats; the upper one inside a thread's scratch). */
+#define DW_C16_MIN (16 * 1024)
+#define DW_C16_MAX (128 * 1024)
 
 /* A run of lanes [lo, hi) of one vector of virtual pixels that lands on
  * one output row: lane l is output off + l of the unit. */
@@ -178,10 +183,22 @@ typedef struct {
     int64_t off, sw, w, wq, lo, hi, lo1, hi1;
 } dw_row;
 
-
 static int64_t min_i64(int64_t x, int64_t y) { return x < y ? x : y; }
 static int64_t max_i64(int64_t x, int64_t y) { return x > y ? x : y; }
 static int64_t cdiv(int64_t x, int64_t y) { return (x + y - 1) / y; }
+
+/* The cache-derived sizes above, in floats. */
+static int64_t dw_window_floats(void)
+{
+    return min_i64(DW_WINDOW_MAX,
+                   max_i64(DW_WINDOW_MIN, tb_cache_sizes()->l1_bytes / (int64_t)sizeof(float)));
+}
+
+static int64_t dw_c16_floats(void)
+{
+    return min_i64(DW_C16_MAX,
+                   max_i64(DW_C16_MIN, tb_cache_sizes()->l2_bytes / 2 / (int64_t)sizeof(float)));
+}
 
 static int64_t gcd_i64(int64_t x, int64_t y)
 {
@@ -1297,7 +1314,7 @@ static int64_t c16_rows(dw_job *j, int want, const char *env)
     fixed = 16.0 * (((double)(j->kh - 1) * (double)j->dh + 1 - (double)j->sh) *
                         (double)j->vw + (double)j->ntaps + 17 +
                     (double)max_i64(0, -j->pl)) + 2.0 * (double)j->kh + 80;
-    rmax = ((double)DW_C16_FLOATS - fixed) / per_row;
+    rmax = ((double)dw_c16_floats() - fixed) / per_row;
     if (rmax < 1) {
         rmax = ((double)TB_SCRATCH_FLOATS - fixed) / per_row;
         if (rmax < 1)
@@ -1484,15 +1501,16 @@ int32_t tirbyoc_depthwise_conv2d_f32_layouts(
         return tb_nchw_copies_close(&cp, st, batch, c, oh * ow, y);
     }
 
-    /* Output rows per unit: a window of about DW_WINDOW_FLOATS, fewer when the
+    /* Output rows per unit: a window of about dw_window_floats(), fewer when the
      * planes are too few to keep the threads busy. */
     j.fallback = window_floats(&j, 1) > (double)TB_SCRATCH_FLOATS ||
                  (env != NULL && env[0] == 's');
     if (j.fallback) {
         j.rows = oh;
     } else {
+        const double window = (double)dw_window_floats();
         j.rows = 1;
-        while (j.rows < oh && window_floats(&j, j.rows * 2) <= DW_WINDOW_FLOATS)
+        while (j.rows < oh && window_floats(&j, j.rows * 2) <= window)
             j.rows *= 2;
         j.rows = min_i64(j.rows, oh);
     }
@@ -1511,7 +1529,7 @@ int32_t tirbyoc_depthwise_conv2d_f32_layouts(
     if (!j.fallback) {
         const double wsize = (double)j.na * (double)j.nb * (double)j.ps;
         const double room = (double)TB_SCRATCH_FLOATS - 2.0 * (double)j.ntaps - 16;
-        j.nwin = min_i64(j.group, max_i64(1, (int64_t)(2.0 * DW_WINDOW_FLOATS / wsize)));
+        j.nwin = min_i64(j.group, max_i64(1, (int64_t)(2.0 * (double)dw_window_floats() / wsize)));
         j.nwin = max_i64(1, min_i64(j.nwin, (int64_t)(room / wsize)));
     }
     if (!j.fallback && j.lanes > 1) {

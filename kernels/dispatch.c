@@ -198,12 +198,70 @@ static void read_caches_into(tb_caches *out)
 #endif
 }
 
-static void read_caches(void) { read_caches_into(&caches); }
+/* The size at *p: decimal digits, then optionally K or M (KiB, MiB); 0 if
+ * there is none. *p moves past it. */
+static int64_t parse_size(const char **p)
+{
+    int64_t v = 0;
+    int digits = 0;
+    while (**p >= '0' && **p <= '9' && digits < 12) {
+        v = v * 10 + (**p - '0');
+        ++*p;
+        ++digits;
+    }
+    if (digits == 0 || (**p >= '0' && **p <= '9'))
+        return 0;
+    if (**p == 'K' || **p == 'k') {
+        v *= 1024;
+        ++*p;
+    } else if (**p == 'M' || **p == 'm') {
+        v *= 1024 * 1024;
+        ++*p;
+    }
+    return v;
+}
+
+/* TIRBYOC_CACHES="L1,L2" (e.g. "48K,2M") replaces the sizes cpuid gives
+ * (the ways stay): to see, on one machine, the blocking another CPU's
+ * caches give. 1 if it is set and unreadable or implausible (the detected
+ * sizes stay; tirbyoc_cache_sizes reports it). */
+static int caches_env_bad;
+
+static void read_caches(void)
+{
+    const char *env = getenv("TIRBYOC_CACHES");
+    read_caches_into(&caches);
+    if (env != NULL) {
+        const char *p = env;
+        const int64_t l1 = parse_size(&p);
+        const int64_t l2 = *p == ',' ? (++p, parse_size(&p)) : 0;
+        if (*p != '\0' || l1 < 8 * 1024 || l1 > 1024 * 1024 || l2 < l1 ||
+            l2 > 64 * 1024 * 1024)
+            caches_env_bad = 1;
+        else {
+            caches.l1_bytes = l1;
+            caches.l2_bytes = l2;
+        }
+    }
+}
 
 const tb_caches *tb_cache_sizes(void)
 {
     pthread_once(&caches_once, read_caches);
     return &caches;
+}
+
+int32_t tirbyoc_cache_sizes(int64_t *sizes)
+{
+    const tb_caches *c = tb_cache_sizes();
+    if (sizes == NULL)
+        return TIRBYOC_ENULL;
+    sizes[0] = c->l1_bytes;
+    sizes[1] = c->l1_ways;
+    sizes[2] = c->l2_bytes;
+    sizes[3] = c->l2_ways;
+    sizes[4] = c->line;
+    return caches_env_bad ? TIRBYOC_EINVAL : TIRBYOC_OK;
 }
 
 int64_t tb_rows_per_ablock(int64_t kc, int mr, int nr)

@@ -436,6 +436,16 @@ const char *tirbyoc_isa(void);
 int32_t tirbyoc_set_num_threads(int32_t n);
 /* The current thread count setting. */
 int32_t tirbyoc_num_threads(void);
+/*
+ * Caches: the L1d and L2 the blocking is derived from (cpuid's deterministic
+ * cache parameters, read on first use), as sizes[0..4] = L1d bytes, L1d
+ * ways, L2 bytes, L2 ways, line bytes. The environment variable
+ * TIRBYOC_CACHES="L1,L2" (sizes in bytes, or with K or M: "48K,2M")
+ * replaces the two sizes, so that one machine can run the blocking another
+ * CPU's caches give; TIRBYOC_EINVAL if it is set but unreadable (then the
+ * detected sizes are used and written). Results do not depend on the caches.
+ */
+int32_t tirbyoc_cache_sizes(int64_t *sizes);
 
 /* END CDEF */
 

@@ -1716,6 +1716,8 @@ NOT_KERNELS = {
                                   "shape of its grid on 1 to 64 threads) and the sanitizer "
                                   "driver",
     "tirbyoc_status_string": "describes a status; no operands",
+    "tirbyoc_cache_sizes": "reports the caches: tests/test_caches.py (TIRBYOC_CACHES, the "
+                           "blocking it gives, the same results) and the sanitizer driver",
     "tirbyoc_unary_f32": "1-D elementwise: tests/test_matmul_kernels.py (every ISA, full "
                          "float range, NaN/Inf, in place) and the sanitizer driver",
 }

@@ -572,6 +572,7 @@ EXPECTED_SYMBOLS = sorted(FUNC_IDS + [
     "tirbyoc_dense_f32_packed", "tirbyoc_dense_relu_f32_packed", "tirbyoc_dense_relu6_f32_packed",
     "tirbyoc_dense_acc_f32_nt", "tirbyoc_dense_acc_f32_nn",
     "tirbyoc_set_isa", "tirbyoc_isa", "tirbyoc_set_num_threads", "tirbyoc_num_threads",
+    "tirbyoc_cache_sizes",
     "tirbyoc_status_string", "tirbyoc_matmul_f32", "tirbyoc_unary_f32", "tirbyoc_softmax_f32",
     "tirbyoc_attention_f32",
     "tirbyoc_conv2d_f32", "tirbyoc_conv2d_packed_size_f32", "tirbyoc_pack_conv2d_weight_f32",

@@ -109,24 +109,35 @@ def test_direct_plan_returns_and_covers():
     assert not count, f"{count} bad plans; the first:\n" + "\n".join(problems)
 
 
-@pytest.mark.parametrize("threads", THREAD_COUNTS)
-def test_direct_plan_spreads_the_models_convs(threads):
-    """The models' conv layers (ResNet-18's and MobileNet's sizes, mr = 14 as on
-    AVX-512): the busiest thread computes at most 1.25x its even share of the sums (its
-    units' rounds times a unit's channels x pixels, against the whole output over the
-    threads)."""
+# The models' conv layers (ResNet-18's and MobileNet's sizes): pixels, channels.
+PLAN_CONVS = ((12544, 64), (3136, 64), (784, 128), (196, 256), (49, 512), (12544, 32),
+               (3136, 128), (784, 256), (196, 512), (49, 1024))
+
+
+def spread_problems(threads):
+    """The models' convs on ``threads`` threads (mr = 14 as on AVX-512) whose busiest
+    thread computes more than 1.25x its even share of the sums (its units' rounds times a
+    unit's channels x pixels, against the whole output over the threads)."""
     ffi, lib = kernels.load()
     out = ffi.new("int64_t[4]")
-    for tp, ocg in ((12544, 64), (3136, 64), (784, 128), (196, 256), (49, 512), (12544, 32),
-                    (3136, 128), (784, 256), (196, 512), (49, 1024)):
+    problems = []
+    for tp, ocg in PLAN_CONVS:
         assert lib.tirbyoc_conv2d_direct_plan(1, tp, ocg, 14, threads, out) == 0
         obw, nob, pbw, npb = out
         units = nob * npb
         busiest = _cdiv(units, min(units, threads)) * obw * pbw
         even = _cdiv(tp, 14) * 14 * _cdiv(ocg, 16) * 16 / threads
-        assert busiest <= 1.25 * even, \
-            f"{tp} pixels x {ocg} channels on {threads} threads: {units} units of " \
-            f"{obw} x {pbw}, the busiest thread {busiest / even:.2f}x its share"
+        if busiest > 1.25 * even:
+            problems.append(f"{tp} pixels x {ocg} channels on {threads} threads: {units} "
+                            f"units of {obw} x {pbw}, the busiest thread "
+                            f"{busiest / even:.2f}x its share")
+    return problems
+
+
+@pytest.mark.parametrize("threads", THREAD_COUNTS)
+def test_direct_plan_spreads_the_models_convs(threads):
+    """With this CPU's caches (tests/test_caches.py: with others')."""
+    assert not spread_problems(threads)
 
 
 def test_direct_plan_rejects_bad_sizes():

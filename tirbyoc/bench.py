@@ -142,9 +142,12 @@ def _fmt_ratio(a, b):
 
 def report(results: dict) -> str:
     """The table printed by the benchmark."""
+    from . import kernels
+
     peak = results["peak"]["all_threads"]
     lines = [f"fp32 FMA peak ({results['peak']['isa']}, {results['peak']['threads']} threads): "
-             f"{peak:.0f} GFLOP/s ({results['peak']['one_thread']:.0f} on one thread)", ""]
+             f"{peak:.0f} GFLOP/s ({results['peak']['one_thread']:.0f} on one thread)",
+             "tirbyoc's blocking from the caches: " + kernels.describe_caches(), ""]
     head = (f"{'shape (MxK->N)':18s} {'weights':7s} " + " ".join(f"{p:>8s}" for p in PEERS)
             + "  (GFLOP/s)   vs numpy  vs torch  vs tvm   of peak  max rel err")
     lines += [head, "-" * len(head)]

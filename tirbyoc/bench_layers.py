@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import kernels
 from .timing import SETTLE_SECONDS, interleaved
 from .bench_models import (RTOL, _first, _ort_session, _rel_err, _set_threads, _torch_call,
                            _vm, isas, onnx_bytes, write_json)
@@ -171,6 +172,7 @@ def report(rows, threads, peak=None, isa=None) -> str:
              f" / {chain - 1}, medians; ratio = peer / tirbyoc (> 1: tirbyoc faster)"]
     if isa:
         lines.append("instruction sets: " + ", ".join(f"{k} {v}" for k, v in isa.items()))
+        lines.append("tirbyoc's blocking from the caches: " + kernels.describe_caches())
     if peak:
         lines.append(f"fp32 FMA peak ({peak['isa']}, {peak['threads']} threads): "
                      f"{peak['all_threads']:.0f} GFLOP/s")

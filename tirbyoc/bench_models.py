@@ -27,6 +27,7 @@ from typing import Callable
 
 import numpy as np
 
+from . import kernels
 from .timing import SETTLE_SECONDS, interleaved
 
 RTOL = 1e-4
@@ -420,7 +421,8 @@ def report(rows, threads) -> str:
     peers = ("tirbyoc", "torch", "ort", "tvm")
     lines = [f"{threads} threads each; median ms; ratio = peer time / tirbyoc time (> 1: "
              "tirbyoc faster); error = max|x - reference| / max|reference|",
-             "instruction sets: " + ", ".join(f"{k} {v}" for k, v in isas().items()), ""]
+             "instruction sets: " + ", ".join(f"{k} {v}" for k, v in isas().items()),
+             "tirbyoc's blocking from the caches: " + kernels.describe_caches(), ""]
     head = (f"{'model':28s} {'shape':16s}" + "".join(f"{p:>9s}" for p in peers)
             + f"{'vs ort':>8s}{'vs torch':>9s}  {'max error':>9s}  offloaded")
     lines += [head, "-" * len(head)]

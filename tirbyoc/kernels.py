@@ -9,7 +9,8 @@
   (W as ``[N, K]``, ``[K, N]`` or pre-packed by :func:`pack_weight`);
 * :func:`isa` / :func:`set_isa` / :func:`available_isas` and
   :func:`num_threads` / :func:`set_num_threads` - the library's
-  process-wide instruction-set and thread-count settings.
+  process-wide instruction-set and thread-count settings;
+  :func:`cache_sizes` - the caches its blocking is derived from.
 
 TVM is imported lazily (only by :func:`static_library`), so the kernels can
 be used and tested without paying for a TVM import.
@@ -59,6 +60,13 @@ def load():
         from . import _kernels
     except ImportError as exc:
         raise KernelLibraryError(f"{_BUILD_HINT} ({exc})") from exc
+    if not hasattr(_kernels.lib, "tirbyoc_cache_sizes"):  # built from older sources
+        raise KernelLibraryError(_BUILD_HINT)
+    sizes = _kernels.ffi.new("int64_t[5]")
+    if _kernels.lib.tirbyoc_cache_sizes(sizes) != TIRBYOC_OK:
+        raise ValueError(f"TIRBYOC_CACHES={os.environ.get('TIRBYOC_CACHES')!r}: expected the "
+                         "L1d and L2 sizes as 'L1,L2', in bytes or with K or M (e.g. 48K,2M), "
+                         "L1 from 8K to 1M, L2 from L1 to 64M")
     return _kernels.ffi, _kernels.lib
 
 
@@ -191,6 +199,23 @@ def set_isa(name):
     _, lib = load()
     if lib.tirbyoc_set_isa(str(name).encode()) != TIRBYOC_OK:
         raise ValueError(f"instruction set {name!r} is unknown or not supported by this CPU")
+
+
+def cache_sizes():
+    """The caches the kernels' blocking is derived from: a dict of ``l1`` and ``l2``
+    (bytes), ``l1_ways``, ``l2_ways`` and ``line`` (bytes). What cpuid reports, or
+    ``TIRBYOC_CACHES`` (e.g. ``48K,2M``: another CPU's sizes, for the blocking it gives)."""
+    ffi, lib = load()
+    sizes = ffi.new("int64_t[5]")
+    lib.tirbyoc_cache_sizes(sizes)
+    return {"l1": sizes[0], "l1_ways": sizes[1], "l2": sizes[2], "l2_ways": sizes[3],
+            "line": sizes[4]}
+
+
+def describe_caches():
+    """:func:`cache_sizes` in words, e.g. ``L1d 32 KiB 8-way, L2 512 KiB 8-way``."""
+    c = cache_sizes()
+    return f"L1d {c['l1'] // 1024} KiB {c['l1_ways']}-way, L2 {c['l2'] // 1024} KiB {c['l2_ways']}-way"
 
 
 def num_threads():

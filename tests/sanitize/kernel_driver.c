@@ -764,6 +764,14 @@ static void invalid_args(uint64_t *rng)
     check(tirbyoc_set_num_threads(0) != 0 && tirbyoc_set_num_threads(-2) != 0,
           "thread count < 1 accepted", "tirbyoc_set_num_threads", 0, 0, 0, NULL);
     check(tirbyoc_num_threads() >= 1, "thread count", "tirbyoc_num_threads", 0, 0, 0, NULL);
+    {
+        int64_t caches[5];
+        check(tirbyoc_cache_sizes(NULL) == TIRBYOC_ENULL, "NULL sizes accepted",
+              "tirbyoc_cache_sizes", 0, 0, 0, NULL);
+        check(tirbyoc_cache_sizes(caches) == TIRBYOC_OK && caches[0] >= 8192 &&
+                  caches[2] >= caches[0] && caches[1] >= 2 && caches[3] >= 2 && caches[4] >= 32,
+              "implausible cache sizes", "tirbyoc_cache_sizes", 0, 0, 0, NULL);
+    }
 }
 
 /* ---- tirbyoc_matmul_f32 (batches, chains) and tirbyoc_unary_f32 ---- */
