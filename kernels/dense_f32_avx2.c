@@ -694,10 +694,18 @@ static void small_cols(tb_wlayout layout, int64_t m, int64_t n, int64_t k,
     }
 }
 
-/* KC = 256: the 6 x 256 A panel (6 KiB) stays in a 32 KiB L1d;
- * NC = 256: the 256 x 256 W block (256 KiB) fits the 512 KiB L2 of Zen 3
- * (and mostly the 256 KiB L2 of client Intel cores, backed by L3). */
-#define ISA_KC 256
+/* KC = 384: the KC x 16 W micro-panel stays in L1 while the 6 x KC A
+ * micro-panels stream past it, and the two together are about the L1d:
+ * 32 KiB / (4 bytes * (16 + 6)) = 372 k steps, rounded up to whole groups
+ * of 16. Every x86 core whose best is AVX2 (Intel Haswell to Comet Lake,
+ * AMD Zen 1 to 3) has a 32 KiB L1d, so this is each one's value; the cores
+ * with a larger L1d run the AVX-512 kernels. Against 256 on Zen 3 (both
+ * libraries in one process): dense 1.00-1.15x, 1x1 convs 1.00-1.18x, 3x3
+ * convs on the direct path 0.95-1.02x (docs/performance.md, 2026-11-27).
+ * NC = 256: the KC x 256 W block packed per call (384 KiB) stays in the
+ * 512 KiB L2 of Zen 2 and 3 (on the 256 KiB L2 of Intel's client cores it
+ * is backed by L3; pre-packed weights are read in place, one block). */
+#define ISA_KC 384
 #define ISA_NC 256
 /* ---- nt with the rows of C along the vectors: W read in place ---- */
 
