@@ -121,11 +121,12 @@ CH_INLINE ch_vf ch_fma(ch_vf a, ch_vf b, ch_vf c)
 
 /* 1 / d for a normal positive d (the sigmoid's 1 + e^-|x| in [1, 2], the
  * erf GELU's denominator in [1, 8400]). With AVX-512, VRCP14PS (relative
- * error under 2^-14) and one Newton step, r + r (1 - d r): within about one unit in the
- * last place of the division, at a fraction of VDIVPS's cost (the sigmoid,
- * SiLU and tanh-GELU run about 20% faster). The narrower instruction sets
- * divide: their estimate has 12 bits, and the two steps it needs were slower
- * than VDIVPS on Zen 3 (SiLU 8.2 against 5.3 ns per 8 lanes). */
+ * error under 2^-14) and one Newton step, r + r (1 - d r): within about one
+ * unit in the last place of the division, at a fraction of VDIVPS's cost
+ * (the sigmoid, SiLU and tanh-GELU run about 20% faster). The narrower
+ * instruction sets divide: their estimate has 12 bits, and the two steps it
+ * needs were slower than VDIVPS on Zen 3 (SiLU 8.2 against 5.3 ns per 8
+ * lanes). */
 CH_INLINE ch_vf ch_recip(ch_vf d)
 {
 #if defined(__AVX512F__)
@@ -269,10 +270,10 @@ CH_INLINE ch_vf ch_div(ch_vf a, ch_vf b)
  * rational function of degrees 4 and 5 below, fitted to relative error over
  * [0, 13.2], is within 2e-8 of it. Phi(x) is Q(a) below 0 (relative
  * precision all the way down the tail, no cancellation) and 1 - Q(a) above.
- * The exponent -a^2 / 2 is carried as p + g: p = -(a * a) / 2 rounded and
- * g its exact remainder (an FMA gives it; without FMA, a is split into 12
- * high bits, whose square is exact, and the rest), and g is added to exp's
- * reduced argument, so the tail's relative error does not grow with a^2.
+ * a^2 is carried as p + g: p = a * a rounded and g its remainder (exact
+ * from an FMA; without FMA, p is the exact square of a's 12 high bits and g
+ * the rest), and -g / 2 is added to the reduced argument of e^(-p / 2), so
+ * the tail's relative error does not grow with a^2.
  * Below x = -13.2, where Phi(x) is under the smallest normal float, Phi is
  * 0 (so gelu(-inf) is NaN, as 0.5 x (1 + erf(x / sqrt 2)) gives in PyTorch
  * and TVM). Measured against float64 over the float range: within 3.5e-7
@@ -281,7 +282,8 @@ CH_INLINE ch_vf ch_div(ch_vf a, ch_vf b)
 CH_INLINE ch_vf ch_gelu_erf(ch_vf x)
 {
     const ch_vf top = ch_splat(13.2f);
-    const ch_vi keep = ch_abs(x) < top; /* NaN and +-inf: 0, then x * 0 */
+    /* NaN and +-inf: Q = 0, so gelu(+inf) = +inf and gelu(-inf) = -inf * 0 */
+    const ch_vi keep = ch_abs(x) < top;
     const ch_vf a = ch_sel(keep, ch_abs(x), top);
     ch_vf p, g, num, den, q;
     ch_vi n;

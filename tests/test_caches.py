@@ -4,8 +4,9 @@ The kernels size some of their blocks from the L1d and L2 that cpuid reports (th
 direct path's units of sums: half the L2; the depthwise paths' windows: the L1d, and half
 the L2 for the channels-in-lanes path). ``TIRBYOC_CACHES="L1,L2"`` replaces the two
 sizes, so one machine runs the blocking of CPUs it is not: each check below runs in a
-fresh process per setting (the caches are read once per process), from a client core's
-256 KiB L2 to a server core's 2 MiB, and one below every bound.
+fresh process per setting (the caches are read once per process): L2 from 64 KiB (below
+every bound) through a client core's 256 KiB and a server core's 1.25 and 2 MiB to 4 MiB
+(above every bound).
 
 * the kernels report the sizes they use (``tirbyoc.kernels.cache_sizes``), and an
   unreadable ``TIRBYOC_CACHES`` is an error, not silently the detected sizes;
