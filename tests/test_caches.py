@@ -12,8 +12,9 @@ every bound) through a client core's 256 KiB and a server core's 1.25 and 2 MiB 
   unreadable ``TIRBYOC_CACHES`` is an error, not silently the detected sizes;
 * the direct path's plan follows the rule (a unit's sums within half the L2, clamped to
   16K-128K floats) and still spreads the models' convs over 1 to 64 threads;
-* results do not depend on the caches: a direct-path conv and depthwise convs on both of
-  their paths give the same bits under every setting, on 1 and 3 threads.
+* results do not depend on the caches: a dense product with bias + GELU, a direct-path
+  conv and depthwise convs on both of their paths give the same bits under every
+  setting, on 1 and 3 threads.
 """
 
 import json
@@ -52,8 +53,15 @@ b = rng.standard_normal(96).astype(np.float32)
 dx = rng.standard_normal((1, 144, 41, 41)).astype(np.float32)
 dw = rng.standard_normal((144, 1, 5, 5)).astype(np.float32)
 db = rng.standard_normal(144).astype(np.float32)
+a = rng.standard_normal((300, 700)).astype(np.float32)
+wd = rng.standard_normal((200, 700)).astype(np.float32)
+bd = rng.standard_normal(200).astype(np.float32)
 for threads in (1, 3):
     lib.tirbyoc_set_num_threads(threads)
+    c = np.empty((300, 200), np.float32)  # two K blocks; the A blocks' rows follow the L2
+    assert lib.tirbyoc_matmul_f32(1, 300, 200, 700, p(a), 700, 0, p(wd), 700, 0, 1, p(c), 200,
+                                  0, 1 | 4 << 4, 1.0, p(bd), ffi.NULL, 0, 0) == 0
+    out[f"dense/{threads}"] = digest(c)
     y = np.empty((2, 96, 20, 20), np.float32)
     assert lib.tirbyoc_conv2d_f32(2, 64, 20, 20, p(x), 96, 1, 3, 3, p(w), 1, 1, 1, 1, 1, 1,
                                   20, 20, 1 | 2 << 4, p(b), ffi.NULL, p(y)) == 0
@@ -83,7 +91,7 @@ def test_caches_set_the_blocking_and_leave_the_results():
     assert 8 << 10 <= caches["l1"] <= caches["l2"] and caches["l1_ways"] >= 2
     assert caches["l2_ways"] >= 2 and 32 <= caches["line"] <= 256
     results = {key: value for key, value in detected.items() if "/" in key}
-    assert len(results) == 10
+    assert len(results) == 12
     for setting, l1, l2 in SETTINGS:
         got = _run(setting)
         assert got["caches"]["l1"] == l1 and got["caches"]["l2"] == l2, setting
