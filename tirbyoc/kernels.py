@@ -62,12 +62,19 @@ def load():
         raise KernelLibraryError(f"{_BUILD_HINT} ({exc})") from exc
     if not hasattr(_kernels.lib, "tirbyoc_cache_sizes"):  # built from older sources
         raise KernelLibraryError(_BUILD_HINT)
-    sizes = _kernels.ffi.new("int64_t[5]")
-    if _kernels.lib.tirbyoc_cache_sizes(sizes) != TIRBYOC_OK:
+    if _read_caches(_kernels.ffi, _kernels.lib)[0] != TIRBYOC_OK:
         raise ValueError(f"TIRBYOC_CACHES={os.environ.get('TIRBYOC_CACHES')!r}: expected the "
                          "L1d and L2 sizes as 'L1,L2', in bytes or with K or M (e.g. 48K,2M), "
                          "L1 from 8K to 1M, L2 from L1 to 64M")
     return _kernels.ffi, _kernels.lib
+
+
+def _read_caches(ffi, lib):
+    """(status, sizes) of ``tirbyoc_cache_sizes``: L1d bytes and ways, L2 bytes and ways,
+    line bytes."""
+    sizes = ffi.new("int64_t[5]")
+    status = lib.tirbyoc_cache_sizes(sizes)
+    return status, list(sizes)
 
 
 def static_library_path():
@@ -205,9 +212,7 @@ def cache_sizes():
     """The caches the kernels' blocking is derived from: a dict of ``l1`` and ``l2``
     (bytes), ``l1_ways``, ``l2_ways`` and ``line`` (bytes). What cpuid reports, or
     ``TIRBYOC_CACHES`` (e.g. ``48K,2M``: another CPU's sizes, for the blocking it gives)."""
-    ffi, lib = load()
-    sizes = ffi.new("int64_t[5]")
-    lib.tirbyoc_cache_sizes(sizes)
+    _, sizes = _read_caches(*load())
     return {"l1": sizes[0], "l1_ways": sizes[1], "l2": sizes[2], "l2_ways": sizes[3],
             "line": sizes[4]}
 
