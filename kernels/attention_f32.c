@@ -1,7 +1,7 @@
 /*
  * attention_f32.c - fused attention, float32 (tirbyoc_attention_f32):
  *     O = softmax(where(masked, -inf, (Q @ K) * scale)) @ V
- * in one call, built from the instruction set's own building blocks (the
+ * (or with the mask added: (Q @ K) * scale + where(masked, -inf, 0)) in one call, built from the instruction set's own building blocks (the
  * dense micro-kernel, its packing routines, and the online-softmax row step
  * of chain_f32.h).
  *
@@ -18,7 +18,9 @@
  * are skipped (a causal mask halves the work), and a row whose kept keys are
  * a prefix needs no per-score masking. Skipping is exact: a skipped key's
  * weight would be 0, and 0 * V[j] is 0 unless V[j] holds an inf or NaN, so
- * keys up to V's last non-finite row are never skipped.
+ * keys up to V's last non-finite row are never skipped. An added mask skips
+ * nothing (a masked NaN or +inf score still makes its row NaN): only a row
+ * with every key kept goes without per-score masking.
  *
  * Units are numbered the largest first and handed out by tb_units (home
  * ranges, then stealing), and every unit is computed the same way whichever
@@ -128,17 +130,19 @@ static int64_t v_nonfinite_end(const att_job_t *j, const float *v, int64_t lo)
     return 0;
 }
 
-/* Scores of keys [c0, c0 + cw) of one row that the mask removes: -inf. */
+/* Scores of keys [c0, c0 + cw) of one row that the mask removes: -inf
+ * (with TIRBYOC_ATT_MASK_ADD: the score + -inf). */
 static void mask_scores(const att_job_t *j, const uint8_t *mrow, int prefix,
                         int64_t ext, int64_t c0, int64_t cw, float *s)
 {
     int64_t x = prefix ? max_i64(ext - c0, 0) : 0;
     const float ninf = -__builtin_inff();
+    const int add = (j->flags & TIRBYOC_ATT_MASK_ADD) != 0;
     if (mrow == NULL)
         return;
     if (prefix) {
         for (; x < cw; ++x)
-            s[x] = ninf;
+            s[x] = add ? s[x] + ninf : ninf;
         return;
     }
     mrow += c0;
@@ -151,7 +155,7 @@ static void mask_scores(const att_job_t *j, const uint8_t *mrow, int prefix,
             }
         }
         if (is_masked(j, mrow[x]))
-            s[x] = ninf;
+            s[x] = add ? s[x] + ninf : ninf;
     }
 }
 
@@ -183,6 +187,11 @@ static void att_unit(const att_job_t *j, int64_t b, int64_t r0, int64_t r1,
         ext[x] = mask ? row_extent(j, mask + i * j->ldm, &prefix[x]) : j->n;
         if (!mask)
             prefix[x] = 1;
+        else if (j->flags & TIRBYOC_ATT_MASK_ADD) {
+            /* every key scored; per-score masking unless all are kept */
+            prefix[x] = prefix[x] && ext[x] == j->n;
+            ext[x] = j->n;
+        }
         lo = min_i64(lo, ext[x]);
         mx[x] = -__builtin_inff();
         sum[x] = 0.0f;
@@ -298,7 +307,7 @@ int32_t tirbyoc_attention_f32(int64_t batch, int64_t m, int64_t n, int64_t d,
     int64_t b, i, c, want, tiles;
     double flops;
     const int known = TIRBYOC_ATT_DIVIDE | TIRBYOC_ATT_MASK_KEEP |
-                      TIRBYOC_ATT_EMPTY_ZERO;
+                      TIRBYOC_ATT_EMPTY_ZERO | TIRBYOC_ATT_MASK_ADD;
 
     if (k_layout != TIRBYOC_B_KN && k_layout != TIRBYOC_B_NK)
         return TIRBYOC_EINVAL;

@@ -218,7 +218,9 @@ int32_t tirbyoc_softmax_f32(int64_t rows, int64_t n, const float *x, int64_t ldx
 typedef enum tirbyoc_attention_flag {
     TIRBYOC_ATT_DIVIDE = 1,     /* scores are (Q K) / scale instead of (Q K) * scale */
     TIRBYOC_ATT_MASK_KEEP = 2,  /* a nonzero mask byte keeps the score (else: masks it) */
-    TIRBYOC_ATT_EMPTY_ZERO = 4  /* a row whose scores are all -inf gives P = 0 (else NaN) */
+    TIRBYOC_ATT_EMPTY_ZERO = 4, /* a row whose scores are all -inf gives P = 0 (else NaN) */
+    TIRBYOC_ATT_MASK_ADD = 8    /* masking adds -inf to the score (a NaN or +inf score
+                                 * gives NaN) instead of replacing it with -inf */
 } tirbyoc_attention_flag;
 
 /*
@@ -236,7 +238,10 @@ typedef enum tirbyoc_attention_flag {
  *       + i * ldmask + j], one byte per score; a nonzero byte masks the
  *       score (with TIRBYOC_ATT_MASK_KEEP: a nonzero byte keeps it, a zero
  *       byte masks it). stride_mask
- *       or ldmask 0 broadcasts the mask over the batch or the rows.
+ *       or ldmask 0 broadcasts the mask over the batch or the rows. With
+ *       TIRBYOC_ATT_MASK_ADD a masked score is score + (-inf), the graph's
+ *       S + where(kept, 0, -inf): -inf, or NaN where the score is NaN or
+ *       +inf (then every key is scored: none is skipped).
  * Batch strides of 0 broadcast an input. Semantics follow the unfused graph
  * exactly where IEEE values are concerned: a row whose scores are all -inf
  * (fully masked) gives NaN, or with TIRBYOC_ATT_EMPTY_ZERO weights of 0; a

@@ -35,14 +35,16 @@ def each_isa(request):
 
 
 def reference(q, k, v, *, k_layout="nt", scale=1.0, divide=False, mask=None,
-              mask_keep=False, empty_zero=False):
+              mask_keep=False, empty_zero=False, mask_add=False):
     q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
     kk = np.swapaxes(k, -1, -2) if k_layout == "nt" else k
     with np.errstate(invalid="ignore", over="ignore"):
         s = _ieee_batched(q, kk)
         s = s / np.float64(np.float32(scale)) if divide else s * np.float64(np.float32(scale))
         if mask is not None:
-            s = np.where((mask == 0) if mask_keep else (mask != 0), -np.inf, s)
+            masked = (mask == 0) if mask_keep else (mask != 0)
+            # added: s + where(masked, -inf, 0), so NaN where a masked score is NaN or +inf
+            s = s + np.where(masked, -np.inf, 0.0) if mask_add else np.where(masked, -np.inf, s)
         e = np.exp(s - s.max(-1, keepdims=True))
         p = e / e.sum(-1, keepdims=True)
         if empty_zero:
@@ -161,11 +163,12 @@ def test_results_do_not_depend_on_the_thread_count(each_isa):
     rng = np.random.default_rng(3)
     q, k, v = rand(rng, 4, 300, 64), rand(rng, 4, 300, 64), rand(rng, 4, 300, 64)
     mask = ~np.tril(np.ones((300, 300), bool))
-    runs = []
-    for threads in (1, 2, 3):
-        kernels.set_num_threads(threads)
-        runs.append(kernels.attention(q, k, v, mask=mask, scale=0.125))
-    assert all(np.array_equal(r.view(np.uint32), runs[0].view(np.uint32)) for r in runs)
+    for mask_add in (False, True):
+        runs = []
+        for threads in (1, 2, 3):
+            kernels.set_num_threads(threads)
+            runs.append(kernels.attention(q, k, v, mask=mask, scale=0.125, mask_add=mask_add))
+        assert all(np.array_equal(r.view(np.uint32), runs[0].view(np.uint32)) for r in runs)
 
 
 def test_empty_sizes(each_isa):
@@ -230,6 +233,43 @@ def test_non_finite_inputs_as_the_unfused_graph(each_isa, k_layout):
         seen["inf"] += int(np.isinf(ref).sum())
         seen["finite"] += int(np.isfinite(ref).sum())
     assert all(seen.values()), seen  # every kind of result was checked
+
+
+@pytest.mark.parametrize("k_layout", ["nt", "nn"])
+def test_added_mask_as_the_unfused_graph(each_isa, k_layout):
+    """mask_add: the graph's s + where(masked, -inf, 0). Every key is scored, so a NaN or
+    +inf score at a masked key (a NaN or inf in Q or K) makes its row NaN, where the
+    replacing mask gives -inf and ignores it; masks of every structure (causal, padding,
+    random, a row fully masked, a row fully kept), both polarities, with and without
+    empty_zero, against float64. With finite inputs both masks give the same rows."""
+    rng = np.random.default_rng(30 + (k_layout == "nn"))
+    b, m, n, d, dv = 2, 23, 203, 19, 12
+    differ = 0
+    for trial in range(6):
+        q, k, v = rand(rng, b, m, d), rand(rng, b, n, d), rand(rng, b, n, dv)
+        kind = ("causal", "padding", "random")[trial % 3]
+        mask = {"causal": ~np.tril(np.ones((m, n), bool)),
+                "padding": np.arange(n)[None, None, :] >= rng.integers(1, n, (b, 1, 1)),
+                "random": rng.random((b, m, n)) < 0.4}[kind]
+        mask = np.broadcast_to(mask, (b, m, n)).copy()
+        mask[0, 3] = True           # a fully masked row
+        mask[1, 4] = False          # a fully kept row
+        keep = trial % 2 == 1
+        flags = dict(mask=~mask if keep else mask, mask_keep=keep, empty_zero=trial >= 3)
+        kk = k if k_layout == "nt" else np.ascontiguousarray(np.swapaxes(k, 1, 2))
+        args = dict(k_layout=k_layout, scale=0.3, **flags)
+        finite = kernels.attention(q, kk, v, mask_add=True, **args)
+        assert_matches(finite, reference(q, kk, v, **args), score_bound(q, kk, k_layout, 0.3))
+        # a NaN and an inf in K at keys that some rows mask (the last keys: past every
+        # causal row but the last, and past most padding), and one in Q
+        k[:, n - 1, 0], k[:, n - 3, 1], q[1, 9, 2] = np.nan, np.inf, np.inf
+        kk = k if k_layout == "nt" else np.ascontiguousarray(np.swapaxes(k, 1, 2))
+        got = kernels.attention(q, kk, v, mask_add=True, **args)
+        ref = reference(q, kk, v, mask_add=True, **args)
+        assert_matches(got, ref, score_bound(q, kk, k_layout, 0.3))
+        replaced = reference(q, kk, v, **args)
+        differ += int((np.isnan(ref) != np.isnan(replaced)).any(-1).sum())
+    assert differ > 0  # rows where adding and replacing the mask part were checked
 
 
 @pytest.mark.parametrize("keep", [False, True])
@@ -312,7 +352,7 @@ def test_invalid_arguments_write_nothing():
                                      kernels.TIRBYOC_ESTRIDE, kernels.TIRBYOC_ENULL)
     bad = [
         (dict(layout=2), EINVAL), (dict(layout=-1), EINVAL), (dict(layout=3), EINVAL),
-        (dict(flags=8), EINVAL), (dict(flags=1 | 1 << 30), EINVAL), (dict(flags=-1), EINVAL),
+        (dict(flags=16), EINVAL), (dict(flags=1 | 1 << 30), EINVAL), (dict(flags=-1), EINVAL),
         (dict(batch=-1), ESIZE), (dict(m=-1), ESIZE), (dict(n=-1), ESIZE),
         (dict(d=-1), ESIZE), (dict(dv=-2**63), ESIZE),
         (dict(sq=-1), ESIZE), (dict(sk=-8), ESIZE), (dict(sv=-1), ESIZE), (dict(so=-1), ESIZE),

@@ -41,6 +41,17 @@ def _build(form, n_sym=False):
             elif form == "keep":
                 s = bb.emit(op.multiply(relax.const(0.25, "float32"), s))
                 s = bb.emit(op.where(mask, s, ninf))
+            elif form == "added":      # PyTorch's attention with a bool mask, HF BERT
+                zero = relax.const(0.0, "float32")
+                s = bb.emit(op.add(s, bb.emit(op.where(mask, ninf, zero))))
+            elif form == "added_keep":  # the float mask first, True keeps
+                zero = relax.const(0.0, "float32")
+                s = bb.emit(op.add(bb.emit(op.where(mask, zero, ninf)),
+                                   bb.emit(op.multiply(s, relax.const(0.5, "float32")))))
+            elif form == "added_finite":  # a large finite fill is not -inf: stays
+                zero = relax.const(0.0, "float32")
+                s = bb.emit(op.add(s, bb.emit(op.where(mask, relax.const(-1e9, "float32"),
+                                                       zero))))
             elif form == "fill_finite":
                 s = bb.emit(op.where(mask, relax.const(-1e9, "float32"), s))
             elif form == "additive":
@@ -63,6 +74,12 @@ def _reference(form, q, k, v, mask):
         s = np.where(mask, -np.inf, s / 4.0)
     elif form == "keep":
         s = np.where(mask, 0.25 * s, -np.inf)
+    elif form == "added":
+        s = s + np.where(mask, -np.inf, 0.0)
+    elif form == "added_keep":
+        s = np.where(mask, 0.0, -np.inf) + 0.5 * s
+    elif form == "added_finite":
+        s = s + np.where(mask, -1e9, 0.0)
     elif form == "fill_finite":
         s = np.where(mask, -1e9, s)
     elif form == "additive":
@@ -84,7 +101,7 @@ def _inputs(form, seed=0, m=M, n=N):
         mask[..., n - 5:] = True
     elif form == "per_head":
         mask = rng.random((B, H, m, n)) < 0.4
-    elif form == "keep":
+    elif form in ("keep", "added_keep"):
         mask = np.tril(np.ones((m, n), bool))  # True keeps
     else:
         mask = ~np.tril(np.ones((m, n), bool))  # True masks (causal)
@@ -106,8 +123,9 @@ def _assert_matches(got, ref):
     assert float(np.abs(got[finite] - ref[finite]).max()) <= RTOL * scale
 
 
-ACCEPTED = ["causal", "keep", "nomask", "padding", "per_head"]
-REFUSED = ["fill_finite", "additive", "scale_tensor", "other_axis", "used_twice"]
+ACCEPTED = ["causal", "keep", "nomask", "padding", "per_head", "added", "added_keep"]
+REFUSED = ["fill_finite", "added_finite", "additive", "scale_tensor", "other_axis",
+           "used_twice"]
 
 
 @pytest.mark.parametrize("form", ACCEPTED + REFUSED)
@@ -140,6 +158,21 @@ def test_fully_masked_rows_and_non_finite_values_as_the_graph_gives_them():
     _assert_matches(got, ref)
 
 
+@pytest.mark.parametrize("form", ["added", "causal"])
+def test_a_masked_nan_or_inf_score_as_the_graph_gives_it(form):
+    """A NaN or +inf score at a masked key: the added mask (-inf + NaN, -inf + inf) makes
+    the row NaN, the replacing one (where) leaves it out; each region as its graph."""
+    mod = _build(form)
+    q, k, v, mask = _inputs(form, seed=3)
+    k[0, 0, N - 1, 2] = np.nan    # head 0, the last key: masked for every row but the last
+    k[0, 1, N - 2, 0] = np.inf    # head 1: +-inf scores at a key most rows mask
+    ref = _reference(form, q, k, v, mask)
+    assert np.isnan(ref[0, 0, :N - 1]).all() == (form == "added")
+    assert np.isnan(ref[0, 1, :N - 2]).any() == (form == "added")
+    assert not np.isnan(ref[0, 2]).any()
+    _assert_matches(_run(mod, (q, k, v, mask)), ref)
+
+
 def test_one_build_serves_every_sequence_length():
     mod = _build("causal", n_sym=True)
     assert [r.intrinsic for r in tirbyoc.explain(mod).offloaded] == ["attention"]
@@ -151,11 +184,11 @@ def test_one_build_serves_every_sequence_length():
         _assert_matches(got, _reference("causal", *args))
 
 
-def test_pytorch_sdpa_with_an_additive_mask_stays_unfused_and_right():
+def test_pytorch_sdpa_with_its_added_mask_is_one_call_and_right():
     """``F.scaled_dot_product_attention`` as ``torch.export`` writes it adds a float mask
     (0 or -inf) to the scores. That differs from ``where(mask, -inf, s)`` when a masked
-    score is +inf or NaN (the sum is NaN), so it is not the fused kernel's form: it runs
-    as the batched matmuls and the softmax kernel, against PyTorch."""
+    score is +inf or NaN (the sum is NaN), so the kernel takes it with the added mask's
+    own semantics (TIRBYOC_ATT_MASK_ADD): one call, against PyTorch."""
     torch = pytest.importorskip("torch")
     from tvm.relax.frontend.torch import from_exported_program
 
@@ -168,8 +201,7 @@ def test_pytorch_sdpa_with_an_additive_mask_stays_unfused_and_right():
     with torch.no_grad():
         mod = from_exported_program(torch.export.export(Sdpa().eval(), (q, k, v)))
         ref = Sdpa()(q, k, v).numpy()
-    assert sorted(r.intrinsic for r in tirbyoc.explain(mod).offloaded) == [
-        "batch_matmul", "batch_matmul", "softmax"]
+    assert [r.intrinsic for r in tirbyoc.explain(mod).offloaded] == ["attention"]
     got = _run(mod, [t.numpy() for t in (q, k, v)])
     np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4 * float(np.abs(ref).max()))
 

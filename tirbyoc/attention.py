@@ -7,6 +7,9 @@ The graph level finds the region before legalization, in every Relax function:
     S = S / c   or   S * c                 optional; c a float32 scalar constant
     S = R.where(mask, -inf, S)             optional; or R.where(mask, S, -inf); mask bool,
                                            broadcast over the batch and/or the rows
+      or S = S + R.where(mask, 0, -inf)    the same mask added (PyTorch's attention with a
+                                           bool mask, HuggingFace's BERT); or with -inf
+                                           and 0 swapped
     P = R.nn.softmax(S, axis=-1)
     P = R.where(all(S == -inf), 0, P)      optional: the fix-up PyTorch's attention adds
                                            (fully masked rows give 0 instead of NaN)
@@ -16,8 +19,8 @@ with reshapes that only regroup the batch dimensions, and ``broadcast_to`` its o
 anywhere in between (``torch.export`` writes them), every intermediate used only inside
 the region. ``O`` then becomes ``R.call_tir`` of a PrimFunc whose only block calls the
 kernel on ``Q``, ``K``, ``V`` and the mask; the scores and weights are never stored.
-Anything else (another mask form, an additive float mask, a dropout, a reduction over
-another axis, another dtype) keeps its ops, which the rest of tirbyoc handles as before
+Anything else (another mask form, a float mask of other values, a dropout, a reduction
+over another axis, another dtype) keeps its ops, which the rest of tirbyoc handles as before
 (the softmax kernel, the batched matmul family).
 
 The kernel reads Q, K and V where the views before the region leave them and writes O
@@ -48,7 +51,7 @@ SYMBOL = "tirbyoc_attention_f32"
 INTRINSIC = "attention"
 DESCRIPTION = "R.matmul -> scale -> mask -> R.nn.softmax -> R.matmul as one region"
 # Mirrors tirbyoc_attention_flag and tirbyoc_b_layout (tirbyoc_kernels.h).
-_DIVIDE, _MASK_KEEP, _EMPTY_ZERO = 1, 2, 4
+_DIVIDE, _MASK_KEEP, _EMPTY_ZERO, _MASK_ADD = 1, 2, 4, 8
 _B_KN, _B_NK = 0, 1
 # D + DV the kernel takes.
 _DDV_MAX = 4096
@@ -180,6 +183,14 @@ def _match(f: _Func, pv_var, pv_call) -> _Region | None:
         if not _mask_fits(cond, s_val):
             return None
         mask = cond
+        s_var = f.through_views(scores)
+        s_val = f.producer(s_var)
+    elif is_op(s_val, "relax.add"):
+        added = _added_mask(f, s_val)
+        if added is None:
+            return None
+        scores, mask, keep = added
+        flags |= _MASK_ADD | (_MASK_KEEP if keep else 0)
         s_var = f.through_views(scores)
         s_val = f.producer(s_var)
     scale = 1.0
@@ -322,6 +333,36 @@ def _fixup_scores(f: _Func, where):
     if _scalar(call.args[1], f.values) != -math.inf:
         return None
     return value, inner
+
+
+def _added_mask(f: _Func, add):
+    """For ``S + R.where(mask, 0, -inf)`` (either order of the sum; or -inf and 0
+    swapped): the scores ``S``, the bool mask, and whether a true byte keeps the score;
+    else None. The float mask may be used elsewhere too (it is read, not replaced), but
+    only where it is the scores' own shape or broadcast into it."""
+    if _dtype(add) != "float32":
+        return None
+    for scores, other in (add.args, add.args[::-1]):
+        where = f.producer(other) if isinstance(other, R.Var) else other
+        if not is_op(where, "relax.where") or f.uses.get(scores, 0) != 1:
+            continue
+        cond, a, b = where.args
+        a, b = _scalar(a, f.values), _scalar(b, f.values)
+        if (a, b) == (0.0, -math.inf):
+            keep = True
+        elif (a, b) == (-math.inf, 0.0):
+            keep = False
+        else:
+            continue
+        ss = shape_of(scores)
+        if _dtype(cond) != "bool" or ss is None or shape_of(add) is None or \
+                len(ss) != len(shape_of(add)) or \
+                not all(_same(x, y) for x, y in zip(ss, shape_of(add))):
+            continue
+        if not _mask_fits(cond, add):
+            continue
+        return scores, cond, keep
+    return None
 
 
 def _mask_fits(cond, where) -> bool:

@@ -481,11 +481,11 @@ def softmax(x, out=None):
     return out
 
 
-ATTENTION_FLAGS = {"divide": 1, "mask_keep": 2, "empty_zero": 4}
+ATTENTION_FLAGS = {"divide": 1, "mask_keep": 2, "empty_zero": 4, "mask_add": 8}
 
 
 def attention(q, k, v, *, k_layout="nt", scale=1.0, divide=False, mask=None, mask_keep=False,
-              empty_zero=False, out=None):
+              empty_zero=False, mask_add=False, out=None):
     """``softmax(where(masked, -inf, (q @ op(k)) * scale)) @ v`` via
     ``tirbyoc_attention_f32``, one call, scores never materialized.
 
@@ -493,7 +493,9 @@ def attention(q, k, v, *, k_layout="nt", scale=1.0, divide=False, mask=None, mas
     ("nn"); ``v``: [n, dv]; each with an optional leading batch dimension (1 or ``batch``
     broadcasts). ``divide``: the scores are divided by ``scale`` instead. ``mask``: bool or
     uint8 [m, n] or [batch or 1, m or 1, n]; True masks a score (``mask_keep``: True keeps
-    it). ``empty_zero``: a fully masked row gives 0 instead of NaN. Returns ``out``
+    it). ``empty_zero``: a fully masked row gives 0 instead of NaN. ``mask_add``: a masked
+    score is the score + -inf (NaN where it is NaN or +inf), as in ``s + where(masked,
+    -inf, 0)``, instead of -inf. Returns ``out``
     ([batch, m, dv], or [m, dv] for 2-D ``q``).
     """
     if k_layout not in ("nt", "nn"):
@@ -534,7 +536,8 @@ def attention(q, k, v, *, k_layout="nt", scale=1.0, divide=False, mask=None, mas
         raise ValueError("out must not overlap the inputs")
     flags = ((ATTENTION_FLAGS["divide"] if divide else 0)
              | (ATTENTION_FLAGS["mask_keep"] if mask_keep else 0)
-             | (ATTENTION_FLAGS["empty_zero"] if empty_zero else 0))
+             | (ATTENTION_FLAGS["empty_zero"] if empty_zero else 0)
+             | (ATTENTION_FLAGS["mask_add"] if mask_add else 0))
 
 
     _check("tirbyoc_attention_f32", lib.tirbyoc_attention_f32(
