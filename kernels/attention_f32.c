@@ -1,9 +1,10 @@
 /*
  * attention_f32.c - fused attention, float32 (tirbyoc_attention_f32):
  *     O = softmax(where(masked, -inf, (Q @ K) * scale)) @ V
- * (or with the mask added: (Q @ K) * scale + where(masked, -inf, 0)) in one call, built from the instruction set's own building blocks (the
- * dense micro-kernel, its packing routines, and the online-softmax row step
- * of chain_f32.h).
+ * (or with the mask added: (Q @ K) * scale + where(masked, -inf, 0)) in one
+ * call, built from the instruction set's own building blocks (the dense
+ * micro-kernel, its packing routines, and the online-softmax row step of
+ * chain_f32.h).
  *
  * Work is split into units of a few register tiles of query rows of one batch
  * item. A unit walks the keys in chunks: it packs the chunk of K and of V

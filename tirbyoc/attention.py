@@ -338,8 +338,9 @@ def _fixup_scores(f: _Func, where):
 def _added_mask(f: _Func, add):
     """For ``S + R.where(mask, 0, -inf)`` (either order of the sum; or -inf and 0
     swapped): the scores ``S``, the bool mask, and whether a true byte keeps the score;
-    else None. The float mask may be used elsewhere too (it is read, not replaced), but
-    only where it is the scores' own shape or broadcast into it."""
+    else None. The sum must have the scores' shape (the mask broadcast into them, never
+    widening them). The float mask may have other uses: the call reads the bool mask,
+    and the float one stays for those."""
     if _dtype(add) != "float32":
         return None
     for scores, other in (add.args, add.args[::-1]):
