@@ -19,14 +19,16 @@
  * are skipped (a causal mask halves the work), and a row whose kept keys are
  * a prefix needs no per-score masking. Skipping is exact: a skipped key's
  * weight would be 0, and 0 * V[j] is 0 unless V[j] holds an inf or NaN, so
- * keys up to V's last non-finite row are never skipped. An added mask skips
- * nothing (a masked NaN or +inf score still makes its row NaN): only a row
- * with every key kept goes without per-score masking.
+ * keys up to V's last non-finite row are never skipped. Under an added mask a
+ * masked NaN or +inf score still makes its row NaN, so keys are skipped only
+ * where the unit's Q rows and the skipped keys are finite and small enough
+ * that no score can overflow (added_skip_exact); else every key is scored.
  *
  * Units are numbered the largest first and handed out by tb_units (home
  * ranges, then stealing), and every unit is computed the same way whichever
  * thread takes it: results do not depend on the thread count.
  */
+#include <float.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -56,7 +58,7 @@ typedef struct {
     int64_t ldq, sq, ldk, sk, ldv, sv;
     tb_wlayout klayout;
     const uint8_t *mask;
-    int64_t ldm, sm;
+    int64_t ldm, sm, mrep; /* batch item b reads mask item b / mrep */
     int flags;
     tb_chain chain; /* the scale, applied to the scores in registers */
     float *o;
@@ -131,6 +133,42 @@ static int64_t v_nonfinite_end(const att_job_t *j, const float *v, int64_t lo)
     return 0;
 }
 
+/* |x| in double; +inf for NaN. */
+static double abs_or_inf(float x)
+{
+    const double a = x < 0 ? -(double)x : (double)x;
+    return a <= FLT_MAX ? a : __builtin_inf();
+}
+
+/* With an added mask: whether every score of rows [r0, r1) of one batch item at
+ * keys [lo, n) is finite, so that skipping those keys (where a row masks them)
+ * keeps the graph's values (a finite score + -inf is -inf; a NaN or +inf one
+ * would make the row NaN). Proven from finite Q rows and K keys and
+ * |scale| * max|q| * max_j sum_p |k_pj| far below FLT_MAX. */
+static int added_skip_exact(const att_job_t *j, const float *q, const float *k,
+                            int64_t r0, int64_t r1, int64_t lo)
+{
+    const double sc = (j->flags & TIRBYOC_ATT_DIVIDE)
+                          ? 1.0 / abs_or_inf(j->chain.scale)
+                          : abs_or_inf(j->chain.scale);
+    double qmax = 0, kmax = 0;
+    int64_t i, x, p;
+    for (i = r0; i < r1; ++i)
+        for (p = 0; p < j->d; ++p) {
+            const double a = abs_or_inf(q[i * j->ldq + p]);
+            qmax = a > qmax ? a : qmax;
+        }
+    for (x = lo; x < j->n; ++x) {
+        double sum = 0;
+        for (p = 0; p < j->d; ++p)
+            sum += abs_or_inf(j->klayout == TB_W_NT ? k[x * j->ldk + p]
+                                                    : k[p * j->ldk + x]);
+        kmax = sum > kmax ? sum : kmax;
+    }
+    /* (a NaN product, inf * 0, fails the comparison too) */
+    return qmax * kmax * sc < 0x1p100;
+}
+
 /* Scores of keys [c0, c0 + cw) of one row that the mask removes: -inf
  * (with TIRBYOC_ATT_MASK_ADD: the score + -inf). */
 static void mask_scores(const att_job_t *j, const uint8_t *mrow, int prefix,
@@ -168,7 +206,7 @@ static void att_unit(const att_job_t *j, int64_t b, int64_t r0, int64_t r1,
     const int64_t mr = isa->mr, nr = isa->nr, nch = j->nch;
     const float *q = j->q + b * j->sq, *k = j->k + b * j->sk;
     const float *v = j->v + b * j->sv;
-    const uint8_t *mask = j->mask ? j->mask + b * j->sm : NULL;
+    const uint8_t *mask = j->mask ? j->mask + b / j->mrep * j->sm : NULL;
     float *o = j->o + b * j->so;
     /* scratch: packed K chunk, packed V chunk, packed Q tile, scores, packed
      * weights (each 64-byte aligned: sizes are multiples of 16 floats) */
@@ -188,14 +226,19 @@ static void att_unit(const att_job_t *j, int64_t b, int64_t r0, int64_t r1,
         ext[x] = mask ? row_extent(j, mask + i * j->ldm, &prefix[x]) : j->n;
         if (!mask)
             prefix[x] = 1;
-        else if (j->flags & TIRBYOC_ATT_MASK_ADD) {
-            /* every key scored; per-score masking unless all are kept */
-            prefix[x] = prefix[x] && ext[x] == j->n;
-            ext[x] = j->n;
-        }
         lo = min_i64(lo, ext[x]);
         mx[x] = -__builtin_inff();
         sum[x] = 0.0f;
+    }
+    if (mask && (j->flags & TIRBYOC_ATT_MASK_ADD) && lo < j->n &&
+        !added_skip_exact(j, q, k, r0, r1, lo)) {
+        /* a skipped score might be NaN or +inf: every key scored, per-score
+         * masking unless a row keeps them all */
+        for (i = r0; i < r1; ++i) {
+            prefix[i - r0] = prefix[i - r0] && ext[i - r0] == j->n;
+            ext[i - r0] = j->n;
+        }
+        lo = j->n;
     }
     if (lo < j->n)
         vend = v_nonfinite_end(j, v, lo);
@@ -301,7 +344,8 @@ int32_t tirbyoc_attention_f32(int64_t batch, int64_t m, int64_t n, int64_t d,
                               int64_t stride_k, int32_t k_layout,
                               const float *v, int64_t ldv, int64_t stride_v,
                               const uint8_t *mask, int64_t ldmask,
-                              int64_t stride_mask, int32_t flags, float scale,
+                              int64_t stride_mask, int64_t mask_repeat,
+                              int32_t flags, float scale,
                               float *o, int64_t ldo, int64_t stride_o)
 {
     att_job_t j;
@@ -312,7 +356,7 @@ int32_t tirbyoc_attention_f32(int64_t batch, int64_t m, int64_t n, int64_t d,
 
     if (k_layout != TIRBYOC_B_KN && k_layout != TIRBYOC_B_NK)
         return TIRBYOC_EINVAL;
-    if (flags & ~known)
+    if ((flags & ~known) || mask_repeat < 1)
         return TIRBYOC_EINVAL;
     if (batch < 0 || m < 0 || n < 0 || d < 0 || dv < 0 || stride_q < 0 ||
         stride_k < 0 || stride_v < 0 || stride_mask < 0 || stride_o < 0 ||
@@ -360,6 +404,7 @@ int32_t tirbyoc_attention_f32(int64_t batch, int64_t m, int64_t n, int64_t d,
     j.mask = mask;
     j.ldm = ldmask;
     j.sm = stride_mask;
+    j.mrep = mask_repeat;
     j.flags = flags;
     j.chain.scale = scale;
     if (flags & TIRBYOC_ATT_DIVIDE)

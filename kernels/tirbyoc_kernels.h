@@ -234,14 +234,16 @@ typedef enum tirbyoc_attention_flag {
  *       usual Q @ K^T; TIRBYOC_B_KN: k[p * ldk + j]), offset by q * stride_k
  *   V_q[j][c] = v[q * stride_v + j * ldv + c]   (j < N, c < DV, ldv >= DV)
  *   O_q[i][c] = o[q * stride_o + i * ldo + c]   (ldo >= DV)
- *   mask (may be NULL: nothing masked): mask_q[i][j] = mask[q * stride_mask
- *       + i * ldmask + j], one byte per score; a nonzero byte masks the
+ *   mask (may be NULL: nothing masked): mask_q[i][j] = mask[(q / mask_repeat)
+ *       * stride_mask + i * ldmask + j], one byte per score (mask_repeat >= 1
+ *       items in a row share a mask: the heads of one sequence); a nonzero byte masks the
  *       score (with TIRBYOC_ATT_MASK_KEEP: a nonzero byte keeps it, a zero
  *       byte masks it). stride_mask
  *       or ldmask 0 broadcasts the mask over the batch or the rows. With
  *       TIRBYOC_ATT_MASK_ADD a masked score is score + (-inf), the graph's
  *       S + where(kept, 0, -inf): -inf, or NaN where the score is NaN or
- *       +inf (then every key is scored: none is skipped).
+ *       +inf (keys past a row's last kept key are then skipped only where
+ *       no such score can arise: finite Q and K, no overflow).
  * Batch strides of 0 broadcast an input. Semantics follow the unfused graph
  * exactly where IEEE values are concerned: a row whose scores are all -inf
  * (fully masked) gives NaN, or with TIRBYOC_ATT_EMPTY_ZERO weights of 0; a
@@ -250,11 +252,11 @@ typedef enum tirbyoc_attention_flag {
  * past a row's last kept key are skipped only where V is finite).
  * D + DV <= 4096. The result equals the unfused computation up to rounding
  * (the softmax's division is applied to the output row).
- * Errors: TIRBYOC_EINVAL (k_layout or flags), TIRBYOC_ESIZE (a negative
+ * Errors: TIRBYOC_EINVAL (k_layout, flags, mask_repeat < 1), TIRBYOC_ESIZE (a negative
  * size or batch stride, D + DV > 4096), TIRBYOC_ESTRIDE, TIRBYOC_ENULL,
  * TIRBYOC_ENOMEM.
  */
-int32_t tirbyoc_attention_f32(int64_t batch, int64_t m, int64_t n, int64_t d, int64_t dv, const float *q, int64_t ldq, int64_t stride_q, const float *k, int64_t ldk, int64_t stride_k, int32_t k_layout, const float *v, int64_t ldv, int64_t stride_v, const uint8_t *mask, int64_t ldmask, int64_t stride_mask, int32_t flags, float scale, float *o, int64_t ldo, int64_t stride_o);
+int32_t tirbyoc_attention_f32(int64_t batch, int64_t m, int64_t n, int64_t d, int64_t dv, const float *q, int64_t ldq, int64_t stride_q, const float *k, int64_t ldk, int64_t stride_k, int32_t k_layout, const float *v, int64_t ldv, int64_t stride_v, const uint8_t *mask, int64_t ldmask, int64_t stride_mask, int64_t mask_repeat, int32_t flags, float scale, float *o, int64_t ldo, int64_t stride_o);
 
 /*
  * 2-D convolution, float32, NCHW input and output, OIHW weight, in groups:

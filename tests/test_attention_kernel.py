@@ -129,6 +129,24 @@ def test_strided_rows_and_broadcast_inputs(each_isa):
     assert np.array_equal(full[:, :, :20], got)
 
 
+@pytest.mark.parametrize("repeat", [2, 3, 6])
+def test_one_mask_per_sequence_shared_by_its_heads(each_isa, repeat):
+    """mask_repeat: batch items in runs of ``repeat`` (a sequence's heads) read one mask
+    item, as HuggingFace's [B, 1, M, N] mask broadcast over the heads; both mask forms."""
+    rng = np.random.default_rng(40 + repeat)
+    b, m, n, d, dv = 6, 19, 45, 8, 10
+    q, k, v = rand(rng, b, m, d), rand(rng, b, n, d), rand(rng, b, n, dv)
+    per_seq = rng.random((b // repeat, m, n)) < 0.4
+    per_seq[0, 2] = True                               # a fully masked row
+    full = np.repeat(per_seq, repeat, axis=0)          # what each batch item sees
+    for mask_add in (False, True):
+        got = kernels.attention(q, k, v, scale=0.5, mask=per_seq, mask_repeat=repeat,
+                                mask_add=mask_add)
+        ref = reference(q, k, v, scale=0.5, mask=full, mask_add=mask_add)
+        assert_matches(got, ref, score_bound(q, k, scale=0.5))
+        assert np.isnan(got[:repeat, 2]).all() and not np.isnan(got[repeat:, 2]).any()
+
+
 @pytest.mark.parametrize("k_batch,v_batch", [(1, 3), (3, 1)])
 def test_k_or_v_alone_broadcast(each_isa, k_batch, v_batch):
     """K shared by the batch and V not, and the other way round (batch strides 0 and
@@ -342,8 +360,8 @@ def test_invalid_arguments_write_nothing():
 
     def call(**kw):
         args = dict(batch=1, m=4, n=4, d=8, dv=8, q=fp(x), ldq=8, sq=0, k=fp(x), ldk=8, sk=0,
-                    layout=1, v=fp(x), ldv=8, sv=0, mask=ffi.NULL, ldm=0, sm=0, flags=0,
-                    scale=1.0, o=fp(o), ldo=8, so=0)
+                    layout=1, v=fp(x), ldv=8, sv=0, mask=ffi.NULL, ldm=0, sm=0, repeat=1,
+                    flags=0, scale=1.0, o=fp(o), ldo=8, so=0)
         assert set(kw) <= set(args)
         args.update(kw)
         return lib.tirbyoc_attention_f32(*args.values())
@@ -353,6 +371,7 @@ def test_invalid_arguments_write_nothing():
     bad = [
         (dict(layout=2), EINVAL), (dict(layout=-1), EINVAL), (dict(layout=3), EINVAL),
         (dict(flags=16), EINVAL), (dict(flags=1 | 1 << 30), EINVAL), (dict(flags=-1), EINVAL),
+        (dict(repeat=0), EINVAL), (dict(repeat=-1, mask=mp, ldm=8), EINVAL),
         (dict(batch=-1), ESIZE), (dict(m=-1), ESIZE), (dict(n=-1), ESIZE),
         (dict(d=-1), ESIZE), (dict(dv=-2**63), ESIZE),
         (dict(sq=-1), ESIZE), (dict(sk=-8), ESIZE), (dict(sv=-1), ESIZE), (dict(so=-1), ESIZE),

@@ -173,6 +173,44 @@ def test_a_masked_nan_or_inf_score_as_the_graph_gives_it(form):
     _assert_matches(_run(mod, (q, k, v, mask)), ref)
 
 
+@pytest.mark.parametrize("mshape,fused", [((2, 1, M, N), True), ((2, 1, 1, N), True),
+                                          ((2, 3, M, N), True), ((1, 1, M, N), True),
+                                          ((1, 3, M, N), False), ((2, 3, M, 1), False)])
+@pytest.mark.parametrize("added", [False, True])
+def test_masks_per_sequence_broadcast_over_the_heads(mshape, fused, added):
+    """A [B, 1, M, N] mask (HuggingFace's at batch > 1: one per sequence, for every head)
+    is read by the kernel in place, each sequence's item shared by its heads; a mask
+    broadcast over the batch but not the heads ([1, H, M, N]) is not one stride of the
+    kernel's, and a mask broadcast over the keys not one row: those keep their ops. Right
+    either way."""
+    b, h = 2, 3
+    bb = relax.BlockBuilder()
+    q, k, v = (relax.Var(c, relax.TensorType((b, h, M, D), "float32")) for c in "qkv")
+    mask = relax.Var("mask", relax.TensorType(mshape, "bool"))
+    op = relax.op
+    with bb.function("main", [q, k, v, mask]):
+        with bb.dataflow():
+            s = bb.emit(op.matmul(q, bb.emit(op.permute_dims(k, [0, 1, 3, 2]))))
+            ninf, zero = relax.const(NEG_INF, "float32"), relax.const(0.0, "float32")
+            s = bb.emit(op.add(s, bb.emit(op.where(mask, ninf, zero)))) if added \
+                else bb.emit(op.where(mask, ninf, s))
+            gv = bb.emit_output(bb.emit(op.matmul(bb.emit(op.nn.softmax(s, axis=-1)), v)))
+        bb.emit_func_output(gv)
+    mod = bb.get()
+    intrinsics = [r.intrinsic for r in tirbyoc.explain(mod).offloaded]
+    assert ("attention" in intrinsics) == fused, intrinsics
+    rng = np.random.default_rng(7)
+    args = [rng.standard_normal((b, h, M, D)).astype(np.float32) for _ in range(3)]
+    mval = rng.random(mshape) < 0.3
+    mval[..., 0] = False                                  # no row fully masked
+    qd, kd, vd = (a.astype(np.float64) for a in args)
+    sc = qd @ np.swapaxes(kd, -1, -2)
+    sc = np.where(mval, -np.inf, sc)
+    e = np.exp(sc - sc.max(-1, keepdims=True))
+    ref = (e / e.sum(-1, keepdims=True)) @ vd
+    _assert_matches(_run(mod, args + [mval]), ref)
+
+
 def test_one_build_serves_every_sequence_length():
     mod = _build("causal", n_sym=True)
     assert [r.intrinsic for r in tirbyoc.explain(mod).offloaded] == ["attention"]

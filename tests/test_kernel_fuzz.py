@@ -1198,6 +1198,7 @@ def attention_args(ops):
             _matrix(ops, "v", ops.v, c.n * dv * c.m > 0), _stride("ldv", ops.v, dv),
             Arg("sv", 0, invalid=(-1,)), mask, Arg("ldmask", ldm, invalid=bad_ldm),
             Arg("smask", 0, invalid=(-1,)),
+            Arg("mask_repeat", 1, invalid=(0, -1, -(2**63))),
             Arg("flags", flags, invalid=(flags | 16, flags | 2**30, -1)),
             Arg("scale", attention_scale(c)),
             _matrix(ops, "o", ops.o, c.m * dv > 0), _stride("ldo", ops.o, dv),

@@ -94,6 +94,7 @@ class _Region:
     mask: object | None
     flags: int
     scale: float
+    mask_repeat: int = 1         # batch items in a row that share one mask item
     final: object = None         # the variable the kernel's call binds (out or a view of it)
     operands: dict = None        # "q", "k", "v", "o" -> _Operand
 
@@ -167,7 +168,7 @@ def _match(f: _Func, pv_var, pv_call) -> _Region | None:
             return None
     elif f.uses.get(s_var, 0) != 1:
         return None
-    mask = None
+    mask, mask_repeat = None, 1
     s_var = f.through_views(s_var, 1 if scores_fixup is None else 2)
     s_val = f.producer(s_var)
     if is_op(s_val, "relax.where"):
@@ -180,7 +181,8 @@ def _match(f: _Func, pv_var, pv_call) -> _Region | None:
             return None
         if _dtype(cond) != "bool" or f.uses.get(scores, 0) != 1:
             return None
-        if not _mask_fits(cond, s_val):
+        mask_repeat = _mask_repeat(cond, s_val)
+        if mask_repeat is None:
             return None
         mask = cond
         s_var = f.through_views(scores)
@@ -189,7 +191,7 @@ def _match(f: _Func, pv_var, pv_call) -> _Region | None:
         added = _added_mask(f, s_val)
         if added is None:
             return None
-        scores, mask, keep = added
+        scores, mask, keep, mask_repeat = added
         flags |= _MASK_ADD | (_MASK_KEEP if keep else 0)
         s_var = f.through_views(scores)
         s_val = f.producer(s_var)
@@ -211,7 +213,7 @@ def _match(f: _Func, pv_var, pv_call) -> _Region | None:
         return None
     if not _shapes_fit(q, k, v, pv_call, s_val):
         return None
-    region = _Region(pv_var, q, k, v, mask, flags, scale)
+    region = _Region(pv_var, q, k, v, mask, flags, scale, mask_repeat)
     _place_operands(f, region)
     return region
 
@@ -360,23 +362,37 @@ def _added_mask(f: _Func, add):
                 len(ss) != len(shape_of(add)) or \
                 not all(_same(x, y) for x, y in zip(ss, shape_of(add))):
             continue
-        if not _mask_fits(cond, add):
+        repeat = _mask_repeat(cond, add)
+        if repeat is None:
             continue
-        return scores, cond, keep
+        return scores, cond, keep, repeat
     return None
 
 
-def _mask_fits(cond, where) -> bool:
-    """A bool mask the kernel reads as it is: [.., M or 1, N], its batch either all 1 or
-    the scores' batch, not wider than the scores."""
-    ms, ss = shape_of(cond), shape_of(where)
+def _mask_repeat(cond, scores):
+    """How many batch items in a row share one item of the bool mask ``cond`` (1: each
+    its own, or one mask for all), or None where the kernel cannot read it as it is. The
+    mask is [.., M or 1, N], not wider than the scores; its batch dimensions (aligned to
+    the scores' from the right) equal the scores' up to some point and are 1 after it,
+    so that it is broadcast over the inner ones only (HuggingFace's [B, 1, M, N] over the
+    heads); those inner dimensions static."""
+    ms, ss = shape_of(cond), shape_of(scores)
     if ms is None or ss is None or len(ms) < 2 or len(ms) > len(ss):
-        return False
+        return None
     if not _same(ms[-1], ss[-1]) or not (_same(ms[-2], ss[-2]) or _same(ms[-2], 1)):
-        return False
-    batch = ms[:-2]
-    return all(_same(d, 1) for d in batch) or (
-        len(batch) == len(ss) - 2 and all(_same(a, b) for a, b in zip(batch, ss[:-2])))
+        return None
+    sb = list(ss[:-2])
+    mb = [T.const(1, "int64")] * (len(sb) - len(ms[:-2])) + list(ms[:-2])
+    if all(_same(d, 1) for d in mb):
+        return 1
+    split = 0
+    while split < len(sb) and _same(mb[split], sb[split]):
+        split += 1
+    inner = sb[split:]
+    if not all(_same(d, 1) for d in mb[split:]) or \
+            not all(isinstance(d, T.IntImm) for d in inner):
+        return None
+    return math.prod(int(d) for d in inner)
 
 
 def _shapes_fit(q, k, v, pv, qk) -> bool:
@@ -439,9 +455,11 @@ def _kernel_func(region: _Region):
             mbatch = mbatch * x
         mstride = T.const(0, "int64") if T.analyzer().can_prove_equal(mbatch, 1) else \
             mk.shape[-2] * mk.shape[-1]
-        args += [T.buffer_pointer(mk, "r"), rows, mstride]
+        args += [T.buffer_pointer(mk, "r"), rows, mstride,
+                 T.const(region.mask_repeat, "int64")]
     else:
-        args += [T.null_pointer(), T.const(0, "int64"), T.const(0, "int64")]
+        args += [T.null_pointer(), T.const(0, "int64"), T.const(0, "int64"),
+                 T.const(1, "int64")]
     args += [T.const(region.flags, "int32"), T.const(region.scale, "float32"), o_ptr, ldo, so]
     call = T.call_extern("int32", SYMBOL, args)
     out = bufs[-1]

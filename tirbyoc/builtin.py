@@ -174,7 +174,7 @@ def _declare():
                    args=("batch", "seq_q", "seq_k", "head_dim", "value_dim", "q", "ldq",
                          "batch_stride_q", "k", "ldk", "batch_stride_k", const(1), "v",
                          "ldv", "batch_stride_v", "mask", "ldmask", "batch_stride_mask",
-                         const(0), "scale", "y", "ldy", "batch_stride_y"),
+                         "mask_repeat", const(0), "scale", "y", "ldy", "batch_stride_y"),
                    matcher=attention.offload_attention)
     builtin.kernel("tirbyoc_softmax_f32", computes=ops.softmax(),
                    args=("rows", "cols", "x", "ldx", "y", "ldy"),

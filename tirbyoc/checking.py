@@ -681,7 +681,8 @@ def check_attention(kernel, count, seed):
                   "ldq": d, "ldk": k.shape[-1], "ldv": dv, "ldy": dv, "ldmask": n,
                   "batch_stride_q": m * d, "batch_stride_k": n * d,
                   "batch_stride_v": n * dv, "batch_stride_y": m * dv,
-                  "batch_stride_mask": m * n, "scale": float(scale), "mask": None}
+                  "batch_stride_mask": m * n, "mask_repeat": 1, "scale": float(scale),
+                  "mask": None}
         case = dict(case, seed=seed, case=index, mask=masked)
         ref = _run(report, case, vm, inputs, kernel, arrays, values)
         if ref is None:

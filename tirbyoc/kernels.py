@@ -485,7 +485,7 @@ ATTENTION_FLAGS = {"divide": 1, "mask_keep": 2, "empty_zero": 4, "mask_add": 8}
 
 
 def attention(q, k, v, *, k_layout="nt", scale=1.0, divide=False, mask=None, mask_keep=False,
-              empty_zero=False, mask_add=False, out=None):
+              empty_zero=False, mask_add=False, mask_repeat=1, out=None):
     """``softmax(where(masked, -inf, (q @ op(k)) * scale)) @ v`` via
     ``tirbyoc_attention_f32``, one call, scores never materialized.
 
@@ -493,7 +493,8 @@ def attention(q, k, v, *, k_layout="nt", scale=1.0, divide=False, mask=None, mas
     ("nn"); ``v``: [n, dv]; each with an optional leading batch dimension (1 or ``batch``
     broadcasts). ``divide``: the scores are divided by ``scale`` instead. ``mask``: bool or
     uint8 [m, n] or [batch or 1, m or 1, n]; True masks a score (``mask_keep``: True keeps
-    it). ``empty_zero``: a fully masked row gives 0 instead of NaN. ``mask_add``: a masked
+    it). ``mask_repeat``: each mask item serves that many batch items in a row (the
+    mask then has batch / mask_repeat items: one per sequence, shared by its heads). ``empty_zero``: a fully masked row gives 0 instead of NaN. ``mask_add``: a masked
     score is the score + -inf (NaN where it is NaN or +inf), as in ``s + where(masked,
     -inf, 0)``, instead of -inf. Returns ``out``
     ([batch, m, dv], or [m, dv] for 2-D ``q``).
@@ -523,9 +524,11 @@ def attention(q, k, v, *, k_layout="nt", scale=1.0, divide=False, mask=None, mas
     mask_ptr, ldm, sm = ffi.NULL, 0, 0
     if mask is not None:
         m3 = mask[None] if mask.ndim == 2 else mask
+        items = batch // mask_repeat if mask_repeat >= 1 and batch % mask_repeat == 0 else 1
         if (m3.dtype not in (np.bool_, np.uint8) or m3.ndim != 3 or m3.shape[2] != n
-                or m3.shape[1] not in (1, m) or m3.shape[0] not in (1, batch)):
-            raise ValueError(f"mask must be bool or uint8 [batch|1, {m}|1, {n}], got "
+                or m3.shape[1] not in (1, m) or m3.shape[0] not in (1, items)):
+            raise ValueError(f"mask must be bool or uint8 [{items}|1, {m}|1, {n}] "
+                             f"(batch {batch}, mask_repeat {mask_repeat}), got "
                              f"{mask.dtype} {mask.shape}")
         if m3.shape[2] > 1 and m3.strides[2] != 1:
             raise ValueError("mask must have contiguous rows")
@@ -538,11 +541,10 @@ def attention(q, k, v, *, k_layout="nt", scale=1.0, divide=False, mask=None, mas
              | (ATTENTION_FLAGS["mask_keep"] if mask_keep else 0)
              | (ATTENTION_FLAGS["empty_zero"] if empty_zero else 0)
              | (ATTENTION_FLAGS["mask_add"] if mask_add else 0))
-
-
     _check("tirbyoc_attention_f32", lib.tirbyoc_attention_f32(
         batch, m, n, d, dv, _float_ptr(q3), ldq, sq, _float_ptr(k3), ldk, sk, B_LAYOUTS[k_layout],
-        _float_ptr(v3), ldv, sv, mask_ptr, ldm, sm, flags, float(scale), _float_ptr(out3), ldo, so))
+        _float_ptr(v3), ldv, sv, mask_ptr, ldm, sm, mask_repeat, flags, float(scale),
+        _float_ptr(out3), ldo, so))
     return out3[0] if squeeze and out.ndim == 3 else out
 
 

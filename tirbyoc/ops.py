@@ -187,7 +187,7 @@ _family("attention", [
     _size("batch_stride_q", False), _size("batch_stride_k", False),
     _size("batch_stride_v", False), _size("batch_stride_y", False),
     Role("mask", "in", False), _size("ldmask", False), _size("batch_stride_mask", False),
-    Role("scale", "float", False)],
+    _size("mask_repeat", False), Role("scale", "float", False)],
     steps=False, layouts={"k": ("nt", "nn")},
     constraints=("batch", "seq_q", "seq_k", "head_dim", "value_dim"),
     stage="tirbyoc.attention:offload_attention", phase=1,

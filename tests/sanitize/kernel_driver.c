@@ -935,6 +935,11 @@ static void attention_case(uint64_t *rng, int64_t batch, int64_t m, int64_t n, i
     float *v = buf_alloc(&bv, (size_t)(sv * (batch - 1)) + span(n, dv, ldv), 3);
     float *o = buf_alloc(&bo, (size_t)(so * (batch - 1)) + span(m, dv, ldo), 0);
     const size_t mbytes = mrows > 0 && n > 0 ? (size_t)((mrows - 1) * (ldm ? ldm : n) + n) : 0;
+    /* random masks: one per batch item, or per 3 items in a row (mask_repeat 3: the
+     * heads of one sequence); the others one for the whole batch (stride 0) */
+    const int64_t rep = mask_kind == ATT_RANDOM && batch % 3 == 0 ? 3 : 1;
+    const int64_t mitems = mask_kind == ATT_RANDOM ? batch / rep : 1;
+    const int64_t sm = mitems > 1 ? (int64_t)mbytes : 0;
     uint8_t *mask = NULL;
     double worst = 0;
     int64_t b, i, j, c, p;
@@ -952,20 +957,22 @@ static void attention_case(uint64_t *rng, int64_t batch, int64_t m, int64_t n, i
         k[k_nk ? (n - 1) * ldk : n - 1] = -INFINITY;    /* the last key's first value */
     }
     if (mask_kind != ATT_NO_MASK && mbytes > 0) {
-        mask = (uint8_t *)malloc(mbytes);
-        memset(mask, 0xA5, mbytes); /* the stride padding */
-        for (i = 0; i < mrows; ++i)
-            for (j = 0; j < n; ++j) {
-                int masked = mask_kind == ATT_RANDOM ? rng_int(rng, 0, 2) == 0
-                             : mask_kind == ATT_CAUSAL ? j > i : j >= plen;
-                if (i == m / 2 && mask_kind == ATT_RANDOM)
-                    masked = 1; /* a fully masked row */
-                mask[i * ldm + j] = (uint8_t)(masked != keep ? 1 + rng_int(rng, 0, 1) * 254 : 0);
-            }
+        mask = (uint8_t *)malloc(mbytes * (size_t)mitems);
+        memset(mask, 0xA5, mbytes * (size_t)mitems); /* the stride padding */
+        for (b = 0; b < mitems; ++b)
+            for (i = 0; i < mrows; ++i)
+                for (j = 0; j < n; ++j) {
+                    int masked = mask_kind == ATT_RANDOM ? rng_int(rng, 0, 2) == 0
+                                 : mask_kind == ATT_CAUSAL ? j > i : j >= plen;
+                    if (i == m / 2 && mask_kind == ATT_RANDOM)
+                        masked = 1; /* a fully masked row */
+                    mask[b * sm + i * ldm + j] =
+                        (uint8_t)(masked != keep ? 1 + rng_int(rng, 0, 1) * 254 : 0);
+                }
     }
     st = tirbyoc_attention_f32(batch, m, n, d, dv, q, ldq, sq, k, ldk, sk,
-                               k_nk ? TIRBYOC_B_NK : TIRBYOC_B_KN, v, ldv, sv, mask, ldm, 0,
-                               flags, scale, o, ldo, so);
+                               k_nk ? TIRBYOC_B_NK : TIRBYOC_B_KN, v, ldv, sv, mask, ldm, sm,
+                               rep, flags, scale, o, ldo, so);
     check(st == TIRBYOC_OK, "status", "tirbyoc_attention_f32", m, n, d, NULL);
     for (b = 0; b < batch && st == TIRBYOC_OK; ++b)
         for (i = 0; i < m; ++i) {
@@ -978,7 +985,8 @@ static void attention_case(uint64_t *rng, int64_t batch, int64_t m, int64_t n, i
                     dot += (double)q[b * sq + i * ldq + p] *
                            (double)k[b * sk + (k_nk ? j * ldk + p : p * ldk + j)];
                 dot = (flags & TIRBYOC_ATT_DIVIDE) ? dot / scale : dot * scale;
-                if (mask != NULL && (mask[(mask_kind == ATT_PADDING ? 0 : i) * ldm + j] != 0) != keep)
+                if (mask != NULL &&
+                    (mask[b / rep * sm + (mask_kind == ATT_PADDING ? 0 : i) * ldm + j] != 0) != keep)
                     dot = (flags & TIRBYOC_ATT_MASK_ADD) ? dot + -INFINITY : -INFINITY;
                 sc[j] = dot;
                 nan_score |= isnan(dot);
@@ -1035,7 +1043,7 @@ static void attention_case(uint64_t *rng, int64_t batch, int64_t m, int64_t n, i
             for (t = 0; t < bo.n; ++t) o[t] = UNWRITTEN;
             check(tirbyoc_attention_f32(batch, m, n, d, dv, q, ldq, sq, k, ldk, sk,
                                         k_nk ? TIRBYOC_B_NK : TIRBYOC_B_KN, v, ldv, sv, mask,
-                                        ldm, 0, flags, scale, o, ldo, so) == TIRBYOC_OK,
+                                        ldm, sm, rep, flags, scale, o, ldo, so) == TIRBYOC_OK,
                   "status (threads)", "tirbyoc_attention_f32", m, n, d, NULL);
             check(memcmp(first, o, bo.n * sizeof(float)) == 0, "result differs between thread counts",
                   "tirbyoc_attention_f32", m, n, d, NULL);
@@ -1054,6 +1062,7 @@ static void attention_errors(void)
     static const char *const name = "tirbyoc_attention_f32";
     float q[M * D], k[N * D], v[N * DV], o[M * DV];
     uint8_t mask[M * N];
+    int64_t att_repeat = 1; /* the mask_repeat of ATT */
     int ok = 1, t;
     for (t = 0; t < M * D; ++t) q[t] = 0.5f;
     for (t = 0; t < N * D; ++t) k[t] = 0.25f;
@@ -1062,12 +1071,17 @@ static void attention_errors(void)
     memset(mask, 0, sizeof(mask));
 #define ATT(batch, m, n, d, dv, qp, ldq, sq, kp, ldk, sk, lay, vp, ldv, sv, mp, ldm, sm, fl, op, ldo, so) \
     tirbyoc_attention_f32(batch, m, n, d, dv, qp, ldq, sq, kp, ldk, sk, lay, vp, ldv, sv, mp, ldm, sm, \
-                          fl, 1.0f, op, ldo, so)
+                          att_repeat, fl, 1.0f, op, ldo, so)
 #define ATT_BAD(want, what, ...) check(ATT(__VA_ARGS__) == (want), what, name, M, N, D, "status")
     ATT_BAD(TIRBYOC_EINVAL, "k_layout packed", 1, M, N, D, DV, q, D, 0, k, D, 0, TIRBYOC_B_PACKED, v, DV, 0, NULL, 0, 0, 0, o, DV, 0);
     ATT_BAD(TIRBYOC_EINVAL, "k_layout -1", 1, M, N, D, DV, q, D, 0, k, D, 0, -1, v, DV, 0, NULL, 0, 0, 0, o, DV, 0);
     ATT_BAD(TIRBYOC_EINVAL, "unknown flag", 1, M, N, D, DV, q, D, 0, k, D, 0, TIRBYOC_B_NK, v, DV, 0, NULL, 0, 0, 16, o, DV, 0);
     ATT_BAD(TIRBYOC_EINVAL, "high flag", 1, M, N, D, DV, q, D, 0, k, D, 0, TIRBYOC_B_NK, v, DV, 0, NULL, 0, 0, 1 << 30, o, DV, 0);
+    att_repeat = 0;
+    ATT_BAD(TIRBYOC_EINVAL, "mask_repeat 0", 1, M, N, D, DV, q, D, 0, k, D, 0, TIRBYOC_B_NK, v, DV, 0, mask, N, 0, 0, o, DV, 0);
+    att_repeat = -3;
+    ATT_BAD(TIRBYOC_EINVAL, "mask_repeat -3", 1, M, N, D, DV, q, D, 0, k, D, 0, TIRBYOC_B_NK, v, DV, 0, NULL, 0, 0, 0, o, DV, 0);
+    att_repeat = 1;
     ATT_BAD(TIRBYOC_ESIZE, "batch < 0", -1, M, N, D, DV, q, D, 0, k, D, 0, TIRBYOC_B_NK, v, DV, 0, NULL, 0, 0, 0, o, DV, 0);
     ATT_BAD(TIRBYOC_ESIZE, "m < 0", 1, -1, N, D, DV, q, D, 0, k, D, 0, TIRBYOC_B_NK, v, DV, 0, NULL, 0, 0, 0, o, DV, 0);
     ATT_BAD(TIRBYOC_ESIZE, "n < 0", 1, M, INT64_MIN, D, DV, q, D, 0, k, D, 0, TIRBYOC_B_NK, v, DV, 0, NULL, 0, 0, 0, o, DV, 0);
