@@ -28,7 +28,6 @@
  * ranges, then stealing), and every unit is computed the same way whichever
  * thread takes it: results do not depend on the thread count.
  */
-#include <float.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -133,40 +132,49 @@ static int64_t v_nonfinite_end(const att_job_t *j, const float *v, int64_t lo)
     return 0;
 }
 
-/* |x| in double; +inf for NaN. */
-static double abs_or_inf(float x)
+/* The largest |x| of x[0:len] as float bits (IEEE order is the bits' order for
+ * |x|; an inf or NaN gives 0x7f800000 or more). Branch-free, so it vectorizes. */
+static uint32_t abs_bits_max(const float *x, int64_t len, uint32_t mx)
 {
-    const double a = x < 0 ? -(double)x : (double)x;
-    return a <= FLT_MAX ? a : __builtin_inf();
+    int64_t i;
+    for (i = 0; i < len; ++i) {
+        uint32_t b;
+        memcpy(&b, x + i, 4);
+        b &= 0x7fffffffu;
+        mx = b > mx ? b : mx;
+    }
+    return mx;
 }
 
 /* With an added mask: whether every score of rows [r0, r1) of one batch item at
  * keys [lo, n) is finite, so that skipping those keys (where a row masks them)
  * keeps the graph's values (a finite score + -inf is -inf; a NaN or +inf one
  * would make the row NaN). Proven from finite Q rows and K keys and
- * |scale| * max|q| * max_j sum_p |k_pj| far below FLT_MAX. */
+ * D * max|q| * max|k| * |scale| (a bound of every |score|) far below FLT_MAX. */
 static int added_skip_exact(const att_job_t *j, const float *q, const float *k,
                             int64_t r0, int64_t r1, int64_t lo)
 {
-    const double sc = (j->flags & TIRBYOC_ATT_DIVIDE)
-                          ? 1.0 / abs_or_inf(j->chain.scale)
-                          : abs_or_inf(j->chain.scale);
-    double qmax = 0, kmax = 0;
-    int64_t i, x, p;
+    uint32_t qb = 0, kb = 0;
+    float qmax, kmax;
+    double sc;
+    int64_t i;
     for (i = r0; i < r1; ++i)
-        for (p = 0; p < j->d; ++p) {
-            const double a = abs_or_inf(q[i * j->ldq + p]);
-            qmax = a > qmax ? a : qmax;
-        }
-    for (x = lo; x < j->n; ++x) {
-        double sum = 0;
-        for (p = 0; p < j->d; ++p)
-            sum += abs_or_inf(j->klayout == TB_W_NT ? k[x * j->ldk + p]
-                                                    : k[p * j->ldk + x]);
-        kmax = sum > kmax ? sum : kmax;
-    }
-    /* (a NaN product, inf * 0, fails the comparison too) */
-    return qmax * kmax * sc < 0x1p100;
+        qb = abs_bits_max(q + i * j->ldq, j->d, qb);
+    if (j->klayout == TB_W_NT)
+        for (i = lo; i < j->n; ++i)
+            kb = abs_bits_max(k + i * j->ldk, j->d, kb);
+    else
+        for (i = 0; i < j->d; ++i)
+            kb = abs_bits_max(k + i * j->ldk + lo, j->n - lo, kb);
+    if (qb >= 0x7f800000u || kb >= 0x7f800000u)
+        return 0;
+    memcpy(&qmax, &qb, 4);
+    memcpy(&kmax, &kb, 4);
+    sc = (j->flags & TIRBYOC_ATT_DIVIDE) ? 1.0 / (double)j->chain.scale
+                                          : (double)j->chain.scale;
+    sc = sc < 0 ? -sc : sc;
+    /* (a NaN bound, 1 / 0 * 0, fails the comparison too) */
+    return (double)j->d * qmax * kmax * sc < 0x1p100;
 }
 
 /* Scores of keys [c0, c0 + cw) of one row that the mask removes: -inf

@@ -129,6 +129,25 @@ def test_strided_rows_and_broadcast_inputs(each_isa):
     assert np.array_equal(full[:, :, :20], got)
 
 
+def test_added_mask_with_a_score_that_overflows(each_isa):
+    """Finite Q and K whose product overflows float32 at masked keys only: the graph's
+    score is +inf there, and + -inf makes the row NaN under an added mask (as PyTorch's
+    float32 SDPA gives it), while the replacing mask ignores it; the other rows match
+    alike up to rounding (the added mask scores all 40 keys, the replacing one stops at
+    the last kept). (The kernel must not skip those keys: no bound proves them finite.)"""
+    rng = np.random.default_rng(50)
+    m, n, d, dv = 9, 40, 8, 4
+    q, k, v = rand(rng, 1, m, d), rand(rng, 1, n, d), rand(rng, 1, n, dv)
+    q[0, 3, 0], k[0, 20:, 0] = 3e19, 3e19          # row 3 against keys 20..39: 9e38
+    mask = np.zeros((1, 1, n), bool)
+    mask[..., 20:] = True                           # every row masks keys 20..39
+    added = kernels.attention(q, k, v, mask=mask, mask_add=True)
+    replaced = kernels.attention(q, k, v, mask=mask)
+    assert np.isnan(added[0, 3]).all() and np.isfinite(replaced[0, 3]).all()
+    others = [i for i in range(m) if i != 3]
+    np.testing.assert_allclose(added[0, others], replaced[0, others], rtol=1e-6, atol=1e-6)
+
+
 @pytest.mark.parametrize("repeat", [2, 3, 6])
 def test_one_mask_per_sequence_shared_by_its_heads(each_isa, repeat):
     """mask_repeat: batch items in runs of ``repeat`` (a sequence's heads) read one mask
