@@ -158,14 +158,16 @@ static int added_skip_exact(const att_job_t *j, const float *q, const float *k,
     float qmax, kmax;
     double sc;
     int64_t i;
-    for (i = r0; i < r1; ++i)
-        qb = abs_bits_max(q + i * j->ldq, j->d, qb);
-    if (j->klayout == TB_W_NT)
-        for (i = lo; i < j->n; ++i)
-            kb = abs_bits_max(k + i * j->ldk, j->d, kb);
-    else
-        for (i = 0; i < j->d; ++i)
-            kb = abs_bits_max(k + i * j->ldk + lo, j->n - lo, kb);
+    if (j->d > 0) { /* (else Q and K may be NULL: every score is 0 * scale) */
+        for (i = r0; i < r1; ++i)
+            qb = abs_bits_max(q + i * j->ldq, j->d, qb);
+        if (j->klayout == TB_W_NT)
+            for (i = lo; i < j->n; ++i)
+                kb = abs_bits_max(k + i * j->ldk, j->d, kb);
+        else
+            for (i = 0; i < j->d; ++i)
+                kb = abs_bits_max(k + i * j->ldk + lo, j->n - lo, kb);
+    }
     if (qb >= 0x7f800000u || kb >= 0x7f800000u)
         return 0;
     memcpy(&qmax, &qb, 4);

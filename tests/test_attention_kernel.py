@@ -417,5 +417,11 @@ def test_invalid_arguments_write_nothing():
     assert call(mask=mp, ldm=0, d=0, ldq=0, ldk=0, q=ffi.NULL, k=ffi.NULL) == \
         kernels.TIRBYOC_OK                                        # d = 0: uniform weights
     assert (o == 1.0).all()                                       # the mean of V's ones
+    half = np.zeros((4, 8), np.uint8)
+    half[:, 2:] = 1                                               # keys 2 and 3 masked
+    o[:] = 3.0
+    assert call(mask=ffi.cast("uint8_t *", half.ctypes.data), ldm=0, d=0, ldq=0, ldk=0,
+                q=ffi.NULL, k=ffi.NULL, flags=8) == kernels.TIRBYOC_OK  # added: Q, K unread
+    assert (o == 1.0).all()
     assert "memory" in kernels.status_message(kernels.TIRBYOC_ENOMEM)
     assert kernels.TIRBYOC_ENOMEM == 6 and 6 in kernels.error_statuses()
