@@ -294,12 +294,6 @@ static void conv_unit(const conv_job_t *j, int64_t n, int64_t c0, int64_t o0,
 #define CONV_DIRECT_STRIDE_MAX 4
 /* Output channels per unit at most (bounds the scratch a tile row needs). */
 #define CONV_DIRECT_OB_MAX 1024
-/* A unit's sums, in floats: half the L2 (the other half holds the weight
- * panels and the image rows streaming through), 64K floats on a 512 KiB L2;
- * within these bounds (the upper one keeps the sums, two weight panels and
- * the row pointers inside a thread's scratch). */
-#define CONV_DIRECT_SUMS_MIN (16 * 1024)
-#define CONV_DIRECT_SUMS_MAX (128 * 1024)
 /* Phase image floats at most. */
 #define CONV_DIRECT_FLOATS_MAX ((int64_t)1 << 28)
 /* conv_out: blocks of 16 pixels between fetching an output line and storing
@@ -638,18 +632,12 @@ static double direct_plan_busiest(direct_plan_t q, int64_t outer, int want)
     return (double)cdiv(units, nt) * (double)q.obw * (double)q.pbw;
 }
 
-static int64_t direct_sums(void)
-{
-    const int64_t sums = tb_cache_sizes()->l2_bytes / 2 / (int64_t)sizeof(float);
-    return sums < CONV_DIRECT_SUMS_MIN   ? CONV_DIRECT_SUMS_MIN
-           : sums > CONV_DIRECT_SUMS_MAX ? CONV_DIRECT_SUMS_MAX
-                                         : sums;
-}
-
 static direct_plan_t direct_plan(int64_t outer, int64_t tp, int64_t ocg, int64_t mr,
                                  int want)
 {
-    const int64_t sums = direct_sums();
+    /* a unit's sums: half the L2 (the other half holds the weight panels and
+     * the image rows streaming through) */
+    const int64_t sums = tb_l2_half_floats();
     direct_plan_t q, best;
     /* Output channels in blocks of at most CONV_DIRECT_OB_MAX (multiples of
      * 16); tile pixels in blocks of whole tiles, as many as the scratch

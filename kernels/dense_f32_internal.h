@@ -385,6 +385,13 @@ TB_INTERNAL const tb_caches *tb_cache_sizes(void);
  * other traffic. A multiple of mr, at least mr.
  */
 TB_INTERNAL int64_t tb_rows_per_ablock(int64_t kc, int mr, int nr);
+/*
+ * Floats of a unit's working set kept in L2 beside what streams through it:
+ * half the L2 (64K floats of a 512 KiB L2), within [16K, 128K] floats (the
+ * upper bound leaves room for the rest of a unit inside a thread's scratch).
+ * The conv direct path's sums and the depthwise channels-in-lanes scratch.
+ */
+TB_INTERNAL int64_t tb_l2_half_floats(void);
 
 #define TB_SCRATCH_FLOATS \
     ((size_t)TB_KC_MAX * TB_NC_MAX + (size_t)TB_MR_MAX * TB_KC_MAX)

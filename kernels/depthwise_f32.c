@@ -97,11 +97,6 @@
 #define DW_FILL_PLANES 8
 /* Floats ahead that the channels-in-lanes fill prefetches in each channel. */
 #define DW_C16_AHEAD 64
-/* The channels-in-lanes path's scratch per unit: about half the L2 (64K
- * floats of a 512 KiB L2; the rest for the image rows it reads), within
- * these bounds (dw_c16_floats; the upper one inside a thread's scratch). */
-#define DW_C16_MIN (16 * 1024)
-#define DW_C16_MAX (128 * 1024)
 
 /* A run of lanes [lo, hi) of one vector of virtual pixels that lands on
  * one output row: lane l is output off + l of the unit. */
@@ -187,17 +182,11 @@ static int64_t min_i64(int64_t x, int64_t y) { return x < y ? x : y; }
 static int64_t max_i64(int64_t x, int64_t y) { return x > y ? x : y; }
 static int64_t cdiv(int64_t x, int64_t y) { return (x + y - 1) / y; }
 
-/* The cache-derived sizes above, in floats. */
+/* The window's size above, in floats. */
 static int64_t dw_window_floats(void)
 {
     return min_i64(DW_WINDOW_MAX,
                    max_i64(DW_WINDOW_MIN, tb_cache_sizes()->l1_bytes / (int64_t)sizeof(float)));
-}
-
-static int64_t dw_c16_floats(void)
-{
-    return min_i64(DW_C16_MAX,
-                   max_i64(DW_C16_MIN, tb_cache_sizes()->l2_bytes / 2 / (int64_t)sizeof(float)));
 }
 
 static int64_t gcd_i64(int64_t x, int64_t y)
@@ -1314,7 +1303,8 @@ static int64_t c16_rows(dw_job *j, int want, const char *env)
     fixed = 16.0 * (((double)(j->kh - 1) * (double)j->dh + 1 - (double)j->sh) *
                         (double)j->vw + (double)j->ntaps + 17 +
                     (double)max_i64(0, -j->pl)) + 2.0 * (double)j->kh + 80;
-    rmax = ((double)dw_c16_floats() - fixed) / per_row;
+    /* the scratch per unit: half the L2 (the rest for the image rows read) */
+    rmax = ((double)tb_l2_half_floats() - fixed) / per_row;
     if (rmax < 1) {
         rmax = ((double)TB_SCRATCH_FLOATS - fixed) / per_row;
         if (rmax < 1)

@@ -264,6 +264,12 @@ int32_t tirbyoc_cache_sizes(int64_t *sizes)
     return caches_env_bad ? TIRBYOC_EINVAL : TIRBYOC_OK;
 }
 
+int64_t tb_l2_half_floats(void)
+{
+    const int64_t f = tb_cache_sizes()->l2_bytes / 2 / (int64_t)sizeof(float);
+    return f < 16 * 1024 ? 16 * 1024 : f > 128 * 1024 ? 128 * 1024 : f;
+}
+
 int64_t tb_rows_per_ablock(int64_t kc, int mr, int nr)
 {
     const tb_caches *c = tb_cache_sizes();

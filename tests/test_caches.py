@@ -27,7 +27,7 @@ from .test_threads import THREAD_COUNTS, _cdiv, _child
 SETTINGS = (("32K,64K", 32 << 10, 64 << 10), ("32K,256K", 32 << 10, 256 << 10),
             ("32K,512K", 32 << 10, 512 << 10), ("48K,1280K", 48 << 10, 1280 << 10),
             ("48K,2M", 48 << 10, 2 << 20), ("65536,4M", 64 << 10, 4 << 20))
-SUMS_MIN, SUMS_MAX = 16 * 1024, 128 * 1024  # CONV_DIRECT_SUMS_MIN / _MAX in conv_f32.c
+SUMS_MIN, SUMS_MAX = 16 * 1024, 128 * 1024  # tb_l2_half_floats's bounds (dispatch.c)
 
 RUN = """
 import hashlib, json, os
