@@ -77,6 +77,8 @@ typedef struct {
     int inplace;      /* a plain conv: the planes are the image's channels */
     int64_t obw;      /* output channels per block (a multiple of 16) */
     int xb, yb;       /* x, y (and the residual) are NCHW16c (direct path) */
+    int x16;          /* xb read in place (a plain conv in one group); any
+                         other xb is copied into the phase planes */
 } conv_job_t;
 
 static int64_t min_i64(int64_t x, int64_t y) { return x < y ? x : y; }
@@ -342,13 +344,14 @@ static void copy_every_other(float *restrict d, const float *restrict s,
         d[t] = s[2 * t];
 }
 
-/* One phase plane (a, b) of channel plane src into pl. Its rows are a few
- * dozen floats: plain loops (vectorized), not memcpy and memset calls, whose
- * call and dispatch cost about as much as such a row's copy (GCC would turn
- * the loops back into the calls). */
+/* One phase plane (a, b) of channel plane src (its pixels es floats apart:
+ * 1, or 16 in an NCHW16c image) into pl. Its rows are a few dozen floats:
+ * plain loops (vectorized), not memcpy and memset calls, whose call and
+ * dispatch cost about as much as such a row's copy (GCC would turn the loops
+ * back into the calls). */
 __attribute__((optimize("no-tree-loop-distribute-patterns")))
-static void direct_plane(const conv_job_t *j, const float *src, int64_t a,
-                         int64_t b, float *pl)
+static void direct_plane(const conv_job_t *j, const float *src, int64_t es,
+                         int64_t a, int64_t b, float *pl)
 {
     const tb_conv_geom *g = &j->g;
     /* the columns t of a row with off + t * sw in [0, w) */
@@ -367,7 +370,12 @@ static void direct_plane(const conv_job_t *j, const float *src, int64_t a,
         }
         for (t = 0; t < tlo; ++t)
             d[t] = 0.0f;
-        if (j->isa->strided_copy != NULL && g->sw <= 2)
+        if (es != 1) {
+            const float *s = src + (ih * g->w + off + tlo * g->sw) * es;
+            const int64_t step = g->sw * es;
+            for (t = tlo; t < thi; ++t)
+                d[t] = s[(t - tlo) * step];
+        } else if (j->isa->strided_copy != NULL && g->sw <= 2)
             j->isa->strided_copy(d + tlo, src + ih * g->w + off + tlo * g->sw,
                                  thi - tlo, g->sw);
         else if (g->sw == 1) {
@@ -398,12 +406,14 @@ static void direct_prep(void *arg, int64_t u, float *scratch)
     (void)scratch;
     if (u < j->batch * j->c) {
         const int64_t n = u / j->c, c = u % j->c;
-        const float *src = j->x + (n * j->c + c) * g->h * g->w;
+        /* an NCHW16c x: channel c is lane c % 16 of its block's pixels */
+        const float *src = j->x + (n * j->c + (j->xb ? c / 16 * 16 : c)) * g->h * g->w +
+                           (j->xb ? c % 16 : 0);
         int64_t a, b;
         for (a = 0; a < g->sh; ++a)
             for (b = 0; b < g->sw; ++b)
                 if (j->phases >> (a * g->sw + b) & 1u)
-                    direct_plane(j, src, a, b,
+                    direct_plane(j, src, j->xb ? 16 : 1, a, b,
                                  j->xp + n * j->is + c * j->cs +
                                      (a * g->sw + b) * j->ps);
     } else {
@@ -480,7 +490,7 @@ static void direct_unit(const conv_job_t *j, int64_t n, int64_t gi,
     /* an NCHW16c x and y in one K block: each tile stores its sums into y
      * itself (no scratch, no conv_out16 pass; MobileNet's 1x1 conv of 32
      * channels at 112 x 112, NCHW16c: 151 -> 133 us) */
-    const int fused = j->xb && j->yb && kblocks == 1 && isa->conv_tile16y != NULL;
+    const int fused = j->x16 && j->yb && kblocks == 1 && isa->conv_tile16y != NULL;
     /* a conv over phase planes with one K block and an NCHW16c y: each tile's
      * sums are final, and stored into y while in L1, its lines fetched
      * during the tile (after the whole unit the sums came back from L2, into
@@ -534,7 +544,7 @@ static void direct_unit(const conv_job_t *j, int64_t n, int64_t gi,
                         for (q = qa; q < qa + m; ++q)
                             for (b16 = 0; b16 < nr; b16 += 16)
                                 __builtin_prefetch(y + (c0 + b16) * j->p + q * 16, 1, 3);
-                    (j->xb ? isa->conv_tile16 : isa->conv_tile)(
+                    (j->x16 ? isa->conv_tile16 : isa->conv_tile)(
                         kc, kp, va, wp, wps, scratch + t * mr * ldc + c0, ldc, m, nr,
                         flags | pf, split, j->wv - ow);
                     if (tile_out16)
@@ -703,6 +713,33 @@ int32_t tirbyoc_conv2d_direct_plan(int64_t outer, int64_t pixels, int64_t channe
     return TIRBYOC_OK;
 }
 
+/* Whether the direct path is the faster one for NCHW tensors (conv_direct's
+ * choice, unless TIRBYOC_CONV_DIRECT says otherwise): measured faster where
+ * each tile has enough k steps to hide its transpose, and for a plain conv (a
+ * dense product already) where its pixels are fewer than its output
+ * channels (MobileNet's 1x1 convs at 14 x 14 and 7 x 7: up to 1.9x), or up to
+ * CONV_DIRECT_PLAIN_PIXELS times as many with CONV_DIRECT_PLAIN_K k steps or
+ * more (MobileNet's 256-channel conv at 28 x 28: 234 -> 218 us in sequence;
+ * with 128 channels, and at 56 x 56, the gather path stays faster). */
+static int direct_suits(int plain, int64_t p, int64_t ocg, int64_t kt)
+{
+    if (plain)
+        return p <= ocg * (kt >= CONV_DIRECT_PLAIN_K ? CONV_DIRECT_PLAIN_PIXELS : 1);
+    return kt >= CONV_DIRECT_K_MIN;
+}
+
+int32_t tirbyoc_conv2d_direct_suits(int64_t plain, int64_t pixels, int64_t channels,
+                                    int64_t ksteps, int32_t *suits)
+{
+    if (pixels < 1 || channels < 1 || ksteps < 1 || pixels > CONV_DIM_MAX ||
+        channels > CONV_DIM_MAX || ksteps > CONV_DIM_MAX)
+        return TIRBYOC_EINVAL;
+    if (suits == NULL)
+        return TIRBYOC_ENULL;
+    *suits = direct_suits(plain != 0, pixels, channels, ksteps);
+    return TIRBYOC_OK;
+}
+
 /* Sets up and runs the direct path: 1 if it ran, 0 if it does not apply
  * (the caller then gathers), -1 if its workspace cannot be allocated. */
 static int conv_direct(conv_job_t *j, int want)
@@ -715,28 +752,20 @@ static int conv_direct(conv_job_t *j, int want)
     if (isa->conv_tile == NULL || g->sh > CONV_DIRECT_STRIDE_MAX ||
         g->sw > CONV_DIRECT_STRIDE_MAX)
         return 0;
-    /* NCHW16c tensors: only here (the caller converts where this declines),
-     * an NCHW16c x only read in place (a plain conv in one group) */
-    if ((j->xb && (isa->conv_tile16 == NULL || !j->plain || j->groups != 1)) ||
-        (j->yb && isa->conv_out16 == NULL))
+    /* NCHW16c tensors: only here (the caller converts where this declines);
+     * an NCHW16c x read in place by a plain conv in one group, else copied
+     * into the phase planes like an NCHW one */
+    if (j->yb && isa->conv_out16 == NULL)
         return 0;
-    /* Measured faster where each tile has enough k steps to hide its
-     * transpose, and for a plain conv (a dense product already) where its
-     * pixels are fewer than its output channels (MobileNet's 1x1 convs at
-     * 14 x 14 and 7 x 7: up to 1.9x), or up to CONV_DIRECT_PLAIN_PIXELS
-     * times as many with CONV_DIRECT_PLAIN_K k steps or more (MobileNet's
-     * 256-channel conv at 28 x 28: 234 -> 218 us in sequence; with 128
-     * channels, and at 56 x 56, the gather path stays faster). */
+    /* NCHW16c tensors always take it (else they would be converted) */
     env = getenv("TIRBYOC_CONV_DIRECT");
     if (env != NULL && env[0] == '0')
         return 0;
     if (!(env != NULL && env[0] == '1') && !j->xb && !j->yb &&
-        (j->plain ? j->p > j->ocg * (j->kt >= CONV_DIRECT_PLAIN_K
-                                         ? CONV_DIRECT_PLAIN_PIXELS
-                                         : 1)
-                  : j->kt < CONV_DIRECT_K_MIN))
+        !direct_suits(j->plain, j->p, j->ocg, j->kt))
         return 0;
-    j->inplace = j->plain;
+    j->inplace = j->plain && (!j->xb || (isa->conv_tile16 != NULL && j->groups == 1));
+    j->x16 = j->xb && j->inplace;
     if (j->inplace) {
         /* a plain conv reads the image's channels as they are; only the
          * bias step needs a plane (of ones) */
@@ -745,7 +774,7 @@ static int conv_direct(conv_job_t *j, int want)
         j->ps = j->cs = j->vp = j->tp = j->p;
         j->runs = 1;
         /* (an NCHW16c image's pixels are 16 floats apart: so are the ones) */
-        planes = cdiv(j->p, 16) * 16 * (j->xb ? 16 : 1);
+        planes = cdiv(j->p, 16) * 16 * (j->x16 ? 16 : 1);
     } else {
         j->wv = g->ow + (g->kw - 1) * g->dw / g->sw;
         j->hq = j->p / g->ow + (g->kh - 1) * g->dh / g->sh;
@@ -770,10 +799,10 @@ static int conv_direct(conv_job_t *j, int want)
         return -1;
     koff = (int64_t *)(void *)(j->xp + planes);
     for (r = 0; j->inplace && r < j->p; ++r)
-        j->xp[r * (j->xb ? 16 : 1)] = 1.0f;
+        j->xp[r * (j->x16 ? 16 : 1)] = 1.0f;
     direct_offsets(j, koff);
     /* channel k of an NCHW16c image: in its block's plane, lane k % 16 */
-    for (r = 0; j->xb && r < g->k; ++r)
+    for (r = 0; j->x16 && r < g->k; ++r)
         koff[r] = r / 16 * j->p * 16 + r % 16;
     j->koff = koff;
     j->phases = 0;
@@ -996,6 +1025,7 @@ static int32_t conv2d(int64_t batch, int64_t c, int64_t h, int64_t w,
     j.direct = 0;
     j.apk = NULL;
     j.xb = (layouts & TIRBYOC_LAYOUT_X16) != 0;
+    j.x16 = 0;
     j.yb = (layouts & TIRBYOC_LAYOUT_Y16) != 0;
 
     if (j.kt == 0) {

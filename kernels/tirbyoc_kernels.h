@@ -325,10 +325,11 @@ typedef enum tirbyoc_layout {
  * blocked x needs 16 | C, a blocked y 16 | OC (else TIRBYOC_EINVAL), and
  * the chain after the bias of a blocked y may only hold RESIDUAL and the
  * unary operations (RELU to TANH, HARDSWISH, HARDSIGMOID; else TIRBYOC_EEPILOGUE). Fast where the
- * direct path runs (AVX2, AVX-512; a blocked x: a 1x1 conv of stride 1
- * without padding, in one group): there
- * the tiles read and write the blocks in place. Elsewhere the call converts
- * the blocked tensors through NCHW copies (allocated per call).
+ * direct path runs (AVX2, AVX-512): there the tiles write a blocked y in
+ * place, and read a blocked x in place (a 1x1 conv of stride 1 without
+ * padding, in one group) or from the phase planes every other conv copies
+ * its image into anyway. Elsewhere the call converts the blocked tensors
+ * through NCHW copies (allocated per call).
  */
 int32_t tirbyoc_conv2d_f32_packed_layouts(int64_t layouts, int64_t batch, int64_t c, int64_t h, int64_t w, const float *x, int64_t oc, int64_t groups, int64_t kh, int64_t kw, const float *packed, int64_t stride_h, int64_t stride_w, int64_t pad_top, int64_t pad_left, int64_t dilation_h, int64_t dilation_w, int64_t oh, int64_t ow, int64_t epilogue, const float *residual, float *y);
 
@@ -369,6 +370,18 @@ int32_t tirbyoc_conv2d_winograd_f32(int64_t batch, int64_t c, int64_t h, int64_t
  * (plan NULL).
  */
 int32_t tirbyoc_conv2d_direct_plan(int64_t outer, int64_t pixels, int64_t channels, int32_t mr, int32_t threads, int64_t *plan);
+
+/*
+ * Whether tirbyoc_conv2d_f32's direct path is the faster one for NCHW
+ * tensors, where the CPU has it: the choice the call itself makes (NCHW16c
+ * tensors always take the path), exposed so that the compiler blocks a
+ * tensor only where its convs take the path anyway. plain: a 1x1 conv of
+ * stride 1 without padding; `pixels` OH * OW; `channels` output channels per
+ * group; `ksteps` input channels per group x KH x KW, plus one for a bias.
+ * *suits = 1 or 0. Errors: TIRBYOC_EINVAL (a size below 1 or above 2^31),
+ * TIRBYOC_ENULL (suits NULL).
+ */
+int32_t tirbyoc_conv2d_direct_suits(int64_t plain, int64_t pixels, int64_t channels, int64_t ksteps, int32_t *suits);
 
 /*
  * Depthwise 2-D convolution, float32, NCHW (one filter per channel: a

@@ -82,12 +82,14 @@ def test_resnet_blocks_fold_batch_norms_and_fuse_shortcuts():
     a 1x1/2 projection shortcut: every conv is a matmul, each batch norm folded (random
     statistics), the identity shortcut added in the second conv's kernel call before the
     relu; the projection's add belongs to one of the two convs that meet there. The max
-    pool is a kernel call too."""
+    pool is a kernel call too. Where the conv kernel has its direct path, each block's
+    first 3x3 conv writes NCHW16c and its second reads it (through its phase planes);
+    the shortcuts stay NCHW, since the last block's output goes to the pooling."""
     model = examples.resnet_torch((1, 1), (16, 32), 10)
     report = _check(model, (1, 3, 40, 40), [
         "conv2d_bias_relu", "max_pool2d", "conv2d_bias_relu", "conv2d_bias_residual_relu",
         "conv2d_bias_relu", "conv2d_bias_residual_relu", "conv2d_bias", "dense_bias"])
-    _no_tvm_convs(report)
+    _no_tvm_convs(report, blocked=4 * CONV_BLOCKING)
     assert report.schedules["tirbyoc_max_pool2d"] == "kernel tirbyoc_max_pool2d_f32"
 
 
@@ -107,7 +109,9 @@ def test_resnet_3x3_convs_over_many_tiles_take_winograd(monkeypatch, winograd):
     report = _check(model, (1, 3, 112, 112), [
         "conv2d_bias_relu", "max_pool2d", "conv2d_bias_relu", "conv2d_bias_residual_relu",
         "conv2d_bias_relu", "conv2d_bias_residual_relu", "conv2d_bias", "dense_bias"])
-    _no_tvm_convs(report, winograd=2 if winograd == "1" else 0)
+    # (NCHW16c between the two 3x3 convs of each block on the direct path)
+    _no_tvm_convs(report, winograd=2 if winograd == "1" else 0,
+                  blocked=(2 if winograd == "1" else 4) * CONV_BLOCKING)
 
 
 def test_batch_norm_folding_is_a_region_pass():
@@ -323,9 +327,62 @@ def test_blocked_layout_between_convs_without_depthwise():
     assert tags == ["input", "input and output", "output"], tags
 
 
+class _Bottlenecks(torch.nn.Module):
+    """Two ResNet bottlenecks (1x1, 3x3, 1x1 convs, each + batch norm; the shortcut added
+    before the last relu), the first with a 1x1 projection from 32 to 128 channels, then
+    a 1x1 conv to 16 channels."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(8)
+        nn = torch.nn
+
+        def unit(conv, c, relu=True):
+            return [conv, nn.BatchNorm2d(c)] + ([nn.ReLU()] if relu else [])
+
+        def body(c):
+            return nn.Sequential(*unit(nn.Conv2d(c, 32, 1), 32),
+                                 *unit(nn.Conv2d(32, 32, 3, padding=1), 32),
+                                 *unit(nn.Conv2d(32, 128, 1), 128, relu=False))
+
+        self.a, self.b = body(32), body(128)
+        self.projection = nn.Sequential(*unit(nn.Conv2d(32, 128, 1), 128, relu=False))
+        self.head = nn.Conv2d(128, 16, 1)
+        examples._randomize_batch_norms(self, 4)
+        self.eval()
+
+    def forward(self, x):
+        x = torch.relu(self.a(x) + self.projection(x))
+        return self.head(torch.relu(self.b(x) + x))
+
+
+@pytest.mark.skipif(not CONV_BLOCKING, reason="NCHW16c is planned where the conv kernel "
+                                              "has its direct path (AVX2, AVX-512)")
+@pytest.mark.parametrize("size", [7, 16])
+def test_residual_stream_is_blocked_where_the_direct_path_suits(size):
+    """The shortcuts between bottlenecks stay NCHW16c (the convs adding them write blocks
+    and read their residual in blocks; the projection writes them) where the kernel takes
+    the direct path for those convs anyway: at 7 x 7 (49 pixels, 128 output channels),
+    not at 16 x 16 (256 pixels). Numerics against PyTorch either way."""
+    # (one function per distinct call: the two blocks' 3x3 convs and their last 1x1 convs
+    # are the same)
+    report = _check(_Bottlenecks(), (1, 32, size, size), [
+        "conv2d_bias_relu", "conv2d_bias_relu", "conv2d_bias", "conv2d_bias_residual_relu",
+        "conv2d_bias_relu", "conv2d_bias"])
+    tags = sorted((r.intrinsic, (re.findall(r"NCHW16c (input and output|input|output)",
+                                            r.detail or "") or ["-"])[0])
+                  for r in report.offloaded)
+    want = [("conv2d_bias", "input"), ("conv2d_bias", "output"),  # the head, the projection
+            ("conv2d_bias_relu", "-"), ("conv2d_bias_relu", "input"),  # 1x1s from the input
+            ("conv2d_bias_relu", "output"),  # the 3x3
+            ("conv2d_bias_residual_relu", "input and output")]
+    assert tags == (want if size == 7 else sorted((i, "-") for i, _ in want)), tags
+
+
 class _NarrowChain(torch.nn.Module):
     """A 3x3/2 stem of 3 -> 32 channels, a depthwise 3x3, a 1x1 conv of 32 -> 32 channels
-    (each + batch norm + ReLU6), then a 3x3 conv, or a depthwise one (``tail``)."""
+    (each + batch norm + ReLU6), then a 3x3 conv in two groups, or a depthwise one
+    (``tail``)."""
 
     def __init__(self, tail):
         super().__init__()
@@ -338,7 +395,7 @@ class _NarrowChain(torch.nn.Module):
             *unit(torch.nn.Conv2d(3, 32, 3, 2, 1)),
             *unit(torch.nn.Conv2d(32, 32, 3, padding=1, groups=32)),
             *unit(torch.nn.Conv2d(32, 32, 1)),
-            torch.nn.Conv2d(32, 32, 3, padding=1, groups=32 if tail == "depthwise" else 1))
+            torch.nn.Conv2d(32, 32, 3, padding=1, groups=32 if tail == "depthwise" else 2))
         examples._randomize_batch_norms(self, 2)
         self.eval()
 
@@ -349,17 +406,17 @@ class _NarrowChain(torch.nn.Module):
 @pytest.mark.skipif(not BLOCKING, reason="NCHW16c through depthwise convs is planned where the "
                     "depthwise kernel has channels in lanes")
 @pytest.mark.parametrize("tail,notes", [
-    ("conv3x3", [None, None, "output", "input"]),
+    ("grouped", [None, None, "output", "input"]),
     ("depthwise", ["output", "input and output", "input and output", "input"]),
 ])
 def test_narrow_1x1_conv_reads_blocks_only_into_blocks(tail, notes):
     """A 1x1 conv of 32 input channels reads an NCHW16c x only when its own output is
     NCHW16c too (each tile then stores into the blocks; through the scratch it would be
     slower than NCHW). The stem (3 channels in: it cannot read blocks, but writes them)
-    and the depthwise conv may always. So with a 3x3 conv after the 1x1 conv (it reads
-    NCHW only), the 1x1 conv's output is NCHW, hence its input, the depthwise conv's
-    output, too; with a depthwise conv after it, every tensor between the calls is
-    blocked. Numerics against PyTorch either way."""
+    and the depthwise conv may always. So with a grouped 3x3 conv after the 1x1 conv (it
+    reads NCHW only), the 1x1 conv's output is NCHW, hence its input, the depthwise
+    conv's output, too; with a depthwise conv after it, every tensor between the calls
+    is blocked. Numerics against PyTorch either way."""
     report = _check(_NarrowChain(tail), (1, 3, 20, 18), [
         "conv2d_bias_relu6", "depthwise_conv2d_bias_relu6", "conv2d_bias_relu6",
         "depthwise_conv2d_bias" if tail == "depthwise" else "conv2d_bias"])

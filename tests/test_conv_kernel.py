@@ -561,20 +561,23 @@ def test_packed_wrapper_refuses_a_disagreeing_bias():
 @pytest.mark.parametrize("case", [
     (1, 32, 7, 9, 48, 1, 1, 0, ("bias", "relu6")),            # plain: read in place
     (2, 64, 14, 14, 16, 1, 1, 0, ("bias", "residual", "relu")),
-    (1, 16, 9, 11, 32, 3, 2, 1, ("residual",)),               # x through an NCHW copy
+    (1, 16, 9, 11, 32, 3, 2, 1, ("residual",)),               # x into the phase planes
+    (1, 48, 10, 12, 32, 3, 1, 1, ("bias", "residual", "relu")),  # ResNet's 3x3
+    (1, 32, 14, 13, 64, 1, 2, 0, ("bias", "residual")),       # a 1x1 projection, stride 2
     (1, 576, 3, 5, 80, 1, 1, 0, ("bias", "residual", "relu6")),  # two K blocks
     (1, 64, 23, 29, 96, 1, 1, 0, ("relu",)),                  # many tiles, odd edges
     # a SiLU or sigmoid: applied to each stored block, a residual after it too
     (1, 32, 7, 9, 48, 1, 1, 0, ("bias", "silu")),
     (1, 16, 9, 11, 32, 3, 2, 1, ("bias", "sigmoid", "residual")),
     (1, 576, 3, 5, 80, 1, 1, 0, ("bias", "relu", "silu")),    # two K blocks
-], ids=["plain", "plain-batch2-residual", "3x3-s2", "two-k-blocks", "23x29", "silu",
-        "3x3-s2-sigmoid-residual", "two-k-blocks-relu-silu"])
+], ids=["plain", "plain-batch2-residual", "3x3-s2", "3x3-s1", "1x1-s2", "two-k-blocks",
+        "23x29", "silu", "3x3-s2-sigmoid-residual", "two-k-blocks-relu-silu"])
 def test_blocked_layouts_equal_nchw_bit_for_bit(each_isa, case, layouts):
     """tirbyoc_conv2d_f32_packed_layouts with x and/or y (and the residual) NCHW16c gives
-    the NCHW call's values, bit for bit, in the blocked order: in place where the direct
-    path runs (AVX-512; with both blocked and one K block, each tile stores into y
-    itself), through NCHW copies elsewhere."""
+    the NCHW call's values, bit for bit, in the blocked order where the direct path runs
+    (AVX2, AVX-512): y written in place (with both blocked and one K block, each tile
+    stores into y itself), x read in place by a plain conv and copied from its blocks
+    into the phase planes by the others; through NCHW copies elsewhere."""
     n, c, h, w, oc, k, stride, pad, ops = case
     rng = np.random.default_rng(oc)
     x = rng.standard_normal((n, c, h, w)).astype(np.float32)
@@ -596,6 +599,21 @@ def test_blocked_layouts_equal_nchw_bit_for_bit(each_isa, case, layouts):
     assert got.shape == ((n, oc // 16) + size + (16,) if blocked else want.shape)
     got = kernels.from_nchw16c(got) if blocked else got
     np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+def test_direct_suits_is_the_kernels_choice():
+    """``tirbyoc_conv2d_direct_suits`` states the rule the conv kernel applies to NCHW
+    tensors: a plain conv takes the direct path up to as many pixels as output channels
+    (four times as many from 256 k steps), any other from 128 k steps; sizes below 1 are
+    refused."""
+    suits = kernels.conv_direct_suits
+    assert suits(True, 196, 1024, 257) and suits(True, 1024, 256, 256)
+    assert not suits(True, 1025, 256, 256) and not suits(True, 257, 256, 255)
+    assert suits(True, 256, 256, 65) and not suits(True, 3136, 256, 65)
+    assert suits(False, 3136, 64, 128) and not suits(False, 49, 2048, 127)
+    for bad in ((True, 0, 1, 1), (True, 1, 0, 1), (False, 1, 1, 0)):
+        with pytest.raises(RuntimeError, match="invalid"):
+            suits(*bad)
 
 
 def test_blocked_layouts_refusals():

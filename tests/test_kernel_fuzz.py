@@ -71,6 +71,9 @@ DEFAULT_CASES = 80
 DEFAULT_SEED = 20241123
 
 
+# An epilogue code no operation has (the conv families' invalid chains).
+UNKNOWN_OP = max(kernels.EPILOGUE_OPS.values()) + 1
+
 def _case_count(text):
     """Cases per (kernel, ISA) from TIRBYOC_FUZZ_CASES ("" -> default)."""
     text = text.strip()
@@ -1224,7 +1227,7 @@ def conv_args(ops):
             Arg("dh", g["dh"], invalid=(0,)), Arg("dw", g["dw"], invalid=(-1,)),
             _size("oh", g["oh"]), _size("ow", g["ow"]),
             # SCALE, BIAS after another operation, an unknown code
-            Arg("epilogue", epi, invalid=(9, late_bias, 12, 15 << 4)),
+            Arg("epilogue", epi, invalid=(9, late_bias, UNKNOWN_OP, 15 << 4)),
             _matrix(ops, "bias", bias, out) if bias is not None else Arg("bias", null),
             _matrix(ops, "residual", res, out) if res is not None else Arg("residual", null),
             _matrix(ops, "y", y, out)]
@@ -1247,7 +1250,8 @@ def depthwise_args(ops):
             _size("oh", g["oh"]), _size("ow", g["ow"]),
             # SCALE, DIVIDE, BIAS after another operation, an unknown code
             Arg("epilogue", kernels.encode_epilogue(names),
-                invalid=(9, 10, kernels.encode_epilogue(("relu", "bias")), 12, 15 << 4)),
+                invalid=(9, 10, kernels.encode_epilogue(("relu", "bias")), UNKNOWN_OP,
+                         15 << 4)),
             _matrix(ops, "bias", bias, out) if bias is not None else Arg("bias", null),
             _matrix(ops, "residual", res, out) if res is not None else Arg("residual", null),
             _matrix(ops, "y", y, out)]
@@ -1307,7 +1311,7 @@ def winograd_args(ops):
             _size("oh", g["oh"]), _size("ow", g["ow"]),
             # SCALE, BIAS after another operation, an unknown code
             Arg("epilogue", kernels.encode_epilogue(names),
-                invalid=(9, kernels.encode_epilogue(("relu", "bias")), 12, 15 << 4)),
+                invalid=(9, kernels.encode_epilogue(("relu", "bias")), UNKNOWN_OP, 15 << 4)),
             _matrix(ops, "residual", res, out) if res is not None else Arg("residual", null),
             _matrix(ops, "y", y, out)]
 
@@ -1719,6 +1723,8 @@ NOT_KERNELS = {
     "tirbyoc_conv2d_direct_plan": "the direct path's work plan: tests/test_threads.py (every "
                                   "shape of its grid on 1 to 64 threads) and the sanitizer "
                                   "driver",
+    "tirbyoc_conv2d_direct_suits": "a shape predicate: tests/test_conv_kernel.py, and the "
+                                   "blocked tensors it allows: tests/test_conv.py",
     "tirbyoc_status_string": "describes a status; no operands",
     "tirbyoc_cache_sizes": "reports the caches: tests/test_caches.py (TIRBYOC_CACHES, the "
                            "blocking it gives, the same results) and the sanitizer driver",

@@ -652,44 +652,74 @@ def _emit(bb, x, weight, residual, plan: _Plan, out_ty, funcs):
 
 
 def _block_roles(plan: _Plan) -> tuple:
-    """(writes, reads): whether ``plan``'s call may write, and read, NCHW16c tensors at
-    full speed; never with a shortcut or in NHWC. Writing (16k channels out, and no
-    activation, relu or relu6: the kernels' blocked stores take a SiLU or sigmoid too,
-    but EfficientNet-B0 with its SiLU convs writing blocks ran 6-9% slower on Zen 3, the
-    1x1 convs on 56 x 56 and 112 x 112 then taking the direct path):
-    a depthwise conv (where the kernels' ISA is in ``kernels.DEPTHWISE_CHANNELS_ISAS``),
-    or one group with a packed (not Winograd) weight and strides the
-    direct path takes (its store keeps each pixel's 16 channels a vector). Reading (16k
-    channels in): a depthwise conv, or a 1x1 conv of stride 1 without padding in one
-    group with a packed weight (its tiles read the pixels in place): ``"any"``, or
-    ``"with-output"`` below BLOCKED_MIN_CHANNELS in (only when its output is blocked
-    too)."""
+    """(writes, reads): whether ``plan``'s call may write, and read as its ``x``, NCHW16c
+    tensors at full speed; never in NHWC or for a declared kernel. Writing (16k channels
+    out, and no activation, relu or relu6: the kernels' blocked stores take a SiLU or
+    sigmoid too, but EfficientNet-B0 with its SiLU convs writing blocks ran 6-9% slower
+    on Zen 3, the 1x1 convs on 56 x 56 and 112 x 112 then taking the direct path): a
+    depthwise conv without a residual (where the kernels' ISA is in
+    ``kernels.DEPTHWISE_CHANNELS_ISAS``), or one group with a packed (not Winograd)
+    weight and strides the direct path takes (its store keeps each pixel's 16 channels a
+    vector; a residual is then read in blocks too, so ``plan_layouts`` blocks both or
+    neither). Reading (16k channels in): a depthwise conv; a 1x1 conv of stride 1
+    without padding in one group with a packed weight (its tiles read the pixels in
+    place): ``"any"``, or ``"with-output"`` below BLOCKED_MIN_CHANNELS in (only when its
+    output is blocked too); any other conv the direct path takes (it copies its image
+    into phase planes anyway, from the blocks as from NCHW). A conv with a residual, or
+    other than 1x1, reads and writes blocks only where the kernel would take the direct
+    path for NCHW tensors too (``kernels.conv_direct_suits``), and reads them only from a
+    writer that would (``"from-suited"``). ``writes`` is True, False, or
+    ``"unsuited"``: a conv without a residual that writes blocks on the direct path where
+    NCHW would take the other."""
     _, oc, _, _ = plan.out_shape
     c = plan.weight_shape[1] * plan.groups
-    if plan.declared is not None or plan.nhwc or plan.residual is not None or oc % 16 or c == 0:
+    if plan.declared is not None or plan.nhwc or oc % 16 or c == 0:
         return False, False
     stores = plan.act in (None, "relu", "relu6")
     reads_ok = c % 16 == 0
     if plan.depthwise:
         from . import kernels
 
-        if kernels.isa() not in kernels.DEPTHWISE_CHANNELS_ISAS:
+        if kernels.isa() not in kernels.DEPTHWISE_CHANNELS_ISAS or plan.residual is not None:
             return False, False
         return stores, reads_ok and "any"
-    direct = plan.groups == 1 and plan.packed is not None and not plan.winograd
-    writes = stores and direct and max(plan.strides) <= BLOCKED_STRIDE_MAX
-    plain = (reads_ok and direct and plan.weight_shape[2:] == (1, 1) and
-             plan.strides == (1, 1) and tuple(plan.padding) == (0, 0, 0, 0))
-    return writes, (plain and ("any" if c >= BLOCKED_MIN_CHANNELS else "with-output"))
+    direct = (plan.groups == 1 and plan.packed is not None and not plan.winograd and
+              max(plan.strides) <= BLOCKED_STRIDE_MAX)
+    if not direct:
+        return False, False
+    plain = plan.weight_shape[2:] == (1, 1) and plan.strides == (1, 1) and \
+        tuple(plan.padding) == (0, 0, 0, 0)
+    # Blocks force the direct path. Where the kernel would not take it for NCHW tensors,
+    # only a conv without a shortcut writes them, and only a plain one reads them
+    # (MobileNet's, between depthwise convs); the others stay NCHW there (ResNet-50's 1x1
+    # convs with shortcuts at 56 x 56 and 28 x 28 ran 1.1-1.5x slower on the direct
+    # path, those at 14 x 14 and 7 x 7 1.2-1.4x faster than through NCHW stores; a 1x1
+    # conv at 56 x 56 writing blocks for a 3x3 conv, 1.4x slower).
+    from . import kernels
+
+    _, _, oh, ow = plan.out_shape
+    kh, kw = plan.weight_shape[2:]
+    with_bias = plan.bias is not None or plan.batch_norm is not None
+    suits = kernels.conv_direct_suits(plain, oh * ow, oc, c * kh * kw + with_bias)
+    writes = stores and (True if suits else "unsuited" if plan.residual is None else False)
+    if not reads_ok:
+        return writes, False
+    if plain and plan.residual is None:
+        return writes, ("with-output" if c < BLOCKED_MIN_CHANNELS else "any")
+    return writes, suits and "from-suited"
 
 
 def plan_layouts(b: Bindings, plans) -> None:
     """Chooses, once for the function, the tensors between conv calls that stay NCHW16c
     (as ONNX Runtime's NCHWc path keeps its blocks): the output of a call whose every
-    reader is the ``x`` of another call, where the writer can write blocks and every
-    reader read them (``_block_roles``; a reader that needs its own output blocked too
-    drops its input from the set when its output is not, until nothing changes). Each
-    such call then reads or writes the blocks in place (no transposes); every other
+    reader is another call, as its ``x`` or its residual, where the writer can write
+    blocks and every reader read them (``_block_roles``). A call that reads a residual
+    writes blocks exactly when its residual is blocked (the kernels read the residual in
+    the output's layout), and one whose ``x`` role is ``"with-output"`` reads blocks only
+    when it writes them: tensors leave the set until these hold (each pass only removes,
+    so it ends). ResNet's residual stream stays blocked from one bottleneck to the next
+    this way, its stride-2 projections reading the blocks through their phase planes.
+    Each such call then reads or writes the blocks in place (no transposes); every other
     tensor, the function's inputs and results included, stays NCHW, so no conversion is
     ever added. Only where the kernels have the direct path (``kernels.CONV_DIRECT_ISAS``;
     else the calls would convert through NCHW copies): ``TIRBYOC_CONV_BLOCKED=0`` keeps
@@ -698,26 +728,38 @@ def plan_layouts(b: Bindings, plans) -> None:
 
     if os.environ.get("TIRBYOC_CONV_BLOCKED", "1") == "0" or kernels.isa() not in kernels.CONV_DIRECT_ISAS:
         return
-    # each call's output var -> the output vars of the calls reading it as their x
+    # each call's output var -> (the output var of a call reading it, as "x" or
+    # "residual")
     readers = {}
     for var, plan in plans.items():
-        if isinstance(plan.x, R.Var) and plan.x in plans:
-            readers.setdefault(plan.x, []).append(var)
+        for how, read in (("x", plan.x), ("residual", plan.residual)):
+            if isinstance(read, R.Var) and read in plans:
+                readers.setdefault(read, []).append((var, how))
     roles = {var: _block_roles(plan) for var, plan in plans.items()}
+    def reads(var, u, how):
+        if how == "residual":
+            return bool(roles[u][0])
+        role = roles[u][1]
+        return bool(role) and (role != "from-suited" or roles[var][0] is True)
+
     blocked = {var for var, users in readers.items()
                if b.uses.get(var, 0) == len(users) and roles[var][0] and
-               all(roles[u][1] for u in users)}
+               all(reads(var, u, how) for u, how in users)}
     changed = True
     while changed:
         changed = False
         for var in list(blocked):
-            if any(roles[u][1] == "with-output" and u not in blocked for u in readers[var]):
+            residual = plans[var].residual
+            if (residual is not None and residual not in blocked) or any(
+                    u not in blocked and (how == "residual" or roles[u][1] == "with-output")
+                    for u, how in readers[var]):
                 blocked.discard(var)
                 changed = True
     for var in blocked:
         plans[var].layouts |= _Y16
-        for u in readers[var]:
-            plans[u].layouts |= _X16
+        for u, how in readers[var]:
+            if how == "x":
+                plans[u].layouts |= _X16
     for plan in plans.values():
         if plan.layouts:
             plan.notes = plan.notes + ("NCHW16c " + " and ".join(

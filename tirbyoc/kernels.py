@@ -606,6 +606,18 @@ def winograd_suits(batch, c, oc, groups, kernel_size, stride, dilation, out_size
                                                   ow))
 
 
+def conv_direct_suits(plain, pixels, channels, ksteps):
+    """Whether the conv kernel's direct path is the faster one for NCHW tensors
+    (``tirbyoc_conv2d_direct_suits``: a ``plain`` 1x1 conv or another, ``pixels`` OH *
+    OW, ``channels`` output channels per group, ``ksteps`` the k steps with the bias
+    step); where it is not, a blocked tensor would cost the conv its faster path."""
+    ffi, lib = load()
+    suits = ffi.new("int32_t *")
+    _check("tirbyoc_conv2d_direct_suits", lib.tirbyoc_conv2d_direct_suits(
+        int(bool(plain)), int(pixels), int(channels), int(ksteps), suits))
+    return bool(suits[0])
+
+
 def _conv_pair(v, name):
     v = (v, v) if isinstance(v, (int, np.integer)) else tuple(v)
     if len(v) != 2:

@@ -1739,8 +1739,10 @@ static void blocked_cases(uint64_t *rng, int threaded)
         /* depthwise, n, c, h, w, oc, kh, kw, sh, sw, pt, pl, groups (conv) */
         {0, 1, 32, 7, 9, 48, 1, 1, 1, 1, 0, 0, 1},  /* plain: in place */
         {0, 2, 64, 14, 14, 16, 1, 1, 1, 1, 0, 0, 1},
-        {0, 1, 16, 9, 11, 32, 3, 3, 2, 2, 1, 1, 1},  /* blocked x through a copy */
-        {0, 1, 32, 6, 6, 32, 1, 1, 1, 1, 0, 0, 2},   /* in groups: through copies */
+        {0, 1, 16, 9, 11, 32, 3, 3, 2, 2, 1, 1, 1},  /* blocked x into phase planes */
+        {0, 1, 32, 6, 6, 32, 1, 1, 1, 1, 0, 0, 2},   /* in groups: phase planes too */
+        {0, 1, 48, 10, 12, 32, 3, 3, 1, 1, 1, 1, 1}, /* ResNet's 3x3 */
+        {0, 1, 32, 14, 13, 64, 1, 1, 2, 2, 0, 0, 1}, /* a 1x1 projection, stride 2 */
         {1, 1, 32, 9, 9, 32, 3, 3, 1, 1, 1, 1, 0},
         {1, 2, 48, 13, 11, 48, 3, 3, 2, 2, 1, 1, 0},
         {1, 1, 16, 12, 12, 16, 5, 5, 1, 1, 2, 2, 0},
@@ -2057,6 +2059,29 @@ static void direct_plans(void)
             }
     check(tirbyoc_conv2d_direct_plan(1, 0, 1, 14, 1, NULL) == TIRBYOC_EINVAL,
           "a size of 0 accepted", "tirbyoc_conv2d_direct_plan", 0, 0, 0, NULL);
+    /* the predicate of the same path: 0 or 1 over the grid, the rule's two edges */
+    for (pi = 0; pi < sizeof(pixels) / sizeof(pixels[0]); ++pi)
+        for (ci = 0; ci < sizeof(channels) / sizeof(channels[0]); ++ci)
+            for (t = 0; t < 2; ++t) {
+                int32_t suits = -1;
+                check(tirbyoc_conv2d_direct_suits(t, pixels[pi], channels[ci], 129, &suits) ==
+                              TIRBYOC_OK &&
+                          (suits == 0 || suits == 1),
+                      "a 0 or 1", "tirbyoc_conv2d_direct_suits", channels[ci], pixels[pi], t,
+                      NULL);
+            }
+    {
+        int32_t a = -1, b = -1;
+        check(tirbyoc_conv2d_direct_suits(1, 1024, 256, 256, &a) == TIRBYOC_OK &&
+                  tirbyoc_conv2d_direct_suits(1, 1025, 256, 256, &b) == TIRBYOC_OK && a == 1 &&
+                  b == 0,
+              "4 pixels per channel from 256 k steps", "tirbyoc_conv2d_direct_suits", 256, 1024,
+              256, NULL);
+        check(tirbyoc_conv2d_direct_suits(0, 1, 1, 0, &a) == TIRBYOC_EINVAL &&
+                  tirbyoc_conv2d_direct_suits(0, 1, 1, 1, NULL) == TIRBYOC_ENULL,
+              "a size of 0 or a NULL result accepted", "tirbyoc_conv2d_direct_suits", 0, 0, 0,
+              NULL);
+    }
 }
 
 int main(int argc, char **argv)
