@@ -716,8 +716,9 @@ def plan_layouts(b: Bindings, plans) -> None:
     blocks and every reader read them (``_block_roles``). A call that reads a residual
     writes blocks exactly when its residual is blocked (the kernels read the residual in
     the output's layout), and one whose ``x`` role is ``"with-output"`` reads blocks only
-    when it writes them: tensors leave the set until these hold (each pass only removes,
-    so it ends). ResNet's residual stream stays blocked from one bottleneck to the next
+    when it writes them, one whose role is ``"from-suited"`` only from a writer that takes
+    the direct path by choice: tensors leave the set until these hold (each pass only
+    removes, so it ends). ResNet's residual stream stays blocked from one bottleneck to the next
     this way, its stride-2 projections reading the blocks through their phase planes.
     Each such call then reads or writes the blocks in place (no transposes); every other
     tensor, the function's inputs and results included, stays NCHW, so no conversion is
@@ -736,7 +737,9 @@ def plan_layouts(b: Bindings, plans) -> None:
             if isinstance(read, R.Var) and read in plans:
                 readers.setdefault(read, []).append((var, how))
     roles = {var: _block_roles(plan) for var, plan in plans.items()}
+
     def reads(var, u, how):
+        """Whether call ``u`` may read ``var``'s blocks (as ``how``)."""
         if how == "residual":
             return bool(roles[u][0])
         role = roles[u][1]
