@@ -579,6 +579,7 @@ EXPECTED_SYMBOLS = sorted(FUNC_IDS + [
     "tirbyoc_conv2d_f32_packed", "tirbyoc_depthwise_conv2d_f32", "tirbyoc_max_pool2d_f32",
     "tirbyoc_conv2d_winograd_suits", "tirbyoc_conv2d_winograd_packed_size_f32",
     "tirbyoc_conv2d_direct_plan",
+    "tirbyoc_conv2d_direct_suits",
     "tirbyoc_pack_conv2d_winograd_weight_f32", "tirbyoc_conv2d_winograd_f32",
     "tirbyoc_conv2d_f32_packed_layouts", "tirbyoc_depthwise_conv2d_f32_layouts",
 ])
