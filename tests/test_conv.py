@@ -373,7 +373,9 @@ def test_residual_stream_is_blocked_where_the_direct_path_suits(size):
                                             r.detail or "") or ["-"])[0])
                   for r in report.offloaded)
     want = [("conv2d_bias", "input"), ("conv2d_bias", "output"),  # the head, the projection
-            ("conv2d_bias_relu", "-"), ("conv2d_bias_relu", "input"),  # 1x1s from the input
+            # the first 1x1 of block a (from the model's input), of block b (from a's
+            # blocked output)
+            ("conv2d_bias_relu", "-"), ("conv2d_bias_relu", "input"),
             ("conv2d_bias_relu", "output"),  # the 3x3
             ("conv2d_bias_residual_relu", "input and output")]
     assert tags == (want if size == 7 else sorted((i, "-") for i, _ in want)), tags
