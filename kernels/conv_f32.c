@@ -370,24 +370,19 @@ static void direct_plane(const conv_job_t *j, const float *src, int64_t es,
         }
         for (t = 0; t < tlo; ++t)
             d[t] = 0.0f;
-        if (es != 1) {
-            const float *s = src + (ih * g->w + off + tlo * g->sw) * es;
-            const int64_t step = g->sw * es;
-            for (t = tlo; t < thi; ++t)
-                d[t] = s[(t - tlo) * step];
-        } else if (j->isa->strided_copy != NULL && g->sw <= 2)
+        if (es == 1 && j->isa->strided_copy != NULL && g->sw <= 2)
             j->isa->strided_copy(d + tlo, src + ih * g->w + off + tlo * g->sw,
                                  thi - tlo, g->sw);
-        else if (g->sw == 1) {
+        else if (es == 1 && g->sw == 1) {
             const float *s = src + ih * g->w + off;
             for (t = tlo; t < thi; ++t)
                 d[t] = s[t];
-        } else if (g->sw == 2)
+        } else if (es == 1 && g->sw == 2)
             copy_every_other(d + tlo, src + ih * g->w + off + tlo * 2,
                              thi - tlo);
         else
             for (t = tlo; t < thi; ++t)
-                d[t] = src[ih * g->w + off + t * g->sw];
+                d[t] = src[(ih * g->w + off + t * g->sw) * es];
         for (t = thi; t < j->wv; ++t)
             d[t] = 0.0f;
     }

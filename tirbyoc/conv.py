@@ -675,11 +675,11 @@ def _block_roles(plan: _Plan) -> tuple:
     c = plan.weight_shape[1] * plan.groups
     if plan.declared is not None or plan.nhwc or oc % 16 or c == 0:
         return False, False
+    from . import kernels
+
     stores = plan.act in (None, "relu", "relu6")
     reads_ok = c % 16 == 0
     if plan.depthwise:
-        from . import kernels
-
         if kernels.isa() not in kernels.DEPTHWISE_CHANNELS_ISAS or plan.residual is not None:
             return False, False
         return stores, reads_ok and "any"
@@ -695,12 +695,9 @@ def _block_roles(plan: _Plan) -> tuple:
     # convs with shortcuts at 56 x 56 and 28 x 28 ran 1.1-1.5x slower on the direct
     # path, those at 14 x 14 and 7 x 7 1.2-1.4x faster than through NCHW stores; a 1x1
     # conv at 56 x 56 writing blocks for a 3x3 conv, 1.4x slower).
-    from . import kernels
-
-    _, _, oh, ow = plan.out_shape
-    kh, kw = plan.weight_shape[2:]
-    with_bias = plan.bias is not None or plan.batch_norm is not None
-    suits = kernels.conv_direct_suits(plain, oh * ow, oc, c * kh * kw + with_bias)
+    _, cg, kh, kw = plan.weight_shape
+    suits = kernels.conv_direct_suits(plain, plan.out_shape[2] * plan.out_shape[3], oc,
+                                      cg * kh * kw + ("bias" in _chain(plan)))
     writes = stores and (True if suits else "unsuited" if plan.residual is None else False)
     if not reads_ok:
         return writes, False
