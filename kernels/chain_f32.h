@@ -89,6 +89,18 @@ CH_INLINE ch_vf ch_sel(ch_vi m, ch_vf a, ch_vf b)
     return (ch_vf)((m & (ch_vi)a) | (~m & (ch_vi)b));
 }
 
+/* Lanewise: a where x's sign bit is set, else b (so -0.0 and a NaN with its sign
+ * set take a). With AVX, VBLENDVPS reads the sign bits itself: one instruction
+ * instead of a compare and a blend. */
+CH_INLINE ch_vf ch_sel_sign(ch_vf x, ch_vf a, ch_vf b)
+{
+#if defined(__AVX__) && !defined(__AVX512F__)
+    return (ch_vf)_mm256_blendv_ps((__m256)b, (__m256)a, (__m256)x);
+#else
+    return ch_sel((ch_vi)x < 0, a, b);
+#endif
+}
+
 /* Lanewise a > b ? a : b (NaN never wins a compare): exactly what x86's
  * MAXPS computes (b when either is NaN), one instruction instead of a compare
  * and a select. */
@@ -156,10 +168,26 @@ CH_INLINE ch_vf ch_exp_split(ch_vf x, ch_vi *n)
     return ch_fma(nf, ch_splat(-1.428606765330187e-06f), r);
 }
 
-/* e^r for |r| <= 0.4 by its degree-6 Taylor polynomial: truncation error
- * below 1.7e-7 relative for |r| <= ln2 / 2 (the reduced argument's bound),
- * 4.7e-7 at 0.4. */
+/* e^r for |r| <= ln2 / 2 + 1e-4 (the reduced argument's bound) by
+ * 1 + r + r^2 (c2 + c3 r + c4 r^2 + c5 r^3), c2..c5 fitted to e^r's relative
+ * error over that interval (minimax: 1.0e-7 in exact arithmetic, against the
+ * degree-6 Taylor polynomial's 1.7e-7 truncation, with one step fewer). The
+ * leading 1 + r stays exact, as in the Taylor form, so the steps without FMA
+ * round no worse. */
 CH_INLINE ch_vf ch_exp_poly(ch_vf r)
+{
+    ch_vf q = ch_fma(r, ch_splat(0.00831698440f), ch_splat(0.0418905057f));
+    q = ch_fma(q, r, ch_splat(0.166670635f));
+    q = ch_fma(q, r, ch_splat(0.499992311f));
+    q = ch_fma(q, r, ch_splat(1.0f));
+    return ch_fma(q, r, ch_splat(1.0f));
+}
+
+/* e^r for |r| <= ln2 / 2 by its degree-6 Taylor polynomial (truncation
+ * below 1.7e-7 relative, and near 0 for small |r|): the erf GELU's e^(-a^2 / 2),
+ * whose lower tail without FMA stays within its bound (1e-6) only with this
+ * form; ch_exp_poly's minimax fit took it to 1.2e-6 there. */
+CH_INLINE ch_vf ch_exp_poly6(ch_vf r)
 {
     ch_vf q = ch_fma(r, ch_splat(1.0f / 720), ch_splat(1.0f / 120));
     q = ch_fma(q, r, ch_splat(1.0f / 24));
@@ -249,7 +277,7 @@ CH_INLINE ch_vf ch_sigmoid(ch_vf x)
     /* e^-|x|: ch_exp's value (MAXPS keeps a NaN x) */
     const ch_vf e = ch_exp_neg(ch_vmax(ch_splat(-104.0f), -ch_abs(x)));
     const ch_vf s = ch_recip(1.0f + e);
-    return ch_sel(x < ch_splat(0.0f), e * s, s);
+    return ch_sel_sign(x, e * s, s); /* -0.0: e = 1, so e s = s */
 }
 
 /* a / b for a normal positive b: a times ch_recip(b) with AVX-512, else a
@@ -298,7 +326,7 @@ CH_INLINE ch_vf ch_gelu_erf(ch_vf x)
     }
 #endif
     /* e^(-a^2 / 2), then 2^n: -a^2 / 2 >= -87.2 keeps 2^n a normal float */
-    q = ch_exp_poly(ch_exp_split(p * -0.5f, &n) + g * -0.5f);
+    q = ch_exp_poly6(ch_exp_split(p * -0.5f, &n) + g * -0.5f);
     q *= (ch_vf)((n + 127) << 23);
     num = ch_fma(a, ch_splat(0.00401165057f), ch_splat(0.0399261415f));
     num = ch_fma(num, a, ch_splat(0.181133717f));
