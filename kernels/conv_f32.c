@@ -36,6 +36,10 @@
 
 #include "dense_f32_internal.h"
 
+#if defined(__SSE2__)
+#include <xmmintrin.h>
+#endif
+
 /* Below this many flops a call stays on the calling thread. */
 #define CONV_PAR_FLOPS (1.0 * 1024 * 1024)
 /* Units per thread wanted before channels are split into blocks. */
@@ -944,6 +948,162 @@ int32_t tb_conv_check_args(int64_t stride_h, int64_t stride_w, int64_t pad_top,
 
 /* Both entry points: the weight as given, or pre-packed (packed not NULL;
  * its bias step then holds the bias, and bias is not read). */
+/* ---- small images: one product with the pixels as rows ----
+ *
+ * A plain conv (1x1, stride 1, no padding) in one group is the product
+ * Y^T = X^T W^T. With the pixels as its rows, the pre-packed weight's
+ * 16-channel panels are the product's W operand as they are, and each
+ * register tile covers 6 pixels by 16 channels, while the NCHW paths run 16
+ * pixels along the vectors: where the pixels leave a good part of their
+ * 16-pixel panels empty (7 x 7: 49 pixels in 4 panels, 77% full), those
+ * paths ran 1.2-1.35x slower than the product (docs/performance.md). There,
+ * the image (and the residual) are copied with the pixels as rows, all
+ * images one above the other, the product runs, and its rows are copied
+ * into y. Not where x and y are both NCHW16c: the direct path's tiles then
+ * read x in place and store into y as they finish, and the copies cost more
+ * than the fuller tiles gain (ResNet-50's 512 -> 2048 channels at 7 x 7 with
+ * its shortcut ran 1.1-1.3x slower through them). */
+
+/* More than 1 / CONV_DENSE_WASTE of the 16-pixel panels empty. */
+#define CONV_DENSE_WASTE 8
+
+static int conv_dense_suits(const conv_job_t *j)
+{
+    const int64_t empty = cdiv(j->p, TB_NR) * TB_NR - j->p;
+    return j->plain && j->groups == 1 && j->wpk != NULL && !(j->xb && j->yb) &&
+           empty * CONV_DENSE_WASTE > j->p;
+}
+
+typedef struct {
+    const conv_job_t *j;
+    float *a;  /* [batch * p, kt]: the images, pixels as rows, and the ones */
+    float *r;  /* [batch * p, oc]: the residual, or NULL */
+    float *cm; /* [batch * p, oc]: the product */
+    int out;   /* 0: the images (and the residual) into a (r); 1: cm into y */
+} dense_rows_t;
+
+/* Pixels [p0, p1) of an image of ch channels and p pixels, NCHW (blocked:
+ * NCHW16c) at img, to or from rows of m (row stride ldm, one row per pixel,
+ * one column per channel). */
+static void rows_copy(float *img, int blocked, int64_t ch, int64_t p, int64_t p0,
+                      int64_t p1, float *m, int64_t ldm, int to_rows)
+{
+    int64_t q, c, c0, c1, i;
+    if (blocked) { /* 16 floats at a time (a loop, not memcpy calls) */
+        for (q = p0; q < p1; ++q)
+            for (c = 0; c < ch; c += 16) {
+                float *v = img + (c / 16 * p + q) * 16, *row = m + (q - p0) * ldm + c;
+                float *restrict dst = to_rows ? row : v;
+                const float *restrict src = to_rows ? v : row;
+                for (i = 0; i < 16; ++i)
+                    dst[i] = src[i];
+            }
+        return;
+    }
+    /* 4 channels by 4 pixels at a time through registers (the image's
+     * lines of 4 channels and the rows of m stay in L1), the edges one by
+     * one */
+    for (c0 = 0; c0 < ch; c0 += 4) {
+        c1 = min_i64(ch, c0 + 4);
+        for (q = p0; q < p1; q += 4) {
+            const int64_t q1 = min_i64(p1, q + 4);
+            float *row = m + (q - p0) * ldm + c0, *v = img + c0 * p + q;
+#if defined(__SSE2__)
+            if (c1 - c0 == 4 && q1 - q == 4) {
+                __m128 r0, r1, r2, r3;
+                if (to_rows) {
+                    r0 = _mm_loadu_ps(v);
+                    r1 = _mm_loadu_ps(v + p);
+                    r2 = _mm_loadu_ps(v + 2 * p);
+                    r3 = _mm_loadu_ps(v + 3 * p);
+                    _MM_TRANSPOSE4_PS(r0, r1, r2, r3);
+                    _mm_storeu_ps(row, r0);
+                    _mm_storeu_ps(row + ldm, r1);
+                    _mm_storeu_ps(row + 2 * ldm, r2);
+                    _mm_storeu_ps(row + 3 * ldm, r3);
+                } else {
+                    r0 = _mm_loadu_ps(row);
+                    r1 = _mm_loadu_ps(row + ldm);
+                    r2 = _mm_loadu_ps(row + 2 * ldm);
+                    r3 = _mm_loadu_ps(row + 3 * ldm);
+                    _MM_TRANSPOSE4_PS(r0, r1, r2, r3);
+                    _mm_storeu_ps(v, r0);
+                    _mm_storeu_ps(v + p, r1);
+                    _mm_storeu_ps(v + 2 * p, r2);
+                    _mm_storeu_ps(v + 3 * p, r3);
+                }
+                continue;
+            }
+#endif
+            for (c = 0; c < c1 - c0; ++c)
+                for (i = 0; i < q1 - q; ++i) {
+                    if (to_rows)
+                        row[i * ldm + c] = v[c * p + i];
+                    else
+                        v[c * p + i] = row[i * ldm + c];
+                }
+        }
+    }
+}
+
+static void dense_rows_task(void *arg, int tid, int nt)
+{
+    const dense_rows_t *d = (const dense_rows_t *)arg;
+    const conv_job_t *j = d->j;
+    const int64_t rows = j->batch * j->p, units = cdiv(rows, 16);
+    const int64_t lo = min_i64(rows, units * tid / nt * 16);
+    const int64_t hi = min_i64(rows, units * (tid + 1) / nt * 16);
+    int64_t n, q;
+    for (n = lo / j->p; n < j->batch && n * j->p < hi; ++n) {
+        const int64_t p0 = max_i64(lo - n * j->p, 0), p1 = min_i64(hi - n * j->p, j->p);
+        const int64_t row0 = n * j->p + p0;
+        if (d->out) {
+            rows_copy(j->y + n * j->oc * j->p, j->yb, j->oc, j->p, p0, p1,
+                      d->cm + row0 * j->oc, j->oc, 0);
+            continue;
+        }
+        rows_copy((float *)(j->x + n * j->c * j->p), j->xb, j->c, j->p, p0, p1,
+                  d->a + row0 * j->kt, j->kt, 1);
+        if (j->kt > j->g.k) /* the bias step */
+            for (q = 0; q < p1 - p0; ++q)
+                d->a[(row0 + q) * j->kt + j->g.k] = 1.0f;
+        if (d->r != NULL)
+            rows_copy((float *)(j->chain.residual + n * j->oc * j->p), j->yb, j->oc,
+                      j->p, p0, p1, d->r + row0 * j->oc, j->oc, 1);
+    }
+}
+
+/* The call as one product (conv_dense_suits); 0 without the memory for its
+ * copies (the caller takes another path). The bias stays a k step (a column
+ * of ones in the rows), so that each output is summed as on the other paths:
+ * the same K blocks, the same order, the same bits. */
+static int conv_as_dense(const conv_job_t *j, int want)
+{
+    const int64_t rows = j->batch * j->p;
+    const size_t fa = (size_t)(rows * j->kt);
+    const size_t fr = j->chain.residual != NULL ? (size_t)(rows * j->oc) : 0;
+    float *ws = tb_workspace(fa + fr + (size_t)(rows * j->oc));
+    dense_rows_t d;
+    tb_chain ch = j->chain;
+    const int copiers = (int)min_i64(want, cdiv(rows, 16));
+    if (ws == NULL)
+        return 0;
+    d.j = j;
+    d.a = ws;
+    d.r = fr != 0 ? ws + fa : NULL;
+    d.cm = ws + fa + fr;
+    d.out = 0;
+    if (d.r != NULL) {
+        ch.residual = d.r;
+        ch.ldr = j->oc;
+    }
+    tb_parallel(dense_rows_task, &d, copiers);
+    tb_dense_packed(rows, j->oc, j->kt, d.a, j->kt, j->wpk, j->kt * 16, d.cm, j->oc, &ch);
+    d.out = 1;
+    tb_parallel(dense_rows_task, &d, copiers);
+    return 1;
+}
+
 static int32_t conv2d(int64_t batch, int64_t c, int64_t h, int64_t w,
                       const float *x, int64_t oc, int64_t groups, int64_t kh,
                       int64_t kw, const float *weight, const float *packed,
@@ -1042,6 +1202,8 @@ static int32_t conv2d(int64_t batch, int64_t c, int64_t h, int64_t w,
 
     flops = 2.0 * (double)batch * (double)oc * (double)j.p * (double)j.kt;
     want = tb_threads_for(flops, CONV_PAR_FLOPS, INT64_MAX);
+    if (conv_dense_suits(&j) && conv_as_dense(&j, want))
+        return TIRBYOC_OK;
     {
         const int direct = conv_direct(&j, want);
         if (direct < 0)

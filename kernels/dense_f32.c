@@ -72,7 +72,7 @@ typedef struct {
     const float *a;
     int64_t lda;
     const float *w;
-    int64_t ldw; /* for TB_W_PACKED: floats between panels (16 * K) */
+    int64_t ldw; /* for TB_W_PACKED: floats between panels (16 K, or more) */
     float *c;
     int64_t ldc;
     int accumulate; /* C += A @ op(W): no epilogue */
@@ -291,11 +291,13 @@ static void task(void *arg, int tid, int nt)
 }
 
 /* C (+)= A @ op(W), then the chain (NULL or empty: none; not with
- * accumulate). */
+ * accumulate). blocked_only: the blocked algorithm whatever the rows, whose
+ * sums (one FMA chain per K block, the blocks added in order) are the ones
+ * the convolutions' paths compute; the few-rows path sums K in one chain. */
 static int32_t dense_run(tb_wlayout layout, int accumulate, int64_t m,
                          int64_t n, int64_t k, const float *a, int64_t lda,
                          const float *w, int64_t ldw, float *c, int64_t ldc,
-                         const tb_chain *chain, int max_threads)
+                         const tb_chain *chain, int max_threads, int blocked_only)
 {
     job_t job;
     int64_t i, j, units;
@@ -326,11 +328,15 @@ static int32_t dense_run(tb_wlayout layout, int accumulate, int64_t m,
     job.a = a;
     job.lda = lda;
     job.w = w;
-    job.ldw = layout == TB_W_PACKED ? k * TB_NR : ldw;
+    job.ldw = ldw;
     job.c = c;
     job.ldc = ldc;
     job.chain = chain;
-    if (use_direct(job.isa, layout, accumulate, m, k)) {
+    if (blocked_only) {
+        job.alg = TB_ALG_BLOCKED;
+        job.split_n = n >= 8 * (int64_t)job.isa->nr;
+        job.unit = job.split_n ? job.isa->nr : job.isa->mr;
+    } else if (use_direct(job.isa, layout, accumulate, m, k)) {
         job.alg = TB_ALG_DIRECT;
         job.split_n = 1;
         job.unit = job.isa->direct_nr;
@@ -355,6 +361,20 @@ static int32_t dense_run(tb_wlayout layout, int accumulate, int64_t m,
         want = max_threads;
     tb_parallel(task, &job, want);
     return TIRBYOC_OK;
+}
+
+/* C[0:m, 0:n] = A[0:m, 0:k] (row stride lda) @ a pre-packed W: ceil(n / 16)
+ * panels of 16 columns, wps floats apart, whose first k steps are read (the
+ * layout tirbyoc_pack_weight_f32_* writes, wps = 16 k, and the conv weights'
+ * packing, wps = 16 (k + 1) with a bias step), then the chain: the
+ * convolutions that run as one product (conv_f32.c). Arguments are the
+ * caller's to check. */
+void tb_dense_packed(int64_t m, int64_t n, int64_t k, const float *a,
+                     int64_t lda, const float *wpk, int64_t wps, float *c,
+                     int64_t ldc, const tb_chain *chain)
+{
+    (void)dense_run(TB_W_PACKED, 0, m, n, k, a, lda, wpk, wps, c, ldc, chain,
+                    INT32_MAX, 1);
 }
 
 /* ---- argument checks and exported wrappers ---- */
@@ -395,8 +415,9 @@ static int32_t dense_f32(tb_wlayout layout, int act, int64_t m, int64_t n,
     } else {
         ch.ops = act;
     }
-    return dense_run(layout, 0, m, n, k, a, lda, w, ldw, c, ldc, &ch,
-                     INT32_MAX);
+    return dense_run(layout, 0, m, n, k, a, lda, w,
+                     layout == TB_W_PACKED ? k * TB_NR : ldw, c, ldc, &ch,
+                     INT32_MAX, 0);
 }
 
 /* One exported dense entry point per (activation, weight layout). */
@@ -434,7 +455,7 @@ static int32_t dense_acc(tb_wlayout layout, int64_t m, int64_t n, int64_t k,
     if (status != TIRBYOC_OK)
         return status;
     return dense_run(layout, 1, m, n, k, a, lda, w, ldw, c, ldc, NULL,
-                     INT32_MAX);
+                     INT32_MAX, 0);
 }
 
 int32_t tirbyoc_dense_acc_f32_nt(int64_t m, int64_t n, int64_t k,
@@ -493,7 +514,7 @@ static void run_batch(const batch_job_t *bj, int64_t q, int max_threads)
         ch.residual += q * bj->sr;
     dense_run(bj->layout, 0, bj->m, bj->n, bj->k, bj->a + q * bj->sa, bj->lda,
               bj->b + q * bj->sb, bj->ldb, bj->c + q * bj->sc, bj->ldc, &ch,
-              max_threads);
+              max_threads, 0);
 }
 
 static void batch_task(void *arg, int tid, int nt)
@@ -546,7 +567,7 @@ int32_t tirbyoc_matmul_f32(int64_t batch, int64_t m, int64_t n, int64_t k,
     bj.lda = lda;
     bj.sa = stride_a;
     bj.b = b;
-    bj.ldb = ldb;
+    bj.ldb = layouts[b_layout] == TB_W_PACKED ? k * TB_NR : ldb; /* packed: between panels */
     bj.sb = stride_b;
     bj.layout = layouts[b_layout];
     bj.c = c;

@@ -141,6 +141,13 @@ typedef struct tb_conv_geom {
     int64_t h, w, kh, kw, sh, sw, pt, pl, dh, dw, ow, k;
 } tb_conv_geom;
 
+/* C = A @ a pre-packed W, then the chain (dense_f32.c: the convolutions that
+ * run as one product). */
+TB_INTERNAL void tb_dense_packed(int64_t m, int64_t n, int64_t k,
+                                 const float *a, int64_t lda, const float *wpk,
+                                 int64_t wps, float *c, int64_t ldc,
+                                 const tb_chain *chain);
+
 /* The argument checks of tirbyoc_conv2d_f32 (and its packed form) and
  * tirbyoc_depthwise_conv2d_f32 after their sizes (conv_f32.c): strides and
  * dilations in [1, 2^31) and paddings in (-2^31, 2^31), else

@@ -639,3 +639,35 @@ def test_blocked_layouts_refusals():
         kernels.conv2d(x, packed16, layout_x="nchw16c")
     with pytest.raises(ValueError, match="layout_y"):
         kernels.conv2d(x, packed16, layout_y="nhwc")
+
+
+@pytest.mark.parametrize("n,c,hw,oc,ops", [
+    (2, 400, 7, 48, ("bias", "residual", "silu")),   # 49 pixels, two K blocks of 401 steps
+    (3, 48, 1, 32, ("bias", "sigmoid")),             # 1 pixel: squeeze-and-excite
+    (1, 64, 3, 32, ("residual", "relu")),            # 9 pixels, no bias
+], ids=["7x7-two-k-blocks", "1x1-image", "3x3-no-bias"])
+def test_small_images_run_as_one_product(n, c, hw, oc, ops):
+    """A plain 1x1 conv whose pixels fill less than 7/8 of their 16-pixel panels runs as
+    one product with the pixels as rows (copies in and out, kernels/conv_f32.c): within
+    the float64 reference's bound, and the same bits as the unpacked weight's call
+    and as every layout but blocked x with blocked y (which keeps the direct path)."""
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((n, c, hw, hw)).astype(np.float32)
+    wt = (rng.standard_normal((oc, c, 1, 1)) / math.sqrt(c)).astype(np.float32)
+    bias = rng.standard_normal(oc).astype(np.float32)
+    res = rng.standard_normal((n, oc, hw, hw)).astype(np.float32)
+    value, err = reference(x, wt, (1, 1), (0, 0), (1, 1), (hw, hw), ops, bias, res)
+    kw = dict(epilogue=ops, residual=res if "residual" in ops else None)
+    unpacked = kernels.conv2d(x, wt, bias=bias if "bias" in ops else None, **kw)
+    assert np.all(np.abs(unpacked - value) <= err)
+    packed = kernels.pack_conv2d_weight(wt, bias if "bias" in ops else None)
+    blk = kernels.to_nchw16c
+    for lx, ly in (("nchw", "nchw"), ("nchw16c", "nchw"), ("nchw", "nchw16c"),
+                   ("nchw16c", "nchw16c")):
+        got = kernels.conv2d(blk(x) if lx == "nchw16c" else x, packed, epilogue=ops,
+                             residual=None if "residual" not in ops
+                             else blk(res) if ly == "nchw16c" else res,
+                             layout_x=lx, layout_y=ly)
+        got = kernels.from_nchw16c(got) if ly == "nchw16c" else got
+        np.testing.assert_array_equal(got.view(np.uint32), unpacked.view(np.uint32),
+                                      err_msg=f"{lx} -> {ly}")
