@@ -946,8 +946,6 @@ int32_t tb_conv_check_args(int64_t stride_h, int64_t stride_w, int64_t pad_top,
     return TIRBYOC_OK;
 }
 
-/* Both entry points: the weight as given, or pre-packed (packed not NULL;
- * its bias step then holds the bias, and bias is not read). */
 /* ---- small images: one product with the pixels as rows ----
  *
  * A plain conv (1x1, stride 1, no padding) in one group is the product
@@ -962,7 +960,8 @@ int32_t tb_conv_check_args(int64_t stride_h, int64_t stride_w, int64_t pad_top,
  * into y. Not where x and y are both NCHW16c: the direct path's tiles then
  * read x in place and store into y as they finish, and the copies cost more
  * than the fuller tiles gain (ResNet-50's 512 -> 2048 channels at 7 x 7 with
- * its shortcut ran 1.1-1.3x slower through them). */
+ * its shortcut ran 1.1-1.3x slower through them). Nor where
+ * TIRBYOC_CONV_DIRECT chooses the path (the tests' way to cover each). */
 
 /* More than 1 / CONV_DENSE_WASTE of the 16-pixel panels empty. */
 #define CONV_DENSE_WASTE 8
@@ -971,7 +970,7 @@ static int conv_dense_suits(const conv_job_t *j)
 {
     const int64_t empty = cdiv(j->p, TB_NR) * TB_NR - j->p;
     return j->plain && j->groups == 1 && j->wpk != NULL && !(j->xb && j->yb) &&
-           empty * CONV_DENSE_WASTE > j->p;
+           empty * CONV_DENSE_WASTE > j->p && getenv("TIRBYOC_CONV_DIRECT") == NULL;
 }
 
 typedef struct {
@@ -1104,6 +1103,8 @@ static int conv_as_dense(const conv_job_t *j, int want)
     return 1;
 }
 
+/* Both entry points: the weight as given, or pre-packed (packed not NULL;
+ * its bias step then holds the bias, and bias is not read). */
 static int32_t conv2d(int64_t batch, int64_t c, int64_t h, int64_t w,
                       const float *x, int64_t oc, int64_t groups, int64_t kh,
                       int64_t kw, const float *weight, const float *packed,

@@ -332,15 +332,11 @@ static int32_t dense_run(tb_wlayout layout, int accumulate, int64_t m,
     job.c = c;
     job.ldc = ldc;
     job.chain = chain;
-    if (blocked_only) {
-        job.alg = TB_ALG_BLOCKED;
-        job.split_n = n >= 8 * (int64_t)job.isa->nr;
-        job.unit = job.split_n ? job.isa->nr : job.isa->mr;
-    } else if (use_direct(job.isa, layout, accumulate, m, k)) {
+    if (!blocked_only && use_direct(job.isa, layout, accumulate, m, k)) {
         job.alg = TB_ALG_DIRECT;
         job.split_n = 1;
         job.unit = job.isa->direct_nr;
-    } else if (!accumulate && use_small(layout, m)) {
+    } else if (!blocked_only && !accumulate && use_small(layout, m)) {
         job.alg = TB_ALG_SMALL;
         job.split_n = 1;
         job.unit = TB_SMALL_UNIT;
