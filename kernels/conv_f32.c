@@ -1009,28 +1009,17 @@ static void rows_copy(float *img, int blocked, int64_t ch, int64_t p, int64_t p0
             float *row = m + (q - p0) * ldm + c0, *v = img + c0 * p + q;
 #if defined(__SSE2__)
             if (c1 - c0 == 4 && q1 - q == 4) {
-                __m128 r0, r1, r2, r3;
-                if (to_rows) {
-                    r0 = _mm_loadu_ps(v);
-                    r1 = _mm_loadu_ps(v + p);
-                    r2 = _mm_loadu_ps(v + 2 * p);
-                    r3 = _mm_loadu_ps(v + 3 * p);
-                    _MM_TRANSPOSE4_PS(r0, r1, r2, r3);
-                    _mm_storeu_ps(row, r0);
-                    _mm_storeu_ps(row + ldm, r1);
-                    _mm_storeu_ps(row + 2 * ldm, r2);
-                    _mm_storeu_ps(row + 3 * ldm, r3);
-                } else {
-                    r0 = _mm_loadu_ps(row);
-                    r1 = _mm_loadu_ps(row + ldm);
-                    r2 = _mm_loadu_ps(row + 2 * ldm);
-                    r3 = _mm_loadu_ps(row + 3 * ldm);
-                    _MM_TRANSPOSE4_PS(r0, r1, r2, r3);
-                    _mm_storeu_ps(v, r0);
-                    _mm_storeu_ps(v + p, r1);
-                    _mm_storeu_ps(v + 2 * p, r2);
-                    _mm_storeu_ps(v + 3 * p, r3);
-                }
+                /* 4 lines of the source, transposed, 4 lines of the target */
+                const float *src = to_rows ? v : row;
+                float *dst = to_rows ? row : v;
+                const int64_t ss = to_rows ? p : ldm, ds = to_rows ? ldm : p;
+                __m128 r0 = _mm_loadu_ps(src), r1 = _mm_loadu_ps(src + ss);
+                __m128 r2 = _mm_loadu_ps(src + 2 * ss), r3 = _mm_loadu_ps(src + 3 * ss);
+                _MM_TRANSPOSE4_PS(r0, r1, r2, r3);
+                _mm_storeu_ps(dst, r0);
+                _mm_storeu_ps(dst + ds, r1);
+                _mm_storeu_ps(dst + 2 * ds, r2);
+                _mm_storeu_ps(dst + 3 * ds, r3);
                 continue;
             }
 #endif
