@@ -1188,6 +1188,6 @@ def values(rng, shape, dtype, special) -> np.ndarray:
 
 if __name__ == "__main__":
     seed, index = int(sys.argv[1]), int(sys.argv[2])
-    c = case(seed, index)
+    c = case(seed, index, only=sys.argv[3] if len(sys.argv) > 3 else None)
     print(f"# variant {c.variant}; expected {c.expected}; inputs special fraction {c.special}")
     print(c.source() if c.kind == "tir" else relax_script(c))
