@@ -442,39 +442,6 @@ tb_chain_tile(const tb_chain *ch, int64_t ops, ch_vf *t, int outer, int nv,
     }
 }
 
-/* Registers per call of tb_chain_tile from the row routines below. */
-#define CH_ROW_REGS 16
-
-/* Applies the chain to outputs already in C[0:m, 0:n] (row stride ldc),
- * whose element (i, j) is the output at row i0 + i, column j0 + j of its
- * matrix (an empty product's zeros, or sums accumulated in memory): up to
- * CH_ROW_REGS registers of a row at a time. */
-static void tb_chain_block(const tb_chain *ch, float *c, int64_t ldc, int64_t m,
-                           int64_t n, int64_t i0, int64_t j0)
-{
-    ch_vf t[CH_ROW_REGS];
-    int64_t i, j, jb;
-    int q;
-    for (i = 0; i < m; ++i)
-        for (jb = 0; jb < n; jb += CH_ROW_REGS * CH_LANES) {
-            float *row = c + i * ldc + jb;
-            const int64_t nb = n - jb < CH_ROW_REGS * CH_LANES
-                                   ? n - jb
-                                   : CH_ROW_REGS * CH_LANES;
-            for (q = 0; q * CH_LANES < nb; ++q)
-                t[q] = ch_gather(row + q * CH_LANES, 1, (int)(nb - q * CH_LANES));
-            tb_chain_tile(ch, ch->ops, t, 1, q, i0 + i, j0 + jb, nb, 0);
-            for (q = 0; q * CH_LANES < nb; ++q) {
-                if ((q + 1) * CH_LANES <= nb) { /* whole registers: one store */
-                    ch_storeu(row + q * CH_LANES, t[q]);
-                    continue;
-                }
-                for (j = 0; q * CH_LANES + j < nb; ++j)
-                    row[q * CH_LANES + j] = t[q][j];
-            }
-        }
-}
-
 /* y[0:n] = op(x[0:n]) for one unary operation (x == y allowed). */
 static void tb_unary_row(int op, int64_t n, const float *x, float *y)
 {
@@ -504,6 +471,51 @@ static void tb_unary_row(int op, int64_t n, const float *x, float *y)
         for (l = 0; j + l < n; ++l)
             y[j + l] = v[l];
     }
+}
+
+/* Floats of a row the chain goes over at a time (4 KiB: in L1 between its
+ * operations). */
+#define CH_CHUNK 1024
+
+/* Applies the chain to outputs already in C[0:m, 0:n] (row stride ldc),
+ * whose element (i, j) is the output at row i0 + i, column j0 + j of its
+ * matrix (an empty product's zeros, or sums accumulated in memory): over
+ * chunks of a row, one operation at a time, each a straight loop over the
+ * chunk (the unary ones tb_unary_row's), so each output goes through the
+ * same float operations as in tb_chain_tile. (A single SiLU over 16 x 56 x
+ * 56 outputs: 1.36-1.5x faster on Zen 3 than copying 16 registers at a time
+ * through tb_chain_tile.) */
+static void tb_chain_block(const tb_chain *ch, float *c, int64_t ldc, int64_t m,
+                           int64_t n, int64_t i0, int64_t j0)
+{
+    int64_t i, jb, j, ops;
+    for (i = 0; i < m; ++i)
+        for (jb = 0; jb < n; jb += CH_CHUNK) {
+            float *row = c + i * ldc + jb;
+            const int64_t nb = n - jb < CH_CHUNK ? n - jb : CH_CHUNK;
+            for (ops = ch->ops; ops != 0; ops >>= 4) {
+                const int op = (int)(ops & 15);
+                if (op == TIRBYOC_EPI_BIAS || op == TIRBYOC_EPI_RESIDUAL) {
+                    const float *r = op == TIRBYOC_EPI_BIAS
+                                         ? ch->bias + j0 + jb
+                                         : ch->residual + (i0 + i) * ch->ldr + j0 + jb;
+                    for (j = 0; j + CH_LANES <= nb; j += CH_LANES)
+                        ch_storeu(row + j, ch_loadu(row + j) + ch_loadu(r + j));
+                    for (; j < nb; ++j)
+                        row[j] += r[j];
+                } else if (op == TIRBYOC_EPI_SCALE || op == TIRBYOC_EPI_DIVIDE) {
+                    const int mul = op == TIRBYOC_EPI_SCALE;
+                    const ch_vf s = ch_splat(ch->scale);
+                    for (j = 0; j + CH_LANES <= nb; j += CH_LANES)
+                        ch_storeu(row + j, mul ? ch_loadu(row + j) * s
+                                               : ch_loadu(row + j) / s);
+                    for (; j < nb; ++j)
+                        row[j] = mul ? row[j] * ch->scale : row[j] / ch->scale;
+                } else {
+                    tb_unary_row(op, nb, row, row);
+                }
+            }
+        }
 }
 
 /* The sum and the maximum (a NaN lane never wins) of v's lanes, as a
