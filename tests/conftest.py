@@ -36,7 +36,6 @@ def _same_inputs_in_every_run(request):
         torch.manual_seed(seed)
 
 
-
 @pytest.hookimpl(hookwrapper=True)
 def pytest_collection(session):
     """Test modules parse their TVMScript at import, each ``prim_func`` with an
