@@ -98,6 +98,30 @@ def on_each_thread_count(fn, counts=(1, 2, 3)):
     return outs
 
 
+@pytest.mark.parametrize("layout", ["nt", "nn"])
+@pytest.mark.parametrize("m", [1, 2, 3, 4])
+def test_few_rows_do_not_depend_on_threads(isa, m, layout):
+    """The few-rows path, weights as inputs: columns go to threads in units of 64 (1100 =
+    17 units and 12 columns), and within a thread's share through register blocks of
+    several columns and a narrower one for what is left, so a column meets a different
+    block on another thread count. Each column must be summed the same way in every
+    block: the same bits on 1, 2, 3 and 8 threads, and right (the bound of the other
+    tests: 1e-5 of the root of the sum of squared terms, times sqrt(K) / 8 for this K,
+    plus 1e-6 of the value)."""
+    rng = np.random.default_rng(m)
+    k, n = 1000, 1100
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    w = rng.standard_normal((n, k) if layout == "nt" else (k, n)).astype(np.float32)
+    outs = on_each_thread_count(
+        lambda: kernels.dense(a, w, activation="relu", layout=layout), (1, 2, 3, 8))
+    assert all(np.array_equal(outs[0], o) for o in outs[1:])
+    w_kn = (w.T if layout == "nt" else w).astype(np.float64)
+    a64 = a.astype(np.float64)
+    want = np.maximum(a64 @ w_kn, 0)
+    tol = 1e-5 * np.sqrt((a64 ** 2) @ (w_kn ** 2)) * np.sqrt(k) / 8 + 1e-6 * np.abs(want)
+    assert np.all(np.abs(outs[0] - want) <= tol)
+
+
 @pytest.mark.parametrize("batch,m", [(12, 128), (4, 256), (6, 256), (7, 256)])
 def test_matmul_results_do_not_depend_on_threads(isa, batch, m):
     """Small batches (2 MFLOP each) go to threads whole; batches above the split
