@@ -293,7 +293,8 @@ static void task(void *arg, int tid, int nt)
 /* C (+)= A @ op(W), then the chain (NULL or empty: none; not with
  * accumulate). blocked_only: the blocked algorithm whatever the rows, whose
  * sums (one FMA chain per K block, the blocks added in order) are the ones
- * the convolutions' paths compute; the few-rows path sums K in one chain. */
+ * the convolutions' paths compute; the few-rows path sums all of K at
+ * once, in its own order. */
 static int32_t dense_run(tb_wlayout layout, int accumulate, int64_t m,
                          int64_t n, int64_t k, const float *a, int64_t lda,
                          const float *w, int64_t ldw, float *c, int64_t ldc,

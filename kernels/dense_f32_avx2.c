@@ -499,21 +499,38 @@ ALWAYS_INLINE float hsum(__m256 v)
     return _mm_cvtss_f32(s);
 }
 
-/* nt: MM rows of A against JB rows of W, as dot products over all of K. */
+/* nt: MM rows of A against JB rows of W, as dot products over all of K,
+ * each in two accumulators (groups of 8 k steps alternately, added at the
+ * end; a group left over goes to the first): with one FMA chain per sum
+ * the loop waited on the FMA's latency wherever MM * JB was small (a
+ * matrix-vector product). Every MM and JB sums a column the same way, so
+ * the register blocks a thread's share of columns falls into do not change
+ * its bits. */
 ALWAYS_INLINE void dots(const int MM, const int JB, int64_t k,
                         const float *restrict a, int64_t lda,
                         const float *restrict w, int64_t ldw,
                         float *restrict c, int64_t ldc, const tb_chain *ch,
                         int64_t ci, int64_t cj)
 {
-    __m256 acc[4][4];
-    int64_t p;
+    __m256 acc[4][4], acc2[4][4];
+    int64_t p = 0;
     int i, j;
     for (i = 0; i < MM; ++i)
         for (j = 0; j < JB; ++j)
-            acc[i][j] = _mm256_setzero_ps();
+            acc[i][j] = acc2[i][j] = _mm256_setzero_ps();
+    for (; p + 16 <= k; p += 16)
+        for (j = 0; j < JB; ++j) {
+            const __m256 y0 = _mm256_loadu_ps(w + j * ldw + p);
+            const __m256 y1 = _mm256_loadu_ps(w + j * ldw + p + 8);
+            for (i = 0; i < MM; ++i) {
+                acc[i][j] = _mm256_fmadd_ps(_mm256_loadu_ps(a + i * lda + p), y0,
+                                            acc[i][j]);
+                acc2[i][j] = _mm256_fmadd_ps(_mm256_loadu_ps(a + i * lda + p + 8), y1,
+                                             acc2[i][j]);
+            }
+        }
     /* (the last k steps' masked-off lanes add zeros) */
-    for (p = 0; p < k; p += 8) {
+    for (; p < k; p += 8) {
         __m256 x[4];
         for (i = 0; i < MM; ++i)
             x[i] = load_n(a + i * lda + p, k - p);
@@ -529,7 +546,7 @@ ALWAYS_INLINE void dots(const int MM, const int JB, int64_t k,
         for (i = 0; i < MM; ++i) {
             t[i] = ch_splat(0.0f);
             for (j = 0; j < JB; ++j)
-                t[i][j] = hsum(acc[i][j]);
+                t[i][j] = hsum(_mm256_add_ps(acc[i][j], acc2[i][j]));
         }
         if (ch != NULL)
             tb_chain_tile(ch, ch->ops, t, MM, 1, ci, cj, JB, 0);
@@ -547,15 +564,16 @@ ALWAYS_INLINE void dots(const int MM, const int JB, int64_t k,
     {                                                                         \
         dots(MM, JB, k, a, lda, w, ldw, c, ldc, ch, ci, cj);                  \
     }
-DOTS_FN(1, 4) DOTS_FN(2, 4) DOTS_FN(3, 4) DOTS_FN(4, 3)
-DOTS_FN(1, 1) DOTS_FN(2, 1) DOTS_FN(3, 1) DOTS_FN(4, 1)
+/* (two accumulators per sum: 2 MM JB registers of the 16) */
+DOTS_FN(1, 4) DOTS_FN(2, 2) DOTS_FN(3, 2) DOTS_FN(4, 1) DOTS_FN(4, 2)
+DOTS_FN(1, 1) DOTS_FN(2, 1) DOTS_FN(3, 1)
 
 typedef void (*dots_fn)(int64_t, const float *, int64_t, const float *,
                         int64_t, float *, int64_t, const tb_chain *, int64_t,
                         int64_t);
-static const dots_fn dots_wide[5] = {NULL, dots_1_4, dots_2_4, dots_3_4,
-                                     dots_4_3};
-static const int dots_jb[5] = {0, 4, 4, 4, 3};
+static const dots_fn dots_wide[5] = {NULL, dots_1_4, dots_2_2, dots_3_2,
+                                     dots_4_2};
+static const int dots_jb[5] = {0, 4, 2, 2, 2};
 static const dots_fn dots_one[5] = {NULL, dots_1_1, dots_2_1, dots_3_1,
                                     dots_4_1};
 
