@@ -564,16 +564,17 @@ ALWAYS_INLINE void dots(const int MM, const int JB, int64_t k,
     {                                                                         \
         dots(MM, JB, k, a, lda, w, ldw, c, ldc, ch, ci, cj);                  \
     }
-/* (two accumulators per sum: 2 MM JB registers of the 16) */
-DOTS_FN(1, 4) DOTS_FN(2, 2) DOTS_FN(3, 2) DOTS_FN(4, 1) DOTS_FN(4, 2)
+/* (two accumulators per sum: 2 MM JB registers of the 16, with the two W
+ * loads and A read from memory) */
+DOTS_FN(1, 4) DOTS_FN(2, 3) DOTS_FN(3, 2) DOTS_FN(4, 1) DOTS_FN(4, 2)
 DOTS_FN(1, 1) DOTS_FN(2, 1) DOTS_FN(3, 1)
 
 typedef void (*dots_fn)(int64_t, const float *, int64_t, const float *,
                         int64_t, float *, int64_t, const tb_chain *, int64_t,
                         int64_t);
-static const dots_fn dots_wide[5] = {NULL, dots_1_4, dots_2_2, dots_3_2,
+static const dots_fn dots_wide[5] = {NULL, dots_1_4, dots_2_3, dots_3_2,
                                      dots_4_2};
-static const int dots_jb[5] = {0, 4, 2, 2, 2};
+static const int dots_jb[5] = {0, 4, 3, 2, 2};
 static const dots_fn dots_one[5] = {NULL, dots_1_1, dots_2_1, dots_3_1,
                                     dots_4_1};
 
