@@ -777,3 +777,70 @@ def test_onnx_hardswish_and_hardsigmoid_join_the_conv_calls():
         ref = model(x).numpy()
     got = tirbyoc.run(tirbyoc.compile(mod), x.numpy())
     assert float(np.abs(got - ref).max()) <= RTOL * float(np.abs(ref).max())
+
+
+class _SqueezeExcite(torch.nn.Module):
+    """EfficientNet's block: a depthwise conv + batch norm + SiLU, its squeeze-and-
+    excitation (the mean over the image, two 1x1 convs, a sigmoid) multiplying the
+    features per channel, then the projection conv (``kernel`` x ``kernel``, ``groups``)
+    + batch norm (``bn``; else without a bias), plus ``read``: the scaled features once more (so the
+    product must stay)."""
+
+    def __init__(self, c, out, kernel=1, groups=1, bn=True, read=False):
+        super().__init__()
+        torch.manual_seed(c + out + kernel)
+        self.dw = torch.nn.Sequential(torch.nn.Conv2d(c, c, 3, padding=1, groups=c),
+                                      torch.nn.BatchNorm2d(c), torch.nn.SiLU())
+        self.reduce, self.expand = torch.nn.Conv2d(c, 8, 1), torch.nn.Conv2d(8, c, 1)
+        self.proj = torch.nn.Conv2d(c, out, kernel, padding=kernel // 2, groups=groups,
+                                    bias=False)
+        self.bn = torch.nn.BatchNorm2d(out) if bn else torch.nn.Identity()
+        self.read = read
+        examples._randomize_batch_norms(self, 3)
+        self.eval()
+
+    def forward(self, x):
+        y = self.dw(x)
+        s = torch.sigmoid(self.expand(torch.nn.functional.silu(
+            self.reduce(y.mean((2, 3), keepdim=True)))))
+        ys = y * s
+        z = self.bn(self.proj(ys))
+        return z + ys.mean() if self.read else z
+
+
+_SE_NOTE = "squeeze-and-excitation"
+
+
+@pytest.mark.parametrize("c, out, kernel, groups, bn, shape, scaled", [
+    (32, 16, 1, 1, True, (1, 32, 24, 20), True),     # EfficientNet's: bias from the norm
+    (32, 16, 1, 1, False, (1, 32, 9, 9), True),      # no bias row in the packed weight
+    (48, 32, 3, 2, True, (1, 48, 14, 12), True),     # taps and groups: rows per channel
+    (32, 16, 1, 1, True, (2, 32, 24, 20), False),    # two images: a scale per image
+    (64, 128, 1, 1, True, (1, 64, 7, 7), False),     # the weight is larger than x
+])
+def test_squeeze_excitation_scales_the_packed_weight(c, out, kernel, groups, bn, shape,
+                                                     scaled):
+    """``conv(x * s, W) = conv(x, W * s)`` for one image and a factor per input channel:
+    the projection conv after a squeeze-and-excitation reads the features unscaled and
+    scales its packed weight instead (the bias row not), where that weight is the smaller
+    tensor; else the product stays TVM's. Numerics against PyTorch either way."""
+    expected = ["depthwise_conv2d_bias_silu", "conv2d_bias_silu", "conv2d_bias_sigmoid",
+                "conv2d_bias" if bn else "conv2d"]
+    report = _check(_SqueezeExcite(c, out, kernel, groups, bn), shape, expected)
+    assert str(report).count(_SE_NOTE) == (1 if scaled else 0), str(report)
+    tvm_funcs = sorted(name for name, how in report.schedules.items()
+                       if not how.startswith("kernel"))
+    if scaled:  # the mean, and the weight's product with the scale
+        assert len(tvm_funcs) == 2 and tvm_funcs[0].startswith("fused_") and \
+            tvm_funcs[0].endswith("multiply") and tvm_funcs[1] == "mean", tvm_funcs
+    else:
+        assert tvm_funcs == ["mean", "multiply"], tvm_funcs
+
+
+def test_squeeze_excitation_product_read_elsewhere_stays():
+    """Features scaled by the squeeze-and-excitation that something else reads too: the
+    product is computed once, as the graph says, and the conv reads it."""
+    report = _check(_SqueezeExcite(32, 16, read=True), (1, 32, 24, 20),
+                    ["depthwise_conv2d_bias_silu", "conv2d_bias_silu",
+                     "conv2d_bias_sigmoid", "conv2d_bias"])
+    assert _SE_NOTE not in str(report)

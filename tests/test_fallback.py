@@ -481,6 +481,18 @@ def test_a_padding_read_by_several_taps_stays_its_own_loop_nest(hw):
     np.testing.assert_allclose(tirbyoc.run(tirbyoc.compile(mod), *xs), ref, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("shape, parallel", [((1, 1152, 7, 7), False),
+                                             ((1, 32, 112, 112), True), ((2, 512, 64), True)])
+def test_small_elementwise_functions_stay_on_the_calling_thread(shape, parallel):
+    """An elementwise function over fewer than fallback.PARALLEL_MIN_ELEMENTS elements is
+    vectorized on the calling thread (waking TVM's worker costs more: EfficientNet-B0's
+    squeeze-and-excitation products over [1152, 7 x 7]), a larger one also parallel."""
+    names, kinds = _scheduled_func(_one_op_module(shape, lambda x: relax.op.multiply(x, x)),
+                                   fallback.Injective())
+    assert int(tirx.ForKind.VECTORIZED) in kinds
+    assert (int(tirx.ForKind.PARALLEL) in kinds) == parallel, kinds
+
+
 @pytest.mark.parametrize("extent,lanes", [(64, 16), (28, 14), (56, 14), (40, 10), (58, 16),
                                           (17, 16)])
 def test_lanes_avoid_a_partial_last_vector(extent, lanes):
@@ -492,10 +504,10 @@ def test_blocks_beside_a_kernel_call_are_scheduled():
     the multiply by ``up`` stays in the same PrimFunc and is scheduled there (parallel,
     vectorized), not left as a naive loop; numerics against numpy."""
     rng = np.random.default_rng(4)
-    w = rng.standard_normal((96, 256)).astype(np.float32) * 0.1
+    w = rng.standard_normal((96, 512)).astype(np.float32) * 0.1
     bb = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType((128, 96), "float32"))
-    up = relax.Var("up", relax.TensorType((128, 256), "float32"))
+    up = relax.Var("up", relax.TensorType((128, 512), "float32"))
     with bb.function("main", [x, up]):
         with bb.dataflow():
             h = bb.emit(relax.op.matmul(x, relax.const(w)))
@@ -510,7 +522,7 @@ def test_blocks_beside_a_kernel_call_are_scheduled():
     text = offloaded[fused].script()
     assert "T.parallel" in text and "T.vectorized" in text
     xs = rng.standard_normal((128, 96)).astype(np.float32)
-    us = rng.standard_normal((128, 256)).astype(np.float32)
+    us = rng.standard_normal((128, 512)).astype(np.float32)
     h = xs.astype(np.float64) @ w
     ref = h / (1 + np.exp(-h)) * us
     assert_close(tirbyoc.run(tirbyoc.compile(mod), xs, us), ref)

@@ -35,9 +35,11 @@ from . import fastmath
 # Below this many iterations of the outer loops the parallel launch costs more than it
 # saves: the loop stays on the calling thread.
 PARALLEL_MIN_ITERS = 64
-# A row reduction over fewer elements than this stays on the calling thread too: waking
-# TVM's worker (asleep: tirbyoc sets TVM_THREAD_POOL_SPIN_COUNT=0) costs more than the
-# rows (MobileNet's global average pool over [1024, 7 x 7]: 0.047 ms in parallel).
+# A row reduction or an elementwise function over fewer elements than this stays on the
+# calling thread too: waking TVM's worker (asleep: tirbyoc sets
+# TVM_THREAD_POOL_SPIN_COUNT=0) costs more than the work (MobileNet's global average pool
+# over [1024, 7 x 7]: 0.047 ms in parallel; EfficientNet-B0's squeeze-and-excitation
+# products over [1152, 7 x 7], three a run: 0.16 ms in parallel, 0.06 ms on one thread).
 PARALLEL_MIN_ELEMENTS = 64 * 1024
 # Vector lanes of the inner loop (16 floats: one AVX-512 register, two AVX2 registers).
 VECTOR_LANES = 16
@@ -53,6 +55,17 @@ def _lanes(extent) -> int:
             if extent % lanes == 0:
                 return lanes
     return VECTOR_LANES
+
+
+def _loop_elements(sch, loops):
+    """The product of the loops' extents, or None when one is symbolic."""
+    total = 1
+    for loop in loops:
+        extent = T.dlight_extent(sch, loop)
+        if not isinstance(extent, int):
+            return None
+        total *= extent
+    return total
 
 
 class Injective(T.DlightScheduleRule):
@@ -99,11 +112,13 @@ class Injective(T.DlightScheduleRule):
         loops = sch.get_loops(block_rv)
         if not loops:
             return
+        elements = _loop_elements(sch, loops)
         Injective._vectorize(sch, loops[-1])
         if len(loops) > 1:
             outer = sch.fuse(*loops[:-1])
             iters = T.dlight_extent(sch, outer)
-            if not isinstance(iters, int) or iters >= PARALLEL_MIN_ITERS:
+            if not isinstance(iters, int) or (iters >= PARALLEL_MIN_ITERS and (
+                    elements is None or elements >= PARALLEL_MIN_ELEMENTS)):
                 sch.parallel(outer)
 
 
