@@ -397,3 +397,53 @@ def test_a_batch_broadcast_weight_is_read_once_in_two_dimensions():
     with torch.no_grad():
         ref = _ExpandedWeight().eval()(x).numpy()
     assert np.abs(out - ref).max() <= 1e-5 * np.abs(ref).max()
+
+
+# ---- RMSNorm written out ----
+
+class _RMSNorm(torch.nn.Module):
+    """HuggingFace Llama's RMSNorm (``form`` "power"), or with ``x * x`` for the square
+    ("square"); then one of its near misses: the mean over another axis ("axis"), the
+    weight on another axis ("weight"), the rsqrt also returned ("shared"), a cube
+    ("cube")."""
+
+    def __init__(self, d=48, form="power"):
+        super().__init__()
+        g = torch.Generator().manual_seed(3)
+        self.w = torch.nn.Parameter(torch.rand(d, generator=g) + 0.5)
+        self.form = form
+
+    def forward(self, x):
+        sq = {"square": lambda v: v * v, "cube": lambda v: v.pow(3)}.get(
+            self.form, lambda v: v.pow(2))(x)
+        var = sq.mean(1 if self.form == "axis" else -1, keepdim=True)
+        inv = torch.rsqrt(var + 1e-6)
+        y = x * inv
+        if self.form == "weight":
+            return self.w[:, None] * y.transpose(1, 2)
+        return (self.w * y, inv) if self.form == "shared" else self.w * y
+
+
+@pytest.mark.parametrize("form", ["power", "square"])
+def test_rms_norm_written_out_is_one_op(form):
+    """HF Llama's RMSNorm after ``torch.export`` (five ops: the square ran as its own pass,
+    TVM keeping it out of the mean's PrimFunc) becomes one ``R.nn.rms_norm``, one PrimFunc;
+    numerics against PyTorch in float64 (1e-5 of max|y|)."""
+    x = torch.randn(2, 48, 48)
+    model = _RMSNorm(form=form).eval()
+    mod = _import(model, x)
+    text = fixups.apply(mod)["main"].script()
+    assert text.count("R.nn.rms_norm") == 1 and "R.mean" not in text and \
+        "R.rsqrt" not in text, text
+    out = tirbyoc.run(tirbyoc.compile(mod), x.numpy())
+    out = out[0] if isinstance(out, (list, tuple)) else out
+    with torch.no_grad():
+        ref = model.double()(x.double()).numpy()
+    assert np.abs(out - ref).max() <= 1e-5 * np.abs(ref).max()
+
+
+@pytest.mark.parametrize("form", ["axis", "weight", "shared", "cube"])
+def test_near_misses_of_rms_norm_stay(form):
+    x = torch.randn(2, 48, 48)
+    mod = _import(_RMSNorm(form=form).eval(), x)
+    assert fixups.fuse_rms_norm(mod) is mod
