@@ -94,7 +94,7 @@ def _hf(name, attention, positions=64):
 # view of it fails), before tirbyoc sees the module; its eager attention imports. (At
 # batch 1 with SDPA, see the build for every sequence length below.)
 @pytest.mark.parametrize("name, batch, attention, offloaded", [
-    ("gpt2", 2, "eager", 7), ("llama", 2, "sdpa", 6)])
+    ("gpt2", 2, "eager", 7), ("llama", 2, "sdpa", 7)])
 def test_huggingface_decoders_compile_and_match_pytorch(name, batch, attention, offloaded):
     model = _hf(name, attention)
     ids = torch.randint(0, 500, (batch, 16))
@@ -107,8 +107,8 @@ def test_huggingface_decoders_compile_and_match_pytorch(name, batch, attention, 
     # the projections, the MLP, the attention (GPT-2's eager one: its products and
     # softmax; Llama's SDPA with its [batch, 1, seq, seq] mask added: one call): one
     # PrimFunc each, shared by both layers (Llama at batch 2: its attention output's
-    # weight arrives broadcast over the batch; read in 2-D after fix_broadcast_weight,
-    # one PrimFunc fewer)
+    # weight arrives broadcast over the batch, read in 2-D after fix_broadcast_weight;
+    # its two residual adds in the calls of the products before them)
     report = tirbyoc.explain(mod)
     assert len(report.offloaded) == offloaded, report
 
@@ -190,9 +190,11 @@ def test_a_slice_that_may_run_past_its_dimension_keeps_its_clamp():
 
 
 # The kernel calls of a build at one length (16) too: GPT-2's tanh GELU the epilogue of its
-# MLP's first product, Llama's SiLU of its gate, BERT's residuals of its output products.
+# MLP's first product, Llama's SiLU of its gate and its residuals (its stream 2-D from the
+# embedding on: sink_reshapes puts its output products on the 2-D view), BERT's residuals
+# of its output products.
 _CALLS = {"gpt2": ["dense_bias"] * 3 + ["dense_bias_gelu_tanh"],
-          "llama": ["dense"] * 4 + ["dense_silu"],
+          "llama": ["dense"] * 3 + ["dense_silu"] + ["dense_residual"] * 2,
           "bert": ["dense_bias", "dense_bias_gelu_erf"] + ["dense_bias_residual"] * 2}
 
 
@@ -447,3 +449,39 @@ def test_near_misses_of_rms_norm_stay(form):
     x = torch.randn(2, 48, 48)
     mod = _import(_RMSNorm(form=form).eval(), x)
     assert fixups.fuse_rms_norm(mod) is mod
+
+
+class _Stream(torch.nn.Module):
+    """A residual stream 2-D from its embedding on (the frontend's ``take`` gives
+    [seq, D], then a reshape to [1, seq, D]), a product on the 3-D view added to it
+    (Llama's attention and MLP outputs); ``shared``: the product also returned."""
+
+    def __init__(self, shared=False):
+        super().__init__()
+        torch.manual_seed(5)
+        self.emb, self.fc = torch.nn.Embedding(50, 32), torch.nn.Linear(32, 32, bias=False)
+        self.shared = shared
+
+    def forward(self, ids):
+        h = self.emb(ids)
+        y = self.fc(torch.relu(h))
+        return (h + y, y) if self.shared else h + y
+
+
+@pytest.mark.parametrize("shared, intrinsics", [(False, ["dense_residual"]),
+                                                (True, ["dense"])])
+def test_a_product_added_to_a_2d_stream_takes_the_add(shared, intrinsics):
+    """sink_reshapes moves the stream's reshape below the add; the product on the other
+    side is then computed on its input's 2-D view (``matmul(reshape(a), W)``), so the
+    add follows it and joins its kernel call, unless the product is read elsewhere too
+    (then it stays 3-D, reshaped for the add). Numerics against PyTorch."""
+    model = _Stream(shared).eval()
+    ids = torch.randint(0, 50, (1, 24), generator=torch.Generator().manual_seed(1))
+    mod = _import(model, ids)
+    assert sorted(r.intrinsic for r in tirbyoc.explain(mod).offloaded) == intrinsics
+    out = tirbyoc.run(tirbyoc.compile(mod), ids.numpy())
+    out = out if isinstance(out, (list, tuple)) else [out]
+    with torch.no_grad():
+        ref = model(ids)
+    for got, want in zip(out, ref if shared else [ref]):
+        assert np.abs(got - want.numpy()).max() <= 1e-5 * np.abs(want.numpy()).max()

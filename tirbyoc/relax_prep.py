@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from . import _tvm as T
 from .bindings import call_args, call_tir_sites  # noqa: F401 (part of this module's API)
-from .bindings import same_dims
+from .bindings import Bindings, is_op, same_dims
 from .ops import resolve
 
 R = T.relax_ns
@@ -264,7 +264,8 @@ def sink_reshapes(mod):
             if not regroups(ye, re) or not same_dims(_shape(orig), _shape(re)):
                 return orig
             if same_dims(_shape(oe), _shape(re)):
-                oe = R.op.reshape(oe, R.ShapeExpr(_shape(ye)))
+                product = _product_on_view(oe, _shape(ye))
+                oe = R.op.reshape(oe, R.ShapeExpr(_shape(ye))) if product is None else product
             elif not _trailing_broadcast(oe, _shape(ye)[-1]):
                 return orig
             new = T.relax_call_with_args(orig, [ye, oe] if first else [oe, ye])
@@ -295,6 +296,29 @@ def sink_reshapes(mod):
             return orig
         return R.op.reshape(m[y], R.ShapeExpr(dst))
 
+    def _product_on_view(var, shape):
+        """For ``var = matmul(a, W)`` read once (W 2-D), the product on ``a`` viewed
+        with ``shape``'s leading dimensions: ``matmul(reshape(a), W)``, of ``shape``, so
+        that the op reading it follows the product directly (a residual add then joins
+        the product's kernel call: Llama's stream is 2-D from its embedding on, its
+        projections 3-D); else None."""
+        # NOTE: the pattern's operands are the bound values (dpl matches through the
+        # bindings); the product's variable is found to count its readers
+        b = current["b"]
+        call = var if isinstance(var, R.Call) else b.producer(var)
+        if not is_op(call, "relax.matmul"):
+            return None
+        bound = [v for v, value in b.values.items() if value.same_as(call)]
+        if len(bound) != 1 or b.uses.get(bound[0]) != 1:
+            return None
+        a, w = call.args
+        ws, as_ = _shape(w), _shape(a)
+        if ws is None or as_ is None or len(ws) != 2 or not same_dims([ws[1]], shape[-1:]):
+            return None
+        view = R.op.reshape(a, R.ShapeExpr(list(shape[:-1]) + [as_[-1]]))
+        return R.op.matmul(view, w, out_dtype=call.attrs.out_dtype)
+
+    current = {}
     rules = [(dpl.is_op(op)(inner), unary) for op in _UNARY_ELEMENTWISE]
     for op in _BINARY_ELEMENTWISE:
         rules.append((dpl.is_op(op)(inner, other), binary(first=True)))
@@ -310,6 +334,7 @@ def sink_reshapes(mod):
         for _ in range(8):
             before = new
             for pattern, rewriter in rules:
+                current["b"] = Bindings(new)
                 new = dpl.rewrite_call(pattern, rewriter, new)
             if T.structural_equal(before, new):
                 break
