@@ -229,8 +229,10 @@ def sink_reshapes(mod):
     Here ``op(reshape(y))`` becomes ``reshape(op(y))`` when the reshape adds leading
     dimensions (for a binary op, the other operand
     must be a scalar, a per-last-dimension vector, or a tensor of the reshaped shape, which
-    is reshaped back), permutes that only move dimensions of size 1 become reshapes, and
-    reshapes of reshapes collapse. Values are unchanged: only the views move.
+    is reshaped back; a matrix product there, read by the op alone, is computed on its
+    input's view instead, so that the op still follows it), permutes that only move
+    dimensions of size 1 become reshapes, and reshapes of reshapes collapse. Values are
+    unchanged: only the views move.
     """
     dpl = T.dpl()
     rs = dpl.is_op("relax.reshape")
