@@ -387,14 +387,11 @@ def _scaled_packed(bb, packed, scale, plan: _Plan):
     ``packed[((g * Q + q) * KT + p) * 16 + r]``) with every row ``p`` of tap ``p % taps``
     of input channel ``g * C / G + p // taps`` times that channel's factor of ``scale``
     ([1, C, 1, 1]), the bias row (``p = K``) as it is."""
-    groups = plan.groups
-    oc, cg, kh, kw = plan.weight_shape
+    groups, _, kt, _ = _packed_shape(plan)
+    _, cg, kh, kw = plan.weight_shape
     taps = kh * kw
     k = cg * taps
-    panels = -(-(oc // groups) // 16)
-    kt = k + ("bias" in _chain(plan))
-    assert plan.packed.size == groups * panels * kt * 16, "unexpected packed layout"
-    assert _packed_shape(plan) == (groups, panels, kt, 16)
+    assert kt == k + ("bias" in _chain(plan)), "unexpected packed layout"
     s = bb.emit(R.op.reshape(scale, [groups, cg]))
     if taps > 1:
         s = bb.emit(R.op.repeat(s, taps, axis=1))
