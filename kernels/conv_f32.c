@@ -486,10 +486,17 @@ static void direct_unit(const conv_job_t *j, int64_t n, int64_t gi,
     const float **kp = (const float **)(void *)(wbuf + (size_t)TB_KC_MAX * 32);
     float *y = j->y + (n * j->oc + oc0) * j->p;
     tb_chain ch = j->chain;
-    /* an NCHW16c x and y in one K block: each tile stores its sums into y
-     * itself (no scratch, no conv_out16 pass; MobileNet's 1x1 conv of 32
-     * channels at 112 x 112, NCHW16c: 151 -> 133 us) */
-    const int fused = j->x16 && j->yb && kblocks == 1 && isa->conv_tile16y != NULL;
+    /* an NCHW16c x and y: each tile stores its sums into y itself (no
+     * scratch, no conv_out16 pass; MobileNet's 1x1 conv of 32 channels at
+     * 112 x 112, NCHW16c: 151 -> 133 us). Over several K blocks, where the
+     * ISA's tile takes TB_ACCUMULATE, each block's sums go into y and the
+     * next block adds to them, the chain after the last (y never overlaps
+     * the residual: tirbyoc_kernels.h); against sums in the scratch (rows
+     * 1 KiB apart for 256 channels) and a conv_out16 pass after the unit,
+     * 1x1 convs of 512 channels at 14 x 14 ran 3-5% faster (Zen 3, 1 thread,
+     * both in one process) */
+    const int fused = j->x16 && j->yb && isa->conv_tile16y != NULL &&
+                      (kblocks == 1 || isa->tile16y_acc);
     /* a conv over phase planes with one K block and an NCHW16c y: each tile's
      * sums are final, and stored into y while in L1, its lines fetched
      * during the tile (after the whole unit the sums came back from L2, into
@@ -532,11 +539,14 @@ static void direct_unit(const conv_job_t *j, int64_t n, int64_t gi,
                 const int pf = (t == 0 && j->wpk != NULL ? TB_PREFETCH_W : 0) |
                                (t == (tiles > 1) && pf_next ? TB_PREFETCH_NEXT : 0);
                 if (fused) {
+                    const int last = kb == kblocks - 1;
                     float *yt = y + c0 * j->p + qa * 16;
-                    const float *rt = res16 != NULL ? res16 + c0 * j->p + qa * 16 : NULL;
-                    isa->conv_tile16y(kc, kp, va, wp, wps, yt, rt, j->p * 16, m, nr, pf,
-                                      light16);
-                    out16_rest(j, yt, rt, nr, m, rest16);
+                    const float *rt = res16 != NULL && last ? res16 + c0 * j->p + qa * 16
+                                                            : NULL;
+                    isa->conv_tile16y(kc, kp, va, wp, wps, yt, rt, j->p * 16, m, nr,
+                                      flags | pf, last ? light16 : 0);
+                    if (last)
+                        out16_rest(j, yt, rt, nr, m, rest16);
                 } else {
                     if (tile_out16 && j->runs)
                         /* the tile's output lines: fetched while it computes */

@@ -155,9 +155,14 @@ ALWAYS_INLINE void tile(const int MR, const int FULL, const int IND,
 #undef Y_STEP
     if (Y16) {
 #pragma GCC unroll 16
-        for (i = 0; i < MR; ++i)
+        for (i = 0; i < MR; ++i) {
+            if (flags & TB_ACCUMULATE) {
+                acc0[i] = _mm256_add_ps(acc0[i], _mm256_loadu_ps(c + i * 16));
+                acc1[i] = _mm256_add_ps(acc1[i], _mm256_loadu_ps(c + i * 16 + 8));
+            }
             put16(c + i * 16, acc0[i], acc1[i],
                   res != NULL ? res + i * 16 : NULL, ops16);
+        }
         return;
     }
     if (flags & TB_ACCUMULATE) {
@@ -841,5 +846,5 @@ const tb_isa tb_isa_avx2 = {
     nt_direct, Y_DJ, Y_DROWS,
     tb_chain_block, tb_unary_row, tb_softmax_row, tb_attn_row, tb_conv_gather,
     conv_tile, conv_out, tb_wino_in, tb_wino_out, conv_tile16, conv_out16,
-    conv_tile16y, NULL,
+    conv_tile16y, NULL, 1,
 };

@@ -680,3 +680,27 @@ def test_small_images_run_as_one_product(n, c, hw, oc, ops):
         got = kernels.from_nchw16c(got) if ly == "nchw16c" else got
         np.testing.assert_array_equal(got.view(np.uint32), unpacked.view(np.uint32),
                                       err_msg=f"{lx} -> {ly}")
+
+
+@pytest.mark.parametrize("ops", [("bias", "residual", "relu6"), ("bias", "silu", "residual")],
+                         ids=["residual-relu6", "silu-residual"])
+def test_blocked_y_over_k_blocks_does_not_depend_on_threads(each_isa, ops):
+    """A 1x1 conv of 576 channels with x and y blocked: two K blocks on AVX2 and
+    AVX-512, whose partial sums AVX2's tiles keep in y itself (the next block adds to
+    them, the chain after the last). The values of the NCHW call, bit for bit, at 1 to 3
+    threads (each thread count splits the channels and pixels differently)."""
+    rng = np.random.default_rng(576)
+    x = rng.standard_normal((1, 576, 6, 7)).astype(np.float32)
+    wt = rng.standard_normal((48, 576, 1, 1)).astype(np.float32)
+    bias = rng.standard_normal(48).astype(np.float32)
+    res = rng.standard_normal((1, 48, 6, 7)).astype(np.float32)
+    packed = kernels.pack_conv2d_weight(wt, bias)
+    want = kernels.conv2d(x, packed, epilogue=ops, residual=res)
+    ref, tol = reference(x, wt, (1, 1), (0, 0), (1, 1), (6, 7), ops, bias, res)
+    assert np.all(np.abs(want - ref) <= tol)
+    x16, res16 = kernels.to_nchw16c(x), kernels.to_nchw16c(res)
+    for got in on_each_thread_count(lambda: kernels.conv2d(
+            x16, packed, epilogue=ops, residual=res16, layout_x="nchw16c",
+            layout_y="nchw16c")):
+        np.testing.assert_array_equal(kernels.from_nchw16c(got).view(np.uint32),
+                                      want.view(np.uint32))

@@ -266,7 +266,7 @@ def draw_case(symbol, isa, seed, index, rng, fixed_layout):
     else:
         m, n, k, big = _draw_shape(rng)
     if symbol.endswith("_layouts"):
-        m, n, k, big, extra = draw_blocked(rng, "depthwise" in symbol, m, extra)
+        m, n, k, big, extra = draw_blocked(rng, "depthwise" in symbol, m, extra, index)
 
     def pad():
         r = rng.random()
@@ -360,7 +360,10 @@ CONV_PINNED = ((1, 3, 8, 8, 5, 3, 3, 1, 1, 1), (0, 3, 8, 8, 5, 3, 3, 1, 1, 1),
                (1, 8, 9, 9, 16, 1, 1, 1, 0, 1), (1, 57, 6, 7, 15, 3, 3, 1, 1, 1),
                (2, 16, 20, 20, 29, 3, 3, 2, 1, 1), (1, 3, 30, 30, 14, 7, 7, 2, 3, 1),
                (1, 5, 4, 4, 3, 3, 3, 1, 3, 2), (1, 64, 14, 14, 64, 3, 3, 1, 1, 1),
-               (1, 3, 24, 70, 8, 7, 7, 2, 3, 1))
+               (1, 3, 24, 70, 8, 7, 7, 2, 3, 1),
+               # 1x1 over 560 channels: two K blocks on AVX2 and AVX-512 (with both
+               # layouts blocked, as the index gives it: y holds the partial sums)
+               (1, 560, 5, 6, 32, 1, 1, 1, 0, 1))
 
 
 def _conv_out_size(rng, pinned, h, w, kh, kw, sh, sw, pt, pl, dh, dw):
@@ -568,8 +571,10 @@ def draw_pool(rng, index):
 # "layouts"): x, y and the residual are the same buffers, read as [N, C / 16, H * W, 16]
 # where blocked. On AVX2 and AVX-512 the direct and channels-in-lanes paths read them in
 # place, elsewhere (and on a forced depthwise path) the calls convert through NCHW copies.
-def draw_blocked(rng, depthwise, m, extra):
-    """(m, n, k, big, extra) of a drawn conv (m: OC) or depthwise case made blockable."""
+def draw_blocked(rng, depthwise, m, extra, index):
+    """(m, n, k, big, extra) of a drawn conv (m: OC) or depthwise case made blockable;
+    the pinned cases take the four layouts in turn (index % 4), the others one at
+    random."""
     g = dict(extra)
     g["c"] = -(-g["c"] // 16) * 16
     taps = g["kh"] * g["kw"]
@@ -581,7 +586,9 @@ def draw_blocked(rng, depthwise, m, extra):
         g["groups"] = 1
         m, k = -(-m // 16) * 16, g["c"] * taps
         big = 2 * g["batch"] * m * g["oh"] * g["ow"] * k >= PAR_FLOPS
-    g["layouts"] = int(rng.integers(0, 4))
+    layouts = int(rng.integers(0, 4))
+    g["layouts"] = index % 4 if index < len(DW_PINNED if depthwise else CONV_PINNED) \
+        else layouts
     return m, g["oh"] * g["ow"], k, big, tuple(g.items())
 
 
