@@ -493,8 +493,8 @@ static void direct_unit(const conv_job_t *j, int64_t n, int64_t gi,
      * next block adds to them, the chain after the last (y never overlaps
      * the residual: tirbyoc_kernels.h); against sums in the scratch (rows
      * 1 KiB apart for 256 channels) and a conv_out16 pass after the unit,
-     * 1x1 convs of 512 channels at 14 x 14 ran 3-5% faster (Zen 3, 1 thread,
-     * both in one process) */
+     * 1x1 convs of 512 to 1024 channels at 14 x 14 and 7 x 7 ran 2-5% faster
+     * at 1 thread, 0-4% at 2 (Zen 3, both forms in one process) */
     const int fused = j->x16 && j->yb && isa->conv_tile16y != NULL &&
                       (kblocks == 1 || isa->tile16y_acc);
     /* a conv over phase planes with one K block and an NCHW16c y: each tile's

@@ -346,7 +346,7 @@ def draw_attention(rng, index):
 # tirbyoc_conv2d_f32 (kernels/conv_f32.c): an implicit product [OC, K] x [K, OH * OW]
 # per image and group, K = C / groups * KH * KW (+ 1 for the bias step), row groups of
 # 14 / 6 / 4 channels,
-# pixel panels of 16, K blocks of up to 528 / 256, threads from 4 MFLOP, the 1x1 stride-1
+# pixel panels of 16, K blocks of up to 528 / 384 / 256, threads from 4 MFLOP, the 1x1 stride-1
 # unpadded path ("plain"). Case.m is OC, Case.n the pixels OH * OW, Case.k K; the rest of
 # the geometry and the chain are in Case.extra. tirbyoc_conv2d_f32_packed draws the same
 # cases, with the weight and bias packed (tirbyoc_pack_conv2d_weight_f32: 16-channel
