@@ -132,9 +132,10 @@ ALWAYS_INLINE void store16(const int MR, const int NV, const __m512 *acc0,
 /* IND: A is read in place, row i of k step p at kp[p][(off + i) * PS], or
  * at kp[p][off + skip + i] for rows i >= SPLIT when SPLIT > 0 (PS 1 then;
  * the convolution's direct path, tb_conv_tile_fn: PS 16 reads pixels of
- * an NCHW16c image); else packed, ap[p * MR + i]. Y16: one K block whose
- * sums go to an NCHW16c y at c (store16, ldc its block stride, res and ops
- * its chain), not to the tile C. */
+ * an NCHW16c image); else packed, ap[p * MR + i]. Y16: the sums go to an
+ * NCHW16c y at c (store16, ldc its block stride, res and ops its chain),
+ * not to the tile C; with TB_ACCUMULATE added to the earlier K blocks' sums
+ * already there. */
 ALWAYS_INLINE void tile(const int MR, const int NV, const int IND,
                         const int SPLIT, const int PS, int64_t skip,
                         int64_t off, int64_t kc,
@@ -199,6 +200,13 @@ ALWAYS_INLINE void tile(const int MR, const int NV, const int IND,
         }
     }
     if (Y16) {
+        if (flags & TB_ACCUMULATE)
+#pragma GCC unroll 16
+            for (i = 0; i < MR; ++i) {
+                acc0[i] = _mm512_add_ps(acc0[i], _mm512_loadu_ps(c + i * 16));
+                if (NV == 2)
+                    acc1[i] = _mm512_add_ps(acc1[i], _mm512_loadu_ps(c + ldc + i * 16));
+            }
         store16(MR, NV, acc0, acc1, c, ldc, res, ops16);
         return;
     }
@@ -1019,6 +1027,6 @@ const tb_isa tb_isa_avx512 = {
     nt_direct, X_DJ, 16 * X_DV,
     tb_chain_block, tb_unary_row, tb_softmax_row, tb_attn_row, tb_conv_gather,
     conv_tile, conv_out, tb_wino_in, tb_wino_out, conv_tile16, conv_out16,
-    conv_tile16y, strided_copy, 0,
+    conv_tile16y, strided_copy, 1,
 };
 #endif /* TIRBYOC_NO_AVX512 */

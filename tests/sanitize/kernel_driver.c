@@ -12,6 +12,9 @@
  *                          invalid arguments
  *   kernel_driver threads  only the multi-threaded and concurrent parts
  *                          (ThreadSanitizer is slow)
+ *   kernel_driver MODE avx512,avx2
+ *                          only the instruction sets named (of those the CPU
+ *                          has): a machine's own one where time is short
  *
  * Every result is compared with a double-precision reference (tolerance as
  * in tests/test_kernel_fuzz.py), the stride padding of C must be left
@@ -1604,9 +1607,12 @@ static void conv_cases(uint64_t *rng, int threaded)
          * chunks), asymmetric and negative padding, two blocks of 64 output channels */
         {1, 3, 5, 300, 4, 3, 3, 1, 1, 1, 1, 1, 1}, {2, 17, 9, 13, 33, 3, 3, 1, 1, 0, 2, 1, 1},
         {1, 6, 10, 10, 80, 3, 3, 1, 1, 3, -1, 1, 1},
+        /* a 1x1 over more channels than one K block on every ISA (528, 384, 256):
+         * blocked x and y keep the partial sums in y */
+        {1, 560, 5, 6, 32, 1, 1, 1, 1, 0, 0, 1, 1},
     };
     static const int64_t groups[] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 4, 3, 2, 2,
-                                     1, 1, 1};
+                                     1, 1, 1, 1};
     static const int64_t chains[] = {
         0, TIRBYOC_EPI_BIAS | TIRBYOC_EPI_RELU << 4,
         TIRBYOC_EPI_BIAS | TIRBYOC_EPI_RESIDUAL << 4 | TIRBYOC_EPI_RELU6 << 8,
@@ -1631,6 +1637,7 @@ static void conv_cases(uint64_t *rng, int threaded)
         /* above the threading threshold: pixel blocks, then channel blocks; groups */
         conv_case(rng, 1, 16, 40, 40, 24, 1, 3, 3, 1, 1, 1, 1, 1, 1, chains[2], 0, 1);
         conv_case(rng, 1, 32, 30, 30, 32, 8, 3, 3, 1, 1, 1, 1, 1, 1, chains[1], 0, 1);
+        conv_case(rng, 1, 576, 7, 7, 48, 1, 1, 1, 1, 1, 0, 0, 1, 1, chains[2], 0, 1);
         if (!threaded)
             conv_case(rng, 1, 64, 7, 7, 130, 1, 3, 3, 1, 1, 1, 1, 1, 1, chains[1], 1, 1);
     }
@@ -2087,6 +2094,17 @@ static void direct_plans(void)
     }
 }
 
+/* whether `name` is one of the comma-separated `list` */
+static int listed(const char *list, const char *name)
+{
+    const size_t len = strlen(name);
+    const char *p;
+    for (p = list; (p = strstr(p, name)) != NULL; p += len)
+        if ((p == list || p[-1] == ',') && (p[len] == ',' || p[len] == '\0'))
+            return 1;
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     const char *mode = argc > 1 ? argv[1] : "all";
@@ -2094,11 +2112,13 @@ int main(int argc, char **argv)
     char isas[64] = "";
     uint64_t rng = 0x7172627963ULL;
     size_t i;
-    if (!all && strcmp(mode, "threads") != 0) {
-        fprintf(stderr, "usage: %s [all|threads]\n", argv[0]);
+    if ((!all && strcmp(mode, "threads") != 0) || argc > 3) {
+        fprintf(stderr, "usage: %s [all|threads] [isa,...]\n", argv[0]);
         return 2;
     }
     for (i = 0; i < sizeof(ISA_NAMES) / sizeof(ISA_NAMES[0]); ++i) {
+        if (argc > 2 && !listed(argv[2], ISA_NAMES[i]))
+            continue;
         if (tirbyoc_set_isa(ISA_NAMES[i]) != 0)
             continue; /* not supported by this CPU */
         check(strcmp(tirbyoc_isa(), ISA_NAMES[i]) == 0, "ISA not selected", ISA_NAMES[i], 0, 0, 0, NULL);
@@ -2120,6 +2140,10 @@ int main(int argc, char **argv)
     /* KERNELS, and the 2 dense pack functions, matmul, unary, softmax, attention, conv2d,
      * conv2d_f32_packed, pack_conv2d_weight, conv2d_winograd, pack_conv2d_winograd_weight,
      * depthwise_conv2d, the two NCHW16c calls and max_pool2d */
+    if (*isas == '\0') {
+        fprintf(stderr, "kernel_driver: none of the instruction sets %s runs here\n", argv[2]);
+        return 1;
+    }
     printf("kernel_driver: mode=%s isas=%s kernels=%d checks=%ld failures=%ld\n", mode, isas,
            N_KERNELS + 15, n_checks, n_failures);
     return n_failures == 0 ? 0 : 1;
