@@ -15,8 +15,10 @@ BATCH_SECONDS = 0.02
 def _time(fn, number: int = 1, settle: float = 0.0) -> float:
     """Seconds per call of ``fn``, over ``number`` calls in a row."""
     # NOTE: BLAS and OpenMP pools (numpy's, PyTorch's, ours) keep spinning for a while
-    # after a call and slow down whoever runs next on the same two cores; letting them
-    # go idle before each measurement keeps the contenders from measuring each other.
+    # after a call and slow down whoever runs next on the same cores (ONNX Runtime 1.32's
+    # workers for about 65 ms after a run: the next contender was 25-40% slower at 16
+    # threads after a 50 ms sleep, docs/performance.md); letting them go idle before
+    # each measurement keeps the contenders from measuring each other.
     # Idle cores come back slowly (measured here: batches right after a 0.3 s sleep ran
     # at a third of the speed), so the function runs untimed for a moment first: every
     # contender alike, the slow ones (TVM's default build) at least once.
@@ -35,9 +37,11 @@ def _time(fn, number: int = 1, settle: float = 0.0) -> float:
 def interleaved(fns: dict, reps: int, settle: float = SETTLE_SECONDS, few: tuple = (),
                 few_reps: int = 1, samples: dict | None = None) -> dict:
     """Median seconds per call of each function: ``reps`` rounds, each timing every
-    function once, starting one further along each round so that no function always
-    follows the same one (``few``: slow ones, timed in the first ``few_reps`` rounds
-    only, one call at a time). ``samples``: if given, filled with each function's
+    function once, starting one further along each round so that each takes every place
+    in a round in turn (within a round each still follows the same one: the ``settle``
+    before each timing, not the order, keeps one contender's spinning threads off the
+    next) (``few``: slow ones, timed in the first ``few_reps`` rounds only, one call at
+    a time). ``samples``: if given, filled with each function's
     seconds per call round by round (a slow stretch of one contender shows there)."""
     number = {}
     for name, fn in fns.items():
