@@ -10,13 +10,15 @@
   MetaSchedule to schedule, and their trials cannot run (the builder's shared library does
   not carry the kernels).
 - The tensor intrinsics MetaSchedule imports in every process (``tvm.s_tir.tensor_intrin``,
-  in ``TuneContext`` and in the builder's workers) are imported with a cheap
-  ``inspect.stack``. TVMScript's ``prim_func`` decorator calls ``inspect.stack()`` for
-  each of the several hundred intrinsics; with PyTorch installed, ``import tvm`` loads
-  about 2,000 modules (through ``tvm_ffi``), and ``inspect`` scans all of them for each
-  frame of the import machinery: the import took 84 s (AMD EPYC, Python 3.11), and
-  ``LocalBuilder``, which starts fresh workers for every batch, timed out (30 s) on every
-  candidate, so that ``tune_relax`` tuned nothing. With the cheap stack it takes about 6 s.
+  in ``TuneContext`` and in the builder's workers) are only the CPUs' ones
+  (:func:`import_tensor_intrinsics`), imported with a cheap ``inspect.stack``.
+  TVMScript's ``prim_func`` decorator calls ``inspect.stack()`` for each of the several
+  hundred intrinsics; with PyTorch installed, ``import tvm`` loads about 2,000 modules
+  (through ``tvm_ffi``), and ``inspect`` scans all of them for each frame of the import
+  machinery: the import took 84 s (AMD EPYC, Python 3.11), and ``LocalBuilder``, which
+  starts fresh workers for every batch, timed out (30 s) on every candidate, so that
+  ``tune_relax`` tuned nothing. With the cheap stack all of them took about 6 s, the
+  CPUs' ones take 0.6 s.
 """
 
 import contextlib
@@ -54,13 +56,33 @@ def cheap_inspect_stack():
         inspect.stack = saved
 
 
+# The CPUs' tensor intrinsics: those MetaSchedule's rules for an LLVM target use.
+CPU_INTRINSICS = ("x86", "arm_cpu", "riscv_cpu")
+
+
 def import_tensor_intrinsics():
-    """Import ``tvm.s_tir.tensor_intrin`` (MetaSchedule's tensor intrinsics) with the cheap
-    stack; a no-op once imported. Also the builder workers' initializer."""
-    if "tvm.s_tir.tensor_intrin" in sys.modules:
+    """Register the CPUs' tensor intrinsics (``tvm.s_tir.tensor_intrin``'s x86, Arm and
+    RISC-V modules) with the cheap stack; a no-op once that package is imported. Also the
+    builder workers' initializer.
+
+    The package's own ``__init__`` also parses the GPU ones (CUDA's alone 1,758 lines of
+    TVMScript: 4.6 of the 5.2 s of the import, 11 of 15 s inside pytest), which no CPU
+    target uses. So the package is entered in ``sys.modules`` without running it, and only
+    the CPU modules are imported into it: MetaSchedule's own ``import
+    tvm.s_tir.tensor_intrin`` (``TuneContext``, the builder's workers) then finds it. A
+    GPU's intrinsics in the same process need their module imported by name
+    (``import tvm.s_tir.tensor_intrin.cuda``); without it ``TensorIntrin.get`` raises."""
+    name = "tvm.s_tir.tensor_intrin"
+    if name in sys.modules:
         return
+    import importlib
+    import importlib.util
+
+    spec = importlib.util.find_spec(name)
+    sys.modules[name] = importlib.util.module_from_spec(spec)
     with cheap_inspect_stack():
-        import tvm.s_tir.tensor_intrin  # noqa: F401  (registers the intrinsics)
+        for module in CPU_INTRINSICS:
+            importlib.import_module(f"{name}.{module}")
 
 
 def builder(**kwargs):
