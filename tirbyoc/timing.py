@@ -38,11 +38,11 @@ def interleaved(fns: dict, reps: int, settle: float = SETTLE_SECONDS, few: tuple
                 few_reps: int = 1, samples: dict | None = None) -> dict:
     """Median seconds per call of each function: ``reps`` rounds, each timing every
     function once, starting one further along each round so that each takes every place
-    in a round in turn (within a round each still follows the same one: the ``settle``
+    in a round in turn. Within a round each still follows the same one: the ``settle``
     before each timing, not the order, keeps one contender's spinning threads off the
-    next) (``few``: slow ones, timed in the first ``few_reps`` rounds only, one call at
-    a time). ``samples``: if given, filled with each function's
-    seconds per call round by round (a slow stretch of one contender shows there)."""
+    next. ``few``: slow ones, timed in the first ``few_reps`` rounds only, one call at a
+    time. ``samples``: if given, filled with each function's seconds per call round by
+    round (a slow stretch of one contender shows there)."""
     number = {}
     for name, fn in fns.items():
         if name in few:
