@@ -71,9 +71,9 @@ static double peak(probe_fn probe, int threads)
     pthread_t th[64];
     probe_arg args[64];
     int64_t iters = 1 << 20;
-    double total = 0.0;
+    double best = 0.0;
     float sink;
-    int i;
+    int i, round;
     for (;;) { /* about 50 ms a measurement */
         const double t0 = now();
         probe(iters, &sink);
@@ -81,16 +81,23 @@ static double peak(probe_fn probe, int threads)
             break;
         iters *= 2;
     }
-    for (i = 0; i < threads; ++i) {
-        args[i].probe = probe;
-        args[i].iters = iters;
-        pthread_create(&th[i], NULL, run_probe, &args[i]);
+    /* the best of three: one thread preempted during a measurement drags the
+     * sum down (a 16-vCPU VM gave 84 GFLOP/s at 2 threads, 70 at one) */
+    for (round = 0; round < 3; ++round) {
+        double total = 0.0;
+        for (i = 0; i < threads; ++i) {
+            args[i].probe = probe;
+            args[i].iters = iters;
+            pthread_create(&th[i], NULL, run_probe, &args[i]);
+        }
+        for (i = 0; i < threads; ++i) {
+            pthread_join(th[i], NULL);
+            total += args[i].gflops;
+        }
+        if (total > best)
+            best = total;
     }
-    for (i = 0; i < threads; ++i) {
-        pthread_join(th[i], NULL);
-        total += args[i].gflops;
-    }
-    return total;
+    return best;
 }
 
 /* ---- the kernels ---- */
