@@ -118,7 +118,9 @@ def main(argv=None) -> int:
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--tvm-reps", type=int, default=1)
     p.add_argument("--no-tvm", action="store_true")
-    p.add_argument("--settle", type=float, default=0.3)
+    p.add_argument("--settle", type=float, default=0.3,
+                   help="seconds of idle before each measurement (thread pools settle: "
+                        "ONNX Runtime's workers spin about 65 ms after a run)")
     p.add_argument("--out", default="bench-results")
     p.set_defaults(fn=bench_file)
     args = parser.parse_args(argv)

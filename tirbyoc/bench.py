@@ -246,7 +246,8 @@ def main(argv=None) -> int:
     parser.add_argument("--reps", type=int, default=None, help="interleaved repetitions "
                         "(default 11; with --models 20, with --layers 15)")
     parser.add_argument("--settle", type=float, default=SETTLE_SECONDS,
-                        help="seconds of idle before each measurement (thread pools settle)")
+                        help="seconds of idle before each measurement (thread pools settle: "
+                             "ONNX Runtime's workers spin about 65 ms after a run)")
     parser.add_argument("--tvm-reps", type=int, default=1,
                         help="repetitions of TVM's default build (it is slow)")
     parser.add_argument("--no-tvm", action="store_true", help="skip TVM's default build")
