@@ -488,15 +488,15 @@ static void direct_unit(const conv_job_t *j, int64_t n, int64_t gi,
     tb_chain ch = j->chain;
     /* an NCHW16c x and y: each tile stores its sums into y itself (no
      * scratch, no conv_out16 pass; MobileNet's 1x1 conv of 32 channels at
-     * 112 x 112, NCHW16c: 151 -> 133 us). Over several K blocks, where the
-     * ISA's tile takes TB_ACCUMULATE, each block's sums go into y and the
-     * next block adds to them, the chain after the last (y never overlaps
-     * the residual: tirbyoc_kernels.h); against sums in the scratch (rows
-     * 1 KiB apart for 256 channels) and a conv_out16 pass after the unit,
+     * 112 x 112, NCHW16c: 151 -> 133 us). Over several K blocks each block's
+     * sums go into y and the next block adds to them (TB_ACCUMULATE), the
+     * chain after the last (y never overlaps the residual: tirbyoc_kernels.h);
+     * against sums in the scratch (rows 1 KiB apart for 256 channels) and a
+     * conv_out16 pass after the unit,
      * 1x1 convs of 512 to 1024 channels at 14 x 14 and 7 x 7 ran 2-5% faster
-     * at 1 thread, 0-4% at 2 (Zen 3, both forms in one process) */
-    const int fused = j->x16 && j->yb && isa->conv_tile16y != NULL &&
-                      (kblocks == 1 || isa->tile16y_acc);
+     * at 1 thread, 0-4% at 2 (Zen 3, both forms in one process; within 2%
+     * either way on a Xeon with AVX-512) */
+    const int fused = j->x16 && j->yb && isa->conv_tile16y != NULL;
     /* a conv over phase planes with one K block and an NCHW16c y: each tile's
      * sums are final, and stored into y while in L1, its lines fetched
      * during the tile (after the whole unit the sums came back from L2, into

@@ -252,8 +252,8 @@ TB_INTERNAL int32_t tb_nchw_copies_close(tb_nchw_copies *t, int32_t st,
 typedef void (*tb_conv_out16_fn)(const float *ct, int64_t ldc, int64_t m,
                                  int64_t n, float *y, const float *res,
                                  int64_t ldy, int64_t ops);
-/* conv_tile16 over one K block (flags: TB_PREFETCH_W and TB_PREFETCH_NEXT,
- * and TB_ACCUMULATE where the ISA's tile16y_acc says so) storing its tile
+/* conv_tile16 over one K block (flags: TB_PREFETCH_W, TB_PREFETCH_NEXT and
+ * TB_ACCUMULATE) storing its tile
  * as conv_out16 would the sums: row i's channels [16 v, 16 v + 16) at
  * y[v * ldy + i * 16], through ops (res at y's offsets); 16 | nr. With
  * TB_ACCUMULATE the sums add to what y holds there (an earlier K block's
@@ -319,8 +319,6 @@ typedef struct tb_isa {
     tb_conv_out16_fn conv_out16; /* or NULL */
     tb_conv_tile16y_fn conv_tile16y; /* or NULL */
     tb_strided_copy_fn strided_copy; /* or NULL */
-    int tile16y_acc; /* conv_tile16y takes TB_ACCUMULATE: adds the partial
-                        sums already at y before its store */
 } tb_isa;
 
 TB_INTERNAL extern const tb_isa tb_isa_generic;

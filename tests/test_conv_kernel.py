@@ -686,7 +686,7 @@ def test_small_images_run_as_one_product(n, c, hw, oc, ops):
                          ids=["residual-relu6", "silu-residual"])
 def test_blocked_y_over_k_blocks_does_not_depend_on_threads(each_isa, ops):
     """A 1x1 conv of 576 channels with x and y blocked: two K blocks on AVX2 and
-    AVX-512, whose partial sums AVX2's tiles keep in y itself (the next block adds to
+    AVX-512, whose partial sums the tiles keep in y itself (the next block adds to
     them, the chain after the last). The values of the NCHW call, bit for bit, at 1 to 3
     threads (each thread count splits the channels and pixels differently)."""
     rng = np.random.default_rng(576)
