@@ -32,8 +32,11 @@
 #include "dense_f32_internal.h"
 
 #define TB_MAX_THREADS 64
-/* How long an idle worker spins before it sleeps. */
+/* How long an idle worker spins before it sleeps, unless TIRBYOC_SPIN_US
+ * says otherwise (spin_ns). */
 #define TB_SPIN_NS 200000L
+/* The most TIRBYOC_SPIN_US takes: 1 s. */
+#define TB_SPIN_US_MAX 1000000L
 
 #if defined(__x86_64__) || defined(__i386__)
 #define cpu_relax() __asm__ volatile("pause" ::: "memory")
@@ -45,7 +48,7 @@
  *
  * TVM's own workers run the fallback schedules between two kernel calls;
  * after each parallel loop they spin before they sleep, on the cores this
- * pool's workers need next (and this pool's workers spin for TB_SPIN_NS,
+ * pool's workers need next (and this pool's workers spin for spin_ns(),
  * yielding as they do). The Python package sets TVM_THREAD_POOL_SPIN_COUNT
  * to 0 on import, unless it is set; a model library exported with these
  * kernels linked in, loaded in a process with only TVM's runtime, does the
@@ -92,6 +95,29 @@ static int available_cpus(void)
     if (n < 1)
         n = 1;
     return n > TB_MAX_THREADS ? TB_MAX_THREADS : (int)n;
+}
+
+/* How long an idle worker spins before it sleeps: TIRBYOC_SPIN_US (read
+ * once; 0 to 1000000 microseconds: another value keeps the default here,
+ * and tirbyoc.kernels.load() refuses it), else TB_SPIN_NS. Longer keeps a
+ * core busy after each call, which small calls that come a while apart
+ * gain from where idle cores come back slowly (docs/kernels.md). */
+static long spin_ns(void)
+{
+    static long value = -1;
+    long ns = __atomic_load_n(&value, __ATOMIC_RELAXED);
+    if (ns < 0) {
+        const char *env = getenv("TIRBYOC_SPIN_US");
+        ns = TB_SPIN_NS;
+        if (env != NULL && *env != '\0') {
+            char *end;
+            const long us = strtol(env, &end, 10);
+            if (*end == '\0' && us >= 0 && us <= TB_SPIN_US_MAX)
+                ns = us * 1000;
+        }
+        __atomic_store_n(&value, ns, __ATOMIC_RELAXED);
+    }
+    return ns;
 }
 
 static int default_threads(void)
@@ -309,7 +335,7 @@ static void *worker_main(void *p)
     for (;;) {
         unsigned long gen = __atomic_load_n(&pool->slot[id].gen, __ATOMIC_ACQUIRE);
         if (gen == seen) {
-            const long until = now_ns() + TB_SPIN_NS;
+            const long until = now_ns() + spin_ns();
             int spins = 0;
             while ((gen = __atomic_load_n(&pool->slot[id].gen,
                                           __ATOMIC_ACQUIRE)) == seen) {

@@ -286,6 +286,73 @@ def test_pool_runs_at_most_the_cpus_unless_told():
     assert workers >= 31, workers
 
 
+POOL_SPIN = """
+    import importlib.util, os, time, numpy as np
+    spec = importlib.util.spec_from_file_location("tirbyoc._kernels", {path!r})
+    ext = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ext)
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((64, 512)).astype(np.float32)
+    w = rng.standard_normal((1024, 512)).astype(np.float32)
+    ptr = lambda x: ext.ffi.cast("float *", x.ctypes.data)
+    def dense(threads):
+        ext.lib.tirbyoc_set_num_threads(threads)
+        c = np.empty((64, 1024), np.float32)
+        assert ext.lib.tirbyoc_dense_f32_nt(64, 1024, 512, ptr(a), 512, ptr(w), 512,
+                                            ext.ffi.NULL, ptr(c), 1024) == 0
+        return c
+    one = dense(1)
+    before = set(os.listdir("/proc/self/task"))
+    same = all(np.array_equal(dense(4), one) for _ in range(3))
+    workers = sorted(set(os.listdir("/proc/self/task")) - before)
+    def cpu_seconds():  # the workers' user + system time
+        ticks = 0
+        for tid in workers:
+            fields = open(f"/proc/self/task/{{tid}}/stat").read().rsplit(")", 1)[1].split()
+            ticks += int(fields[11]) + int(fields[12])
+        return ticks / os.sysconf("SC_CLK_TCK")
+    dense(4)
+    start = cpu_seconds()
+    time.sleep(0.5)
+    idle = cpu_seconds() - start
+    # woken from sleep (TIRBYOC_SPIN_US=0: after every call), the same bits
+    time.sleep(0.05)
+    same = same and np.array_equal(dense(4), one)
+    print(same, len(workers), idle)
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs Linux's /proc")
+def test_spin_setting_keeps_workers_spinning_or_asleep():
+    """TIRBYOC_SPIN_US: how long an idle worker spins before it sleeps. At 1 s the
+    workers keep a core busy through the half second after a call; at 0 they sleep at
+    once, use no CPU time, and wake for the next call with the same bits."""
+    import tirbyoc._kernels as ext
+
+    code = POOL_SPIN.format(path=ext.__file__)
+    for us, busy in (("1000000", True), ("0", False)):
+        same, workers, idle = _child(code, 60, {"TIRBYOC_SPIN_US": us}).split()[-3:]
+        assert same == "True" and int(workers) >= 1, (us, same, workers)
+        if busy:
+            assert float(idle) >= 0.1, (us, idle)  # half a second, less what others took
+        else:
+            assert float(idle) <= 0.03, (us, idle)
+
+
+def test_bad_spin_setting_is_refused():
+    """A TIRBYOC_SPIN_US that is not 0 to 1000000 microseconds: loading the kernels
+    says so (the library alone keeps its default)."""
+    for value in ("-1", "fast", "2000000"):
+        out = _child("""
+            from tirbyoc import kernels
+            try:
+                kernels.load()
+            except ValueError as exc:
+                print("refused:", exc)
+            """, 60, {"TIRBYOC_SPIN_US": value})
+        assert f"refused: TIRBYOC_SPIN_US={value!r}: expected" in out, out
+
+
 POOL_AFFINITY = """
     import importlib.util, os, numpy as np
     spec = importlib.util.spec_from_file_location("tirbyoc._kernels", {path!r})

@@ -10,7 +10,9 @@
 * :func:`isa` / :func:`set_isa` / :func:`available_isas` and
   :func:`num_threads` / :func:`set_num_threads` - the library's
   process-wide instruction-set and thread-count settings;
-  :func:`cache_sizes` - the caches its blocking is derived from.
+  :func:`cache_sizes` - the caches its blocking is derived from (and the
+  environment variable TIRBYOC_SPIN_US, how long an idle worker spins before
+  it sleeps, checked by :func:`load`).
 
 TVM is imported lazily (only by :func:`static_library`), so the kernels can
 be used and tested without paying for a TVM import.
@@ -18,10 +20,13 @@ be used and tested without paying for a TVM import.
 
 import functools
 import os
+import re
 from dataclasses import dataclass
 
 import numpy as np
 
+# The longest TIRBYOC_SPIN_US the kernels take (threads.c, TB_SPIN_US_MAX): 1 s.
+SPIN_US_MAX = 1_000_000
 STATIC_OBJECT_NAME = "libtirbyoc_kernels.o"
 SYMBOL_PREFIX = "tirbyoc_"
 
@@ -66,6 +71,10 @@ def load():
         raise ValueError(f"TIRBYOC_CACHES={os.environ.get('TIRBYOC_CACHES')!r}: expected the "
                          "L1d and L2 sizes as 'L1,L2', in bytes or with K or M (e.g. 48K,2M), "
                          "L1 from 8K to 1M, L2 from L1 to 64M")
+    spin = os.environ.get("TIRBYOC_SPIN_US", "")
+    if spin and not (re.fullmatch("[0-9]+", spin) and int(spin) <= SPIN_US_MAX):
+        raise ValueError(f"TIRBYOC_SPIN_US={spin!r}: expected how long an idle worker "
+                         f"spins before it sleeps, in microseconds, 0 to {SPIN_US_MAX}")
     return _kernels.ffi, _kernels.lib
 
 
