@@ -252,15 +252,19 @@ def test_model_convs_same_bits_at_every_thread_count():
     assert not problems, "\n".join(problems[:10])
 
 
-POOL_THREADS = """
+# The start of the child scripts below: the extension alone (no TVM: its threads would
+# count too) and a float pointer to an array.
+EXTENSION_ALONE = """
     import importlib.util, os, numpy as np
-    # the extension alone (no TVM: its threads would count too)
     spec = importlib.util.spec_from_file_location("tirbyoc._kernels", {path!r})
     ext = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(ext)
+    ptr = lambda x: ext.ffi.cast("float *", x.ctypes.data)
+"""
+
+POOL_THREADS = EXTENSION_ALONE + """
     a, w = np.ones((64, 512), np.float32), np.ones((1024, 512), np.float32)
     c = np.empty((64, 1024), np.float32)
-    ptr = lambda x: ext.ffi.cast("float *", x.ctypes.data)
     before = len(os.listdir("/proc/self/task"))
     # 67 MFLOP in 32 or more units: split over 32 threads or more
     assert ext.lib.tirbyoc_dense_f32_nt(64, 1024, 512, ptr(a), 512, ptr(w), 512,
@@ -286,15 +290,11 @@ def test_pool_runs_at_most_the_cpus_unless_told():
     assert workers >= 31, workers
 
 
-POOL_SPIN = """
-    import importlib.util, os, time, numpy as np
-    spec = importlib.util.spec_from_file_location("tirbyoc._kernels", {path!r})
-    ext = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ext)
+POOL_SPIN = EXTENSION_ALONE + """
+    import time
     rng = np.random.default_rng(0)
     a = rng.standard_normal((64, 512)).astype(np.float32)
     w = rng.standard_normal((1024, 512)).astype(np.float32)
-    ptr = lambda x: ext.ffi.cast("float *", x.ctypes.data)
     def dense(threads):
         ext.lib.tirbyoc_set_num_threads(threads)
         c = np.empty((64, 1024), np.float32)
@@ -353,18 +353,13 @@ def test_bad_spin_setting_is_refused(monkeypatch):
         kernels.load.__wrapped__()
 
 
-POOL_AFFINITY = """
-    import importlib.util, os, numpy as np
-    spec = importlib.util.spec_from_file_location("tirbyoc._kernels", {path!r})
-    ext = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ext)
+POOL_AFFINITY = EXTENSION_ALONE + """
     cpus = sorted(os.sched_getaffinity(0))
     # what TVM's pool does to the calling thread when it runs fewer threads than CPUs
     os.sched_setaffinity(0, {{cpus[0]}})
     before = set(os.listdir("/proc/self/task"))
     a, w = np.ones((64, 512), np.float32), np.ones((1024, 512), np.float32)
     c = np.empty((64, 1024), np.float32)
-    ptr = lambda x: ext.ffi.cast("float *", x.ctypes.data)
     assert ext.lib.tirbyoc_dense_f32_nt(64, 1024, 512, ptr(a), 512, ptr(w), 512,
                                         ext.ffi.NULL, ptr(c), 1024) == 0
     for tid in sorted(set(os.listdir("/proc/self/task")) - before):
