@@ -43,8 +43,21 @@
 /* Tiles (over the batch) below which the direct path is faster: the 36
  * transformed weights are 4x the weight, for less work. (ResNet's 14 x 14
  * conv of 128 channels, 16 tiles: 0.166 ms in the model against the direct
- * path's 0.132, though 1.24x faster when each call evicts the other's data.) */
+ * path's 0.132, though 1.24x faster when each call evicts the other's data.)
+ * From WG_TILES_FEW tiles where the instruction set's wg_few_tiles_c says
+ * so: on AVX2 from 128 channels (Zen 3, chains of five convs in one process,
+ * 2 threads: at 14 x 14, 16 tiles, 128, 256 and 512 channels ran 1.17x,
+ * 1.50x and 1.60x the direct path's speed, at 1 thread 1.15-1.73x; 32 and 64
+ * channels 0.65x and 0.88x, the transforms then weigh more than the
+ * products saved; at 10 x 10 and 8 x 8, 9 and 4 tiles, 256 channels,
+ * 0.75-0.88x at 2 threads: the weight, streamed for few tiles, costs more
+ * than the products saved). */
 #define WG_TILES_MIN 32
+#define WG_TILES_FEW 16
+/* A unit's buffer at most (floats): many channels need more than the
+ * thread's scratch for TB_MR_MAX tiles (256 channels: 1.4 MiB); up to this
+ * much is taken from the thread's block buffer instead. */
+#define WG_FLOATS_MAX (4 * (int64_t)TB_SCRATCH_FLOATS)
 /* Input channels below this: too few k steps per product. */
 #define WG_C_MIN 16
 
@@ -68,6 +81,8 @@ typedef struct {
     int64_t nos;      /* shares of the output channels (units per run) */
     int few;          /* few tiles: runs of about equal tiles, not blocks */
     int64_t ocb;      /* output channels per block, a multiple of 16 */
+    int64_t floats;   /* a unit's buffer (unit_floats) */
+    int *failed;      /* set when a unit's buffer cannot be allocated */
     const float *x, *u, *bias; /* bias NULL: not added */
     float *y;
     tb_chain chain;   /* without the bias; residual of image 0, ldr = p */
@@ -85,20 +100,33 @@ static int64_t fixed_floats(int64_t c)
            WG_E * c * 16 + 64;
 }
 
-/* Tiles a unit's scratch holds with ocb output channels per block. */
+/* Floats of a unit's buffer for c input channels: the thread's scratch
+ * where TB_MR_MAX tiles fit it with 16 output channels per block, else
+ * room for TB_MR_MAX tiles with WG_OCB_MAX (taken from tb_ablock). */
+static int64_t unit_floats(int64_t c)
+{
+    const int64_t fixed = fixed_floats(c);
+    if (fixed + TB_MR_MAX * (WG_E * c + (WG_E + 16) * 16) <= (int64_t)TB_SCRATCH_FLOATS)
+        return (int64_t)TB_SCRATCH_FLOATS;
+    return fixed + TB_MR_MAX * (WG_E * c + (WG_E + 16) * WG_OCB_MAX);
+}
+
+/* Tiles a unit's buffer holds with ocb output channels per block. */
 static int64_t tiles_fitting(int64_t c, int64_t ocb)
 {
-    const int64_t avail = (int64_t)TB_SCRATCH_FLOATS - fixed_floats(c);
+    const int64_t avail = unit_floats(c) - fixed_floats(c);
     /* V: 36 c per tile; M: 36 ocb; the output tiles: 16 ocb */
     return avail <= 0 ? 0 : avail / (WG_E * c + (WG_E + 16) * ocb);
 }
 
 /* Output channels per block for c input and ocp output channels (a multiple
  * of 16): the largest up to WG_OCB_MAX with room for TB_MR_MAX tiles, 0 if
- * none has. */
+ * none has or the buffer would exceed WG_FLOATS_MAX. */
 static int64_t block_channels(int64_t c, int64_t ocp)
 {
     int64_t ocb;
+    if (unit_floats(c) > WG_FLOATS_MAX)
+        return 0;
     for (ocb = min_i64(ocp, WG_OCB_MAX); ocb >= 16; ocb -= 16)
         if (tiles_fitting(c, ocb) >= TB_MR_MAX)
             return ocb;
@@ -163,13 +191,21 @@ static void wg_unit(void *arg, int64_t u, float *scratch)
                        t0;
     const int64_t ldv = cdiv(nt, 16) * 16, nblk = cdiv(nt, mr);
     const int64_t kblocks = tb_kblocks(c, isa->kc);
-    float *v = scratch;
-    float *m = v + WG_E * c * ldv;
-    float *s = m + WG_E * nt * j->ocb;
-    float *tmp = s + 16 * nt * j->ocb;
-    float *ap = tmp + TB_WINO_TMP;
-    const float **kp = (const float **)(void *)(ap + TB_KC_MAX * TB_MR_MAX);
+    float *v = j->floats > (int64_t)TB_SCRATCH_FLOATS ? tb_ablock((size_t)j->floats)
+                                                       : scratch;
+    float *m, *s, *tmp, *ap;
+    const float **kp;
     int64_t o0, e, b, kb, q, p, i;
+
+    if (v == NULL) {
+        __atomic_store_n(j->failed, 1, __ATOMIC_RELAXED);
+        return;
+    }
+    m = v + WG_E * c * ldv;
+    s = m + WG_E * nt * j->ocb;
+    tmp = s + 16 * nt * j->ocb;
+    ap = tmp + TB_WINO_TMP;
+    kp = (const float **)(void *)(ap + TB_KC_MAX * TB_MR_MAX);
 
     isa->wino_in(&j->g, j->x + n * c * j->g.h * j->g.w, t0, nt, v, ldv, tmp);
     for (o0 = s0; o0 < s1; o0 += j->ocb) {
@@ -219,7 +255,7 @@ int32_t tirbyoc_conv2d_winograd_suits(int64_t batch, int64_t c, int64_t oc,
                                       int64_t oh, int64_t ow)
 {
     const char *env = getenv("TIRBYOC_CONV_WINOGRAD");
-    int64_t tiles;
+    int64_t tiles, few_c;
     if (env != NULL && env[0] == '0')
         return 0;
     if (groups != 1 || kh != 3 || kw != 3 || stride_h != 1 || stride_w != 1 ||
@@ -231,7 +267,9 @@ int32_t tirbyoc_conv2d_winograd_suits(int64_t batch, int64_t c, int64_t oc,
     if (env != NULL && env[0] == '1')
         return 1;
     tiles = cdiv(oh, 4) * cdiv(ow, 4) * (batch > 1 ? batch : 1);
-    return c >= WG_C_MIN && oc >= 16 && tiles >= WG_TILES_MIN;
+    few_c = tb_active_isa()->wg_few_tiles_c;
+    return c >= WG_C_MIN && oc >= 16 &&
+           (tiles >= WG_TILES_MIN || (few_c > 0 && c >= few_c && tiles >= WG_TILES_FEW));
 }
 
 int64_t tirbyoc_conv2d_winograd_packed_size_f32(int64_t oc, int64_t c)
@@ -297,6 +335,7 @@ int32_t tirbyoc_conv2d_winograd_f32(int64_t batch, int64_t c, int64_t h,
     int64_t ops, units;
     int uses_residual, want;
     int32_t st;
+    int failed = 0;
     const int64_t dims[] = {batch, c, h, w, oc, oh, ow};
     int i;
 
@@ -317,6 +356,8 @@ int32_t tirbyoc_conv2d_winograd_f32(int64_t batch, int64_t c, int64_t h,
         return TIRBYOC_ENULL;
     j.ocp = cdiv(oc, 16) * 16;
     j.ocb = block_channels(c, j.ocp);
+    j.floats = unit_floats(c);
+    j.failed = &failed;
     if (c == 0 || j.ocb == 0)
         return TIRBYOC_EINVAL; /* not a size tirbyoc_conv2d_winograd_suits takes */
     if (tb_scratch() == NULL)
@@ -363,5 +404,5 @@ int32_t tirbyoc_conv2d_winograd_f32(int64_t batch, int64_t c, int64_t h,
         ++j.upi;
     units = batch * j.upi * j.nos;
     tb_units(wg_unit, &j, units, want);
-    return TIRBYOC_OK;
+    return __atomic_load_n(&failed, __ATOMIC_RELAXED) ? TIRBYOC_ENOMEM : TIRBYOC_OK;
 }

@@ -319,6 +319,11 @@ typedef struct tb_isa {
     tb_conv_out16_fn conv_out16; /* or NULL */
     tb_conv_tile16y_fn conv_tile16y; /* or NULL */
     tb_strided_copy_fn strided_copy; /* or NULL */
+    /* Input channels from which a 3x3 conv over as few as WG_TILES_FEW
+     * tiles of 4 x 4 output pixels takes Winograd's F(4x4, 3x3) (else from
+     * WG_TILES_MIN tiles; 0: never): where it was measured faster on this
+     * instruction set (conv_winograd_f32.c) */
+    int wg_few_tiles_c;
 } tb_isa;
 
 TB_INTERNAL extern const tb_isa tb_isa_generic;

@@ -68,6 +68,7 @@ CASES = [
     (1, 8, 10, 10, 16, (3, -1), (15, 5)),     # negative padding, taller output
     (3, 8, 16, 16, 24, (1, 1), None),         # batch 3
     (2, 8, 32, 32, 24, (1, 1), None),         # 32 x 32: planes 4 KB apart (conv_out)
+    (1, 256, 14, 14, 80, (1, 1), None),       # a unit's buffer past the thread's scratch
 ]
 
 
@@ -96,7 +97,7 @@ def test_error_is_a_few_times_the_direct_sums():
 
 
 @pytest.mark.parametrize("n,c,h,w,oc", [(1, 64, 56, 56, 64), (8, 32, 32, 32, 64),
-                                        (1, 128, 28, 28, 128)])
+                                        (1, 128, 28, 28, 128), (1, 256, 14, 14, 256)])
 def test_results_do_not_depend_on_threads(each_isa, n, c, h, w, oc):
     rng = np.random.default_rng(3)
     x = rng.standard_normal((n, c, h, w)).astype(np.float32)
@@ -149,8 +150,9 @@ def suits(batch, c, oc, k=3, stride=1, dilation=1, groups=1, size=(28, 28)):
 
 def test_suits(monkeypatch):
     """Taken for 3x3 convs of stride 1 over enough tiles with 16 or more channels (the
-    ResNets' 56 x 56 and 28 x 28 convs, a small CNN at batch 8); not for other
-    geometries, few tiles, few channels, or more channels than a unit's scratch holds.
+    ResNets' 56 x 56 and 28 x 28 convs, a small CNN at batch 8), on AVX2 also over 16
+    tiles from 128 channels (ResNet-50's 14 x 14 convs of 256); not for other
+    geometries, few tiles, few channels, or more channels than a unit's buffer may hold.
     TIRBYOC_CONV_WINOGRAD=0 never takes it, =1 wherever it can run."""
     monkeypatch.delenv("TIRBYOC_CONV_WINOGRAD", raising=False)
     assert suits(1, 64, 64, size=(56, 56)) and suits(1, 128, 128) and suits(8, 32, 64,
@@ -159,9 +161,12 @@ def test_suits(monkeypatch):
     assert not suits(1, 64, 64, stride=2) and not suits(1, 64, 64, k=1)
     assert not suits(1, 64, 64, k=5) and not suits(1, 64, 64, dilation=2)
     assert not suits(1, 64, 64, groups=2)
-    assert not suits(1, 128, 128, size=(14, 14))  # 16 tiles
-    assert suits(2, 128, 128, size=(14, 14))  # 32
-    assert not suits(1, 256, 256, size=(28, 28))  # scratch
+    few = kernels.isa() == "avx2"  # 16 tiles from 128 channels
+    assert suits(1, 128, 128, size=(14, 14)) == few
+    assert suits(1, 512, 512, size=(13, 16)) == few
+    assert not suits(1, 64, 64, size=(14, 14)) and not suits(1, 128, 128, size=(12, 12))
+    assert suits(2, 128, 128, size=(14, 14)) and suits(2, 64, 64, size=(14, 14))  # 32
+    assert suits(1, 256, 256, size=(28, 28)) and suits(1, 512, 512, size=(28, 28))
     assert not suits(1, 3, 32) and not suits(1, 64, 8)
     assert not suits(1, 1024, 64)  # scratch
     monkeypatch.setenv("TIRBYOC_CONV_WINOGRAD", "0")
