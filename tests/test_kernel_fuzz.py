@@ -434,16 +434,17 @@ def draw_conv(rng, index):
 # tiles transformed in chunks of 64), units of whole blocks of 14 / 6 / 4 tiles, output
 # channels in blocks of up to 64, K blocks of 528 / 256, threads from 1 MFLOP. Same Case
 # fields as tirbyoc_conv2d_f32; tirbyoc_pack_conv2d_winograd_weight_f32 packs its weight.
-WG_C_EDGES = (1, 2, 3, 15, 16, 17, 64, 65, 130)
+WG_C_EDGES = (1, 2, 3, 15, 16, 17, 64, 65, 130, 256)  # 256: a unit's buffer of its own
 WG_OC_EDGES = (1, 2, 15, 16, 17, 33, 64, 65, 80)
 WG_HW_EDGES = (1, 2, 3, 4, 5, 7, 8, 9, 14, 15, 16, 17, 30, 56)
 WG_PAR_FLOPS = 1024 * 1024
 # (batch, c, h, w, oc, pad) of the first cases: empty sizes, one tile, tile-row and block
-# edges, several 64-tile chunks of a row, two blocks of output channels, large C
+# edges, several 64-tile chunks of a row, two blocks of output channels, large C, C past
+# the thread's scratch
 WG_PINNED = ((0, 3, 8, 8, 5, 1), (2, 4, 5, 5, 0, 1), (1, 1, 1, 1, 1, 1),
              (1, 16, 8, 8, 16, 1), (2, 17, 9, 13, 33, 1), (1, 64, 14, 14, 64, 1),
              (1, 3, 5, 300, 4, 1), (1, 20, 12, 12, 80, 0), (1, 130, 6, 9, 17, 2),
-             (3, 8, 16, 16, 24, 1))
+             (3, 8, 16, 16, 24, 1), (1, 256, 14, 14, 40, 1))
 
 
 def draw_winograd(rng, index):
