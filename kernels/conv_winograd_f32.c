@@ -268,6 +268,10 @@ int32_t tirbyoc_conv2d_winograd_suits(int64_t batch, int64_t c, int64_t oc,
         return 1;
     tiles = cdiv(oh, 4) * cdiv(ow, 4) * (batch > 1 ? batch : 1);
     few_c = tb_active_isa()->wg_few_tiles_c;
+    /* units wider than the thread's scratch: measured on AVX2 only, where
+     * few_c is set; elsewhere those convs stay direct, as before */
+    if (few_c == 0 && unit_floats(c) > (int64_t)TB_SCRATCH_FLOATS)
+        return 0;
     return c >= WG_C_MIN && oc >= 16 &&
            (tiles >= WG_TILES_MIN || (few_c > 0 && c >= few_c && tiles >= WG_TILES_FEW));
 }
