@@ -168,6 +168,10 @@ def test_suits(monkeypatch):
     assert not suits(1, 64, 64, size=(14, 14)) and not suits(1, 128, 128, size=(12, 12))
     assert suits(2, 128, 128, size=(14, 14)) and suits(2, 64, 64, size=(14, 14))  # 32
     assert suits(1, 256, 256, size=(28, 28)) == few and suits(1, 512, 512, size=(28, 28)) == few
+    # counted in each image: 4 tiles of a 7 x 7 image, batch 8 (a unit per image, each
+    # streaming the whole transformed weight)
+    assert suits(8, 256, 256, size=(14, 14)) == few and not suits(8, 512, 512, size=(7, 7))
+    assert suits(8, 64, 64, size=(7, 7))  # 32 tiles over the batch, as before
     assert not suits(1, 3, 32) and not suits(1, 64, 8)
     assert not suits(1, 1024, 64)  # scratch
     monkeypatch.setenv("TIRBYOC_CONV_WINOGRAD", "0")

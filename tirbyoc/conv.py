@@ -32,7 +32,7 @@ be used only by the next one (SiLU's ``v``: by its sigmoid and the product only)
 
 A 3x3 conv of stride 1 and dilation 1 in one group with a constant weight, over enough
 4 x 4 tiles of output pixels (``tirbyoc_conv2d_winograd_suits``: ResNet-18's 56 x 56 and
-28 x 28 convs; its 14 x 14 ones at batch 1 only on AVX2, which takes 16 tiles from 128
+28 x 28 convs; its 14 x 14 ones at batch 1 only on AVX2, which takes 16 tiles an image from 128
 channels), calls ``tirbyoc_conv2d_winograd_f32`` instead
 (same chain): Winograd F(4x4, 3x3), 36 products per tile and channel pair instead of 144,
 its weight transformed here in float64 and packed. Its rounding error is a few times a
