@@ -256,8 +256,7 @@ int32_t tirbyoc_conv2d_winograd_suits(int64_t batch, int64_t c, int64_t oc,
                                       int64_t oh, int64_t ow)
 {
     const char *env = getenv("TIRBYOC_CONV_WINOGRAD");
-    int64_t per_image, tiles, few_c;
-    int wide;
+    int64_t per_image, few_c;
     if (env != NULL && env[0] == '0')
         return 0;
     if (groups != 1 || kh != 3 || kw != 3 || stride_h != 1 || stride_w != 1 ||
@@ -268,12 +267,10 @@ int32_t tirbyoc_conv2d_winograd_suits(int64_t batch, int64_t c, int64_t oc,
         return 0;
     if (env != NULL && env[0] == '1')
         return 1;
-    per_image = cdiv(oh, 4) * cdiv(ow, 4);
-    tiles = per_image * (batch > 1 ? batch : 1);
-    few_c = tb_active_isa()->wg_few_tiles_c;
-    wide = unit_floats(c) > (int64_t)TB_SCRATCH_FLOATS;
     if (c < WG_C_MIN || oc < 16)
         return 0;
+    per_image = cdiv(oh, 4) * cdiv(ow, 4);
+    few_c = tb_active_isa()->wg_few_tiles_c;
     /* From few_c channels, WG_TILES_FEW tiles in each image: a unit holds the
      * tiles of one image, and streams the whole transformed weight (at 7 x 7,
      * 4 tiles an image, batch 4, 512 channels: 0.77x ONNX Runtime against the
@@ -282,7 +279,8 @@ int32_t tirbyoc_conv2d_winograd_suits(int64_t batch, int64_t c, int64_t oc,
      * were measured on AVX2 only, where few_c is set. */
     if (few_c > 0 && c >= few_c && per_image >= WG_TILES_FEW)
         return 1;
-    return !wide && tiles >= WG_TILES_MIN;
+    return unit_floats(c) <= (int64_t)TB_SCRATCH_FLOATS &&
+           per_image * (batch > 1 ? batch : 1) >= WG_TILES_MIN;
 }
 
 int64_t tirbyoc_conv2d_winograd_packed_size_f32(int64_t oc, int64_t c)
