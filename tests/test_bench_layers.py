@@ -27,22 +27,29 @@ def test_layer_names_parse_and_bad_ones_are_refused():
             bench_layers.parse(bad)
 
 
+@pytest.mark.parametrize("short, chain", [(2, 2), (0, 3), (3, 2)])
+def test_chains_that_cannot_give_a_layer_are_refused(short, chain):
+    with pytest.raises(ValueError, match="1 <= short < chain"):
+        bench_layers.bench_layer(Layer("pw", 16, 4), threads=1, reps=1, settle=0.0,
+                                 chain=chain, short=short, progress=lambda s: None)
+
+
 @pytest.mark.parametrize("layer", [Layer("dw", 16, 9), Layer("pw", 24, 6), Layer("conv", 8, 7)],
                          ids=lambda layer: layer.name)
 def test_a_layer_row_is_complete_and_checked(layer):
-    row = bench_layers.bench_layer(layer, threads=2, reps=2, settle=0.0, chain=3,
+    row = bench_layers.bench_layer(layer, threads=2, reps=2, settle=0.0, chain=4,
                                    progress=lambda s: None)
-    assert row["layer"] == layer.name and row["chain"] == 3
+    assert row["layer"] == layer.name and row["chain"] == 4 and row["short"] == 2
     # the chains: one kernel call per layer (the batch norms folded into them)
-    assert row["kernel_calls"] == {1: 1, 3: 3}
-    assert set(row["rel_err"]) == {"tirbyoc/1", "ort/1", "tirbyoc/3", "ort/3"}
+    assert row["kernel_calls"] == {2: 2, 4: 4}
+    assert set(row["rel_err"]) == {"tirbyoc/2", "ort/2", "tirbyoc/4", "ort/4"}
     assert max(row["rel_err"].values()) <= bench_layers.RTOL, row["rel_err"]
     assert set(row["chain_ms"]) == {f"{p}/{n}" for p in ("tirbyoc", "ort", "torch")
-                                    for n in (1, 3)}
+                                    for n in (2, 4)}
     assert all(math.isfinite(t) and t > 0 for t in row["chain_ms"].values())
     # per layer: the chains' difference over the two extra layers
     for p in ("tirbyoc", "ort", "torch"):
-        want = (row["chain_ms"][f"{p}/3"] - row["chain_ms"][f"{p}/1"]) / 2 * 1e3
+        want = (row["chain_ms"][f"{p}/4"] - row["chain_ms"][f"{p}/2"]) / 2 * 1e3
         assert math.isclose(row["us"][p], want, rel_tol=1e-9, abs_tol=1e-9)
     assert bench_layers.problems([row]) == []
     assert layer.name in bench_layers.report([row], 2)

@@ -6,12 +6,18 @@ against ONNX Runtime and PyTorch eager, in one run and without a profiler.
 A layer is a conv (depthwise 3x3, pointwise 1x1 or full 3x3, stride 1, padding to keep
 the size), its batch norm and its activation, as the models have them (MobileNet's
 ReLU6, ResNet-18's ReLU). Each contender runs a chain of ``CHAIN`` such layers and a
-chain of one, built from the same PyTorch module; the layer's cost is the difference
-divided by ``CHAIN - 1``. That leaves out what a call costs once (the input's checks, the
-output's allocation, ONNX Runtime's conversions into and out of its blocked layout) and
-keeps what a layer costs inside a network: each contender keeps its own layout between
-its layers, and each layer reads what the one before it just wrote. ONNX Runtime's
-profiler cannot give this: its hooks add several microseconds to every node.
+chain of ``SHORT``, built from the same PyTorch module; the layer's cost is the
+difference divided by ``CHAIN - SHORT``. That leaves out what a call costs once (the
+input's checks, the output's allocation, the conversions into and out of a blocked
+layout where a run of layers starts and ends) and keeps what a layer costs inside a
+network: each contender keeps its own layout between its layers, and each layer reads
+what the one before it just wrote. The short chain has two layers, not one, so that both
+chains start and end the same way: ONNX Runtime converts into and out of its NCHWc
+layout around any chain, but tirbyoc keeps a single layer NCHW and blocks only the
+tensors between layers, so that its first and last layers convert (against a chain of
+one, 56 x 56 1x1 layers of 64 channels read 1.3x slower per layer than they run).
+ONNX Runtime's profiler cannot give this: its hooks add several microseconds to every
+node.
 
 Chains are timed interleaved (``tirbyoc.bench.interleaved``: medians, an idle pause
 before each measurement), every output is checked against PyTorch (1e-4 of max|ref|),
@@ -37,8 +43,9 @@ from .timing import SETTLE_SECONDS, interleaved
 from .bench_models import (RTOL, _first, _ort_session, _rel_err, _set_threads, _torch_call,
                            _vm, isas, onnx_bytes, write_json)
 
-# Layers in a chain (the longer one).
+# Layers in the longer chain and in the shorter one.
 CHAIN = 5
+SHORT = 2
 
 
 @dataclass(frozen=True)
@@ -106,7 +113,7 @@ def chain_torch(layer: Layer, length: int, seed: int = 0):
 
 
 def bench_layer(layer: Layer, threads: int, reps: int, settle: float, chain: int = CHAIN,
-                progress=print) -> dict:
+                progress=print, short: int = SHORT) -> dict:
     """One row: microseconds per layer of each contender, and the chains' checks."""
     import torch
     import tvm
@@ -114,14 +121,14 @@ def bench_layer(layer: Layer, threads: int, reps: int, settle: float, chain: int
     import tirbyoc
     from . import examples
 
-    if chain < 2:
-        raise ValueError("chain: at least 2 layers")
+    if short < 1 or chain <= short:
+        raise ValueError(f"chains of {short} and {chain} layers: need 1 <= short < chain")
     x = torch.randn(1, layer.channels, layer.size, layer.size,
                     generator=torch.Generator().manual_seed(1))
     xn = x.numpy()
     xt = tvm.runtime.tensor(xn)
     fns, errors, calls = {}, {}, {}
-    for length in (1, chain):
+    for length in (short, chain):
         model = chain_torch(layer, length)
         vm = _vm(tirbyoc.compile(examples.import_torch(model, x)))
         calls[length] = kernel_calls(vm, xt)
@@ -134,11 +141,12 @@ def bench_layer(layer: Layer, threads: int, reps: int, settle: float, chain: int
         fns[f"ort/{length}"] = lambda sess=sess: sess.run(None, {"x": xn})
         fns[f"torch/{length}"] = lambda model=model: _torch_call(model, x)
     times = interleaved(fns, reps, settle)
-    us = {p: (times[f"{p}/{chain}"] - times[f"{p}/1"]) / (chain - 1) * 1e6
+    us = {p: (times[f"{p}/{chain}"] - times[f"{p}/{short}"]) / (chain - short) * 1e6
           for p in ("tirbyoc", "ort", "torch")}
     progress(f"  measured {layer.name}")
     return {"layer": layer.name, "kind": layer.kind, "channels": layer.channels,
-            "size": layer.size, "flops": layer.flops, "chain": chain, "us": us,
+            "size": layer.size, "flops": layer.flops, "chain": chain, "short": short,
+            "us": us,
             "chain_ms": {k: v * 1e3 for k, v in times.items()},
             "rel_err": {f"{p}/{n}": e for n, errs in errors.items() for p, e in errs.items()},
             "kernel_calls": calls}
@@ -167,9 +175,10 @@ def report(rows, threads, peak=None, isa=None) -> str:
     contender's instruction set."""
     if not rows:
         return "no layers"
-    chain = rows[0]["chain"]
-    lines = [f"{threads} threads each; microseconds per layer: (chain of {chain} - chain of 1)"
-             f" / {chain - 1}, medians; ratio = peer / tirbyoc (> 1: tirbyoc faster)"]
+    chain, short = rows[0]["chain"], rows[0].get("short", 1)
+    lines = [f"{threads} threads each; microseconds per layer: (chain of {chain} - chain of "
+             f"{short}) / {chain - short}, medians; ratio = peer / tirbyoc (> 1: tirbyoc "
+             "faster)"]
     if isa:
         lines.append("instruction sets: " + ", ".join(f"{k} {v}" for k, v in isa.items()))
         lines.append("tirbyoc's blocking from the caches: " + kernels.describe_caches())
