@@ -721,3 +721,39 @@ def test_accumulating_kernel_adds_to_c(ffi_lib, isa, m, n, k, layout):
     assert fn(m, n, k, _ptr(ffi, a), k - 1, _ptr(ffi, w), w.strides[0] // 4, _ptr(ffi, c),
               c.strides[0] // 4) == kernels.TIRBYOC_ESTRIDE
     np.testing.assert_array_equal(c, before)
+
+
+def test_new_outputs_are_64_byte_aligned_and_right():
+    """Outputs the Python functions allocate start on a 64-byte line, as TVM's tensors do
+    (NumPy puts large arrays 16 bytes past one, which splits every NCHW16c pixel and
+    packed row across two lines), with the same values as before."""
+    rng = np.random.default_rng(3)
+
+    def check(out, want, tol=1e-4):
+        assert out.ctypes.data % 64 == 0
+        assert out.dtype == np.float32 and out.flags.c_contiguous
+        np.testing.assert_allclose(out, want, rtol=tol, atol=tol)
+
+    # large enough that NumPy's own allocation would be misaligned
+    a = rng.standard_normal((96, 160)).astype(np.float32)
+    w = rng.standard_normal((128, 160)).astype(np.float32)
+    check(kernels.dense(a, w), a @ w.T, 1e-3)
+    b3 = rng.standard_normal((2, 160, 96)).astype(np.float32)
+    check(kernels.matmul(np.stack([a, a]), b3), np.stack([a, a]) @ b3, 1e-3)
+    x = rng.standard_normal((1, 32, 20, 20)).astype(np.float32)
+    check(kernels.unary("relu", x), np.maximum(x, 0))
+    s = rng.standard_normal((64, 300)).astype(np.float32)
+    e = np.exp(s - s.max(axis=1, keepdims=True))
+    check(kernels.softmax(s), e / e.sum(axis=1, keepdims=True))
+    blocked = kernels.to_nchw16c(x)
+    check(blocked, x.reshape(1, 2, 16, 20, 20).transpose(0, 1, 3, 4, 2))
+    check(kernels.from_nchw16c(blocked), x)
+    wc = rng.standard_normal((48, 32, 1, 1)).astype(np.float32)
+    check(kernels.conv2d(x, wc), np.einsum("oc,nchw->nohw", wc[:, :, 0, 0], x), 1e-3)
+    wd = rng.standard_normal((32, 1, 3, 3)).astype(np.float32)
+    xp = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
+    want = sum(xp[:, :, i:i + 20, j:j + 20] * wd[None, :, 0, i, j, None, None]
+               for i in range(3) for j in range(3))
+    check(kernels.depthwise_conv2d(x, wd, padding=1), want, 1e-3)
+    pooled = kernels.max_pool2d(x, 2)
+    check(pooled, x.reshape(1, 32, 10, 2, 10, 2).max(axis=(3, 5)))
