@@ -25,6 +25,9 @@ import pytest
 
 from tirbyoc import kernels
 
+from .test_conv_kernel import reference as conv_reference
+from .test_depthwise_kernel import reference as depthwise_reference
+
 ROOT = Path(__file__).resolve().parents[1]
 HEADER = ROOT / "kernels" / "tirbyoc_kernels.h"
 
@@ -749,11 +752,10 @@ def test_new_outputs_are_64_byte_aligned_and_right():
     check(blocked, x.reshape(1, 2, 16, 20, 20).transpose(0, 1, 3, 4, 2))
     check(kernels.from_nchw16c(blocked), x)
     wc = rng.standard_normal((48, 32, 1, 1)).astype(np.float32)
-    check(kernels.conv2d(x, wc), np.einsum("oc,nchw->nohw", wc[:, :, 0, 0], x), 1e-3)
+    check(kernels.conv2d(x, wc), conv_reference(x, wc, (1, 1), (0, 0), (1, 1), (20, 20),
+                                               ())[0], 1e-3)
     wd = rng.standard_normal((32, 1, 3, 3)).astype(np.float32)
-    xp = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
-    want = sum(xp[:, :, i:i + 20, j:j + 20] * wd[None, :, 0, i, j, None, None]
-               for i in range(3) for j in range(3))
-    check(kernels.depthwise_conv2d(x, wd, padding=1), want, 1e-3)
+    check(kernels.depthwise_conv2d(x, wd, padding=1),
+          depthwise_reference(x, wd, (1, 1), (1, 1), (1, 1), (20, 20), ())[0], 1e-3)
     pooled = kernels.max_pool2d(x, 2)
     check(pooled, x.reshape(1, 32, 10, 2, 10, 2).max(axis=(3, 5)))
