@@ -23,6 +23,9 @@
  * masked NaN or +inf score still makes its row NaN, so keys are skipped only
  * where the unit's Q rows and the skipped keys are finite and small enough
  * that no score can overflow (added_skip_exact); else every key is scored.
+ * Under a mask of -FLT_MAX (TIRBYOC_ATT_MASK_LOWEST) a masked weight is 0 only
+ * beside a kept score far above -FLT_MAX, so the same proof covers every key,
+ * and a row with no kept key scores all of them (its weights are spread).
  *
  * Units are numbered the largest first and handed out by tb_units (home
  * ranges, then stealing), and every unit is computed the same way whichever
@@ -149,7 +152,9 @@ static uint32_t abs_bits_max(const float *x, int64_t len, uint32_t mx)
 /* With an added mask: whether every score of rows [r0, r1) of one batch item at
  * keys [lo, n) is finite, so that skipping those keys (where a row masks them)
  * keeps the graph's values (a finite score + -inf is -inf; a NaN or +inf one
- * would make the row NaN). Proven from finite Q rows and K keys and
+ * would make the row NaN). With a mask of -FLT_MAX, called with lo = 0: every
+ * score is then far above -FLT_MAX, a masked one is -FLT_MAX (score + -FLT_MAX
+ * rounds to it), and its weight beside a kept score is exactly 0. Proven from finite Q rows and K keys and
  * D * max|q| * max|k| * |scale| (a bound of every |score|) far below FLT_MAX. */
 static int added_skip_exact(const att_job_t *j, const float *q, const float *k,
                             int64_t r0, int64_t r1, int64_t lo)
@@ -179,13 +184,15 @@ static int added_skip_exact(const att_job_t *j, const float *q, const float *k,
     return (double)j->d * qmax * kmax * sc < 0x1p100;
 }
 
-/* Scores of keys [c0, c0 + cw) of one row that the mask removes: -inf
- * (with TIRBYOC_ATT_MASK_ADD: the score + -inf). */
+/* Scores of keys [c0, c0 + cw) of one row that the mask removes: -inf, or
+ * -FLT_MAX with TIRBYOC_ATT_MASK_LOWEST (with TIRBYOC_ATT_MASK_ADD: the score
+ * + that value). */
 static void mask_scores(const att_job_t *j, const uint8_t *mrow, int prefix,
                         int64_t ext, int64_t c0, int64_t cw, float *s)
 {
     int64_t x = prefix ? max_i64(ext - c0, 0) : 0;
-    const float ninf = -__builtin_inff();
+    const float ninf = (j->flags & TIRBYOC_ATT_MASK_LOWEST) ? -0x1.fffffep127f
+                                                            : -__builtin_inff();
     const int add = (j->flags & TIRBYOC_ATT_MASK_ADD) != 0;
     if (mrow == NULL)
         return;
@@ -230,6 +237,8 @@ static void att_unit(const att_job_t *j, int64_t b, int64_t r0, int64_t r1,
     float mx[ATT_UNIT_ROWS], sum[ATT_UNIT_ROWS];
     int64_t i, t, tiles = cdiv(r1 - r0, mr), unit_end = 0, vend = 0, lo = j->n;
     int64_t c0;
+    /* a row without kept keys still weighs every key (all scores -FLT_MAX) */
+    const int lowest = mask && (j->flags & TIRBYOC_ATT_MASK_LOWEST);
 
     for (i = r0; i < r1; ++i) {
         const int64_t x = i - r0;
@@ -240,8 +249,8 @@ static void att_unit(const att_job_t *j, int64_t b, int64_t r0, int64_t r1,
         mx[x] = -__builtin_inff();
         sum[x] = 0.0f;
     }
-    if (mask && (j->flags & TIRBYOC_ATT_MASK_ADD) && lo < j->n &&
-        !added_skip_exact(j, q, k, r0, r1, lo)) {
+    if (mask && (j->flags & (TIRBYOC_ATT_MASK_ADD | TIRBYOC_ATT_MASK_LOWEST)) &&
+        lo < j->n && !added_skip_exact(j, q, k, r0, r1, lowest ? 0 : lo)) {
         /* a skipped score might be NaN or +inf: every key scored, per-score
          * masking unless a row keeps them all */
         for (i = r0; i < r1; ++i) {
@@ -255,7 +264,7 @@ static void att_unit(const att_job_t *j, int64_t b, int64_t r0, int64_t r1,
     for (t = 0; t < tiles; ++t) {
         int64_t e = vend;
         for (i = r0 + t * mr; i < min_i64(r1, r0 + (t + 1) * mr); ++i)
-            e = max_i64(e, ext[i - r0]);
+            e = max_i64(e, lowest && ext[i - r0] == 0 ? j->n : ext[i - r0]);
         blk_end[t] = e;
         unit_end = max_i64(unit_end, e);
     }
@@ -362,7 +371,8 @@ int32_t tirbyoc_attention_f32(int64_t batch, int64_t m, int64_t n, int64_t d,
     int64_t b, i, c, want, tiles;
     double flops;
     const int known = TIRBYOC_ATT_DIVIDE | TIRBYOC_ATT_MASK_KEEP |
-                      TIRBYOC_ATT_EMPTY_ZERO | TIRBYOC_ATT_MASK_ADD;
+                      TIRBYOC_ATT_EMPTY_ZERO | TIRBYOC_ATT_MASK_ADD |
+                      TIRBYOC_ATT_MASK_LOWEST;
 
     if (k_layout != TIRBYOC_B_KN && k_layout != TIRBYOC_B_NK)
         return TIRBYOC_EINVAL;

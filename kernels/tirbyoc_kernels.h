@@ -219,8 +219,13 @@ typedef enum tirbyoc_attention_flag {
     TIRBYOC_ATT_DIVIDE = 1,     /* scores are (Q K) / scale instead of (Q K) * scale */
     TIRBYOC_ATT_MASK_KEEP = 2,  /* a nonzero mask byte keeps the score (else: masks it) */
     TIRBYOC_ATT_EMPTY_ZERO = 4, /* a row whose scores are all -inf gives P = 0 (else NaN) */
-    TIRBYOC_ATT_MASK_ADD = 8    /* masking adds -inf to the score (a NaN or +inf score
+    TIRBYOC_ATT_MASK_ADD = 8,   /* masking adds -inf to the score (a NaN or +inf score
                                  * gives NaN) instead of replacing it with -inf */
+    TIRBYOC_ATT_MASK_LOWEST = 16 /* the masking value is -FLT_MAX instead of -inf (the
+                                  * mask HuggingFace writes, finfo.min): a masked
+                                  * score becomes -FLT_MAX (with MASK_ADD: score +
+                                  * -FLT_MAX), so a fully masked row has finite
+                                  * scores and its weights are spread over its keys */
 } tirbyoc_attention_flag;
 
 /*
@@ -243,7 +248,10 @@ typedef enum tirbyoc_attention_flag {
  *       TIRBYOC_ATT_MASK_ADD a masked score is score + (-inf), the graph's
  *       S + where(kept, 0, -inf): -inf, or NaN where the score is NaN or
  *       +inf (keys past a row's last kept key are then skipped only where
- *       no such score can arise: finite Q and K, no overflow).
+ *       no such score can arise: finite Q and K, no overflow). With
+ *       TIRBYOC_ATT_MASK_LOWEST the masking value is -FLT_MAX for -inf in
+ *       both forms (keys are then skipped only where Q and every key of K are
+ *       finite and small enough that a masked weight is exactly 0).
  * Batch strides of 0 broadcast an input. Semantics follow the unfused graph
  * exactly where IEEE values are concerned: a row whose scores are all -inf
  * (fully masked) gives NaN, or with TIRBYOC_ATT_EMPTY_ZERO weights of 0; a

@@ -35,7 +35,7 @@ def each_isa(request):
 
 
 def reference(q, k, v, *, k_layout="nt", scale=1.0, divide=False, mask=None,
-              mask_keep=False, empty_zero=False, mask_add=False):
+              mask_keep=False, empty_zero=False, mask_add=False, mask_lowest=False):
     q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
     kk = np.swapaxes(k, -1, -2) if k_layout == "nt" else k
     with np.errstate(invalid="ignore", over="ignore"):
@@ -44,7 +44,8 @@ def reference(q, k, v, *, k_layout="nt", scale=1.0, divide=False, mask=None,
         if mask is not None:
             masked = (mask == 0) if mask_keep else (mask != 0)
             # added: s + where(masked, -inf, 0), so NaN where a masked score is NaN or +inf
-            s = s + np.where(masked, -np.inf, 0.0) if mask_add else np.where(masked, -np.inf, s)
+            low = np.float64(np.finfo(np.float32).min) if mask_lowest else -np.inf
+            s = s + np.where(masked, low, 0.0) if mask_add else np.where(masked, low, s)
         e = np.exp(s - s.max(-1, keepdims=True))
         p = e / e.sum(-1, keepdims=True)
         if empty_zero:
@@ -309,6 +310,43 @@ def test_added_mask_as_the_unfused_graph(each_isa, k_layout):
     assert differ > 0  # rows where adding and replacing the mask part were checked
 
 
+@pytest.mark.parametrize("k_layout", ["nt", "nn"])
+def test_lowest_mask_as_huggingface_writes_it(each_isa, k_layout):
+    """mask_lowest: the masking value is -FLT_MAX (HuggingFace's finfo.min) instead of
+    -inf, replacing the score or added to it. A fully masked row then has equal finite
+    scores, so its weights spread over every key (the mean of V) where -inf gives NaN;
+    keys past a causal row are still skipped only where that changes no value: with a
+    NaN or inf in Q or K every key is scored. Against float64, both polarities."""
+    rng = np.random.default_rng(40 + (k_layout == "nn"))
+    b, m, n, d, dv = 2, 23, 203, 19, 12
+    for trial in range(6):
+        q, k, v = rand(rng, b, m, d), rand(rng, b, n, d), rand(rng, b, n, dv)
+        kind = ("causal", "padding", "random")[trial % 3]
+        mask = {"causal": ~np.tril(np.ones((m, n), bool)),
+                "padding": np.arange(n)[None, None, :] >= rng.integers(1, n, (b, 1, 1)),
+                "random": rng.random((b, m, n)) < 0.4}[kind]
+        mask = np.broadcast_to(mask, (b, m, n)).copy()
+        mask[0, 3] = True           # a fully masked row
+        keep = trial % 2 == 1
+        for add in (False, True):
+            args = dict(k_layout=k_layout, scale=0.3, mask=~mask if keep else mask,
+                        mask_keep=keep, mask_add=add)
+            kk = k if k_layout == "nt" else np.ascontiguousarray(np.swapaxes(k, 1, 2))
+            got = kernels.attention(q, kk, v, mask_lowest=True, **args)
+            assert_matches(got, reference(q, kk, v, mask_lowest=True, **args),
+                           score_bound(q, kk, k_layout, 0.3))
+            np.testing.assert_allclose(got[0, 3], v[0].mean(0), rtol=1e-5, atol=1e-6)
+            assert np.isnan(kernels.attention(q, kk, v, **args)[0, 3]).all()
+        k2, q2 = k.copy(), q.copy()
+        k2[:, n - 1, 0], q2[1, 9, 2] = np.inf, np.inf  # a key past most causal rows
+        kk = k2 if k_layout == "nt" else np.ascontiguousarray(np.swapaxes(k2, 1, 2))
+        for add in (False, True):
+            args = dict(k_layout=k_layout, scale=0.3, mask=mask, mask_add=add)
+            got = kernels.attention(q2, kk, v, mask_lowest=True, **args)
+            assert_matches(got, reference(q2, kk, v, mask_lowest=True, **args),
+                           score_bound(q2, kk, k_layout, 0.3))
+
+
 @pytest.mark.parametrize("keep", [False, True])
 def test_mask_bytes_strides_and_structure(each_isa, keep):
     """Mask bytes other than 1 (2, 0x80, 0xff count as true), mask rows with a stride
@@ -389,7 +427,7 @@ def test_invalid_arguments_write_nothing():
                                      kernels.TIRBYOC_ESTRIDE, kernels.TIRBYOC_ENULL)
     bad = [
         (dict(layout=2), EINVAL), (dict(layout=-1), EINVAL), (dict(layout=3), EINVAL),
-        (dict(flags=16), EINVAL), (dict(flags=1 | 1 << 30), EINVAL), (dict(flags=-1), EINVAL),
+        (dict(flags=32), EINVAL), (dict(flags=1 | 1 << 30), EINVAL), (dict(flags=-1), EINVAL),
         (dict(repeat=0), EINVAL), (dict(repeat=-1, mask=mp, ldm=8), EINVAL),
         (dict(batch=-1), ESIZE), (dict(m=-1), ESIZE), (dict(n=-1), ESIZE),
         (dict(d=-1), ESIZE), (dict(dv=-2**63), ESIZE),

@@ -16,6 +16,7 @@ import tirbyoc
 B, H, M, N, D = 1, 3, 37, 37, 16
 RTOL = 1e-5
 NEG_INF = float("-inf")
+LOWEST = float(np.finfo(np.float32).min)  # HuggingFace's masking value
 
 
 def _build(form, n_sym=False):
@@ -48,6 +49,14 @@ def _build(form, n_sym=False):
                 zero = relax.const(0.0, "float32")
                 s = bb.emit(op.add(bb.emit(op.where(mask, zero, ninf)),
                                    bb.emit(op.multiply(s, relax.const(0.5, "float32")))))
+            elif form == "added_lowest":  # HF GPT-2: scaled, + where(kept, 0, finfo.min)
+                zero = bb.emit(op.full(relax.ShapeExpr([]), relax.const(0.0, "float32"),
+                                       "float32"))
+                s = bb.emit(op.multiply(s, relax.const(0.125, "float32")))
+                s = bb.emit(op.add(s, bb.emit(op.where(
+                    bb.emit(op.logical_not(mask)), zero, relax.const(LOWEST, "float32")))))
+            elif form == "fill_lowest":  # masked_fill(mask, finfo.min)
+                s = bb.emit(op.where(mask, relax.const(LOWEST, "float32"), s))
             elif form == "added_finite":  # a large finite fill is not -inf: stays
                 zero = relax.const(0.0, "float32")
                 s = bb.emit(op.add(s, bb.emit(op.where(mask, relax.const(-1e9, "float32"),
@@ -78,6 +87,10 @@ def _reference(form, q, k, v, mask):
         s = s + np.where(mask, -np.inf, 0.0)
     elif form == "added_keep":
         s = np.where(mask, 0.0, -np.inf) + 0.5 * s
+    elif form == "added_lowest":
+        s = 0.125 * s + np.where(mask, LOWEST, 0.0)
+    elif form == "fill_lowest":
+        s = np.where(mask, LOWEST, s)
     elif form == "added_finite":
         s = s + np.where(mask, -1e9, 0.0)
     elif form == "fill_finite":
@@ -123,7 +136,8 @@ def _assert_matches(got, ref):
     assert float(np.abs(got[finite] - ref[finite]).max()) <= RTOL * scale
 
 
-ACCEPTED = ["causal", "keep", "nomask", "padding", "per_head", "added", "added_keep"]
+ACCEPTED = ["causal", "keep", "nomask", "padding", "per_head", "added", "added_keep",
+            "added_lowest", "fill_lowest"]
 REFUSED = ["fill_finite", "added_finite", "additive", "scale_tensor", "other_axis",
            "used_twice"]
 
@@ -156,6 +170,18 @@ def test_fully_masked_rows_and_non_finite_values_as_the_graph_gives_them():
     assert np.isnan(ref[0, :, 5]).all() and np.isnan(ref[0, 1, 9]).all()
     assert np.isnan(ref[0, 2, 0, 0])
     _assert_matches(got, ref)
+
+
+@pytest.mark.parametrize("form", ["added_lowest", "fill_lowest"])
+def test_a_row_masked_by_the_lowest_float_spreads_its_weights(form):
+    """With finfo.min for -inf a fully masked row has equal finite scores: its output is
+    the mean of V (where -inf gives NaN), and the other rows are as with -inf."""
+    mod = _build(form)
+    q, k, v, mask = _inputs(form, seed=2)
+    mask[5, :] = True
+    ref = _reference(form, q, k, v, mask)
+    np.testing.assert_allclose(ref[0, :, 5], v[0].astype(np.float64).mean(1), rtol=1e-12)
+    _assert_matches(_run(mod, (q, k, v, mask)), ref)
 
 
 @pytest.mark.parametrize("form", ["added", "causal"])

@@ -10,6 +10,9 @@ The graph level finds the region before legalization, in every Relax function:
       or S = S + R.where(mask, 0, -inf)    the same mask added (PyTorch's attention with a
                                            bool mask, HuggingFace's BERT); or with -inf
                                            and 0 swapped
+                                           (either form also with the lowest float32,
+                                           HuggingFace's finfo.min, for -inf: GPT-2's
+                                           causal mask)
     P = R.nn.softmax(S, axis=-1)
     P = R.where(all(S == -inf), 0, P)      optional: the fix-up PyTorch's attention adds
                                            (fully masked rows give 0 instead of NaN)
@@ -51,7 +54,11 @@ SYMBOL = "tirbyoc_attention_f32"
 INTRINSIC = "attention"
 DESCRIPTION = "R.matmul -> scale -> mask -> R.nn.softmax -> R.matmul as one region"
 # Mirrors tirbyoc_attention_flag and tirbyoc_b_layout (tirbyoc_kernels.h).
-_DIVIDE, _MASK_KEEP, _EMPTY_ZERO, _MASK_ADD = 1, 2, 4, 8
+_DIVIDE, _MASK_KEEP, _EMPTY_ZERO, _MASK_ADD, _MASK_LOWEST = 1, 2, 4, 8, 16
+# The masking values the kernel takes: -inf, and the lowest float32 (HuggingFace's
+# finfo.min), with the flag each needs.
+_LOWEST = -3.4028234663852886e38
+_MASK_VALUES = {-math.inf: 0, _LOWEST: _MASK_LOWEST}
 _B_KN, _B_NK = 0, 1
 # D + DV the kernel takes.
 _DDV_MAX = 4096
@@ -173,10 +180,11 @@ def _match(f: _Func, pv_var, pv_call) -> _Region | None:
     s_val = f.producer(s_var)
     if is_op(s_val, "relax.where"):
         cond, a, b = s_val.args
-        if _scalar(a, f.values) == -math.inf:
-            scores = b
-        elif _scalar(b, f.values) == -math.inf:
-            scores, flags = a, flags | _MASK_KEEP
+        a_val, b_val = _scalar(a, f.values), _scalar(b, f.values)
+        if a_val in _MASK_VALUES:
+            scores, flags = b, flags | _MASK_VALUES[a_val]
+        elif b_val in _MASK_VALUES:
+            scores, flags = a, flags | _MASK_KEEP | _MASK_VALUES[b_val]
         else:
             return None
         if _dtype(cond) != "bool" or f.uses.get(scores, 0) != 1:
@@ -191,8 +199,8 @@ def _match(f: _Func, pv_var, pv_call) -> _Region | None:
         added = _added_mask(f, s_val)
         if added is None:
             return None
-        scores, mask, keep, mask_repeat = added
-        flags |= _MASK_ADD | (_MASK_KEEP if keep else 0)
+        scores, mask, keep, lowest, mask_repeat = added
+        flags |= _MASK_ADD | (_MASK_KEEP if keep else 0) | lowest
         s_var = f.through_views(scores)
         s_val = f.producer(s_var)
     scale = 1.0
@@ -339,8 +347,9 @@ def _fixup_scores(f: _Func, where):
 
 def _added_mask(f: _Func, add):
     """For ``S + R.where(mask, 0, -inf)`` (either order of the sum; or -inf and 0
-    swapped): the scores ``S``, the bool mask, and whether a true byte keeps the score;
-    else None. The sum must have the scores' shape (the mask broadcast into them, never
+    swapped; or the lowest float32 for -inf): the scores ``S``, the bool mask, whether a
+    true byte keeps the score, the masking value's flag, and the mask's repeat; else
+    None. The sum must have the scores' shape (the mask broadcast into them, never
     widening them). The float mask may have other uses: the call reads the bool mask,
     and the float one stays for those."""
     if _dtype(add) != "float32":
@@ -351,10 +360,10 @@ def _added_mask(f: _Func, add):
             continue
         cond, a, b = where.args
         a, b = _scalar(a, f.values), _scalar(b, f.values)
-        if (a, b) == (0.0, -math.inf):
-            keep = True
-        elif (a, b) == (-math.inf, 0.0):
-            keep = False
+        if a == 0.0 and b in _MASK_VALUES:
+            keep, lowest = True, _MASK_VALUES[b]
+        elif b == 0.0 and a in _MASK_VALUES:
+            keep, lowest = False, _MASK_VALUES[a]
         else:
             continue
         ss = shape_of(scores)
@@ -365,7 +374,7 @@ def _added_mask(f: _Func, add):
         repeat = _mask_repeat(cond, add)
         if repeat is None:
             continue
-        return scores, cond, keep, repeat
+        return scores, cond, keep, lowest, repeat
     return None
 
 

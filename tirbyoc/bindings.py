@@ -49,15 +49,24 @@ def tir_dims(shape, names: dict) -> list:
 
 
 def scalar_constant(expr, values, kinds=None):
-    """The value (a Python float or int) of a 0-d constant, through variables bound to
-    one (``values``: variable -> bound expression), else None; ``kinds``: the numpy
-    dtype kinds taken (None: any)."""
+    """The value (a Python float or int) of a 0-d constant, or of ``R.full`` of the
+    empty shape with one (torch.export writes ``torch.tensor(0.0)`` so), through
+    variables bound to one (``values``: variable -> bound expression), else None;
+    ``kinds``: the numpy dtype kinds taken (None: any)."""
+    import numpy as np
+
     while isinstance(expr, R.Var) and expr in values:
         expr = values[expr]
+    data = None
     if isinstance(expr, T.RelaxConstant):
         data = T.constant_value(expr)
-        if data.ndim == 0 and (kinds is None or data.dtype.kind in kinds):
-            return int(data) if data.dtype.kind in "iu" else float(data)
+    elif is_op(expr, "relax.full") and len(expr.args) == 2 and \
+            isinstance(expr.args[0], R.ShapeExpr) and len(expr.args[0].values) == 0:
+        fill = scalar_constant(expr.args[1], values)
+        if fill is not None:
+            data = np.array(fill, dtype=str(expr.attrs.dtype))
+    if data is not None and data.ndim == 0 and (kinds is None or data.dtype.kind in kinds):
+        return int(data) if data.dtype.kind in "iu" else float(data)
     return None
 
 

@@ -507,11 +507,12 @@ def softmax(x, out=None):
     return out
 
 
-ATTENTION_FLAGS = {"divide": 1, "mask_keep": 2, "empty_zero": 4, "mask_add": 8}
+ATTENTION_FLAGS = {"divide": 1, "mask_keep": 2, "empty_zero": 4, "mask_add": 8,
+                   "mask_lowest": 16}
 
 
 def attention(q, k, v, *, k_layout="nt", scale=1.0, divide=False, mask=None, mask_keep=False,
-              empty_zero=False, mask_add=False, mask_repeat=1, out=None):
+              empty_zero=False, mask_add=False, mask_lowest=False, mask_repeat=1, out=None):
     """``softmax(where(masked, -inf, (q @ op(k)) * scale)) @ v`` via
     ``tirbyoc_attention_f32``, one call, scores never materialized.
 
@@ -522,7 +523,9 @@ def attention(q, k, v, *, k_layout="nt", scale=1.0, divide=False, mask=None, mas
     it). ``mask_repeat``: each mask item serves that many batch items in a row (the
     mask then has batch / mask_repeat items: one per sequence, shared by its heads). ``empty_zero``: a fully masked row gives 0 instead of NaN. ``mask_add``: a masked
     score is the score + -inf (NaN where it is NaN or +inf), as in ``s + where(masked,
-    -inf, 0)``, instead of -inf. Returns ``out``
+    -inf, 0)``, instead of -inf. ``mask_lowest``: the masking value is the lowest float32
+    (-3.4028235e38, HuggingFace's ``finfo.min``) instead of -inf, in either form: a fully
+    masked row then spreads its weights instead of giving NaN. Returns ``out``
     ([batch, m, dv], or [m, dv] for 2-D ``q``).
     """
     if k_layout not in ("nt", "nn"):
@@ -566,7 +569,8 @@ def attention(q, k, v, *, k_layout="nt", scale=1.0, divide=False, mask=None, mas
     flags = ((ATTENTION_FLAGS["divide"] if divide else 0)
              | (ATTENTION_FLAGS["mask_keep"] if mask_keep else 0)
              | (ATTENTION_FLAGS["empty_zero"] if empty_zero else 0)
-             | (ATTENTION_FLAGS["mask_add"] if mask_add else 0))
+             | (ATTENTION_FLAGS["mask_add"] if mask_add else 0)
+             | (ATTENTION_FLAGS["mask_lowest"] if mask_lowest else 0))
     _check("tirbyoc_attention_f32", lib.tirbyoc_attention_f32(
         batch, m, n, d, dv, _float_ptr(q3), ldq, sq, _float_ptr(k3), ldk, sk, B_LAYOUTS[k_layout],
         _float_ptr(v3), ldv, sv, mask_ptr, ldm, sm, mask_repeat, flags, float(scale),

@@ -28,6 +28,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 
+#include <float.h>
 #include <math.h>
 #include <pthread.h>
 #include <sched.h>
@@ -911,7 +912,7 @@ static void softmax_rows(uint64_t *rng)
  * broadcast K/V, strided rows, no / random / causal / padding masks (the mask ending exactly
  * at its last byte; random and causal masks with a row stride wider than the row, padding
  * masks one row for all, ldmask 0), fully masked rows, masks that replace the score and
- * masks added to it, an inf in V past a causal row's keys, NaN and +-inf in Q and K
+ * masks added to it, of -inf or of -FLT_MAX, an inf in V past a causal row's keys, NaN and +-inf in Q and K
  * (`specials`); threads as set by the caller, or (for
  * `threads_check`) 1, 2 and 3 threads giving the same bits. Reference: double precision,
  * IEEE semantics of the unfused graph. */
@@ -932,6 +933,7 @@ static void attention_case(uint64_t *rng, int64_t batch, int64_t m, int64_t n, i
     const int64_t plen = rng_int(rng, 0, n); /* keys kept by the padding mask */
     const float scale = (flags & TIRBYOC_ATT_DIVIDE) ? 4.0f : 0.25f;
     const int keep = (flags & TIRBYOC_ATT_MASK_KEEP) != 0;
+    const double masked_value = (flags & TIRBYOC_ATT_MASK_LOWEST) ? -FLT_MAX : -INFINITY;
     buf_t bq, bk, bv, bo;
     float *q = buf_alloc(&bq, (size_t)(sq * (batch - 1)) + span(m, d, ldq), 1);
     float *k = buf_alloc(&bk, (size_t)(sk * (batch - 1)) + span(krows, kcols, ldk), 2);
@@ -990,7 +992,7 @@ static void attention_case(uint64_t *rng, int64_t batch, int64_t m, int64_t n, i
                 dot = (flags & TIRBYOC_ATT_DIVIDE) ? dot / scale : dot * scale;
                 if (mask != NULL &&
                     (mask[b / rep * sm + (mask_kind == ATT_PADDING ? 0 : i) * ldm + j] != 0) != keep)
-                    dot = (flags & TIRBYOC_ATT_MASK_ADD) ? dot + -INFINITY : -INFINITY;
+                    dot = (flags & TIRBYOC_ATT_MASK_ADD) ? dot + masked_value : masked_value;
                 sc[j] = dot;
                 nan_score |= isnan(dot);
                 mx = dot > mx ? dot : mx;
@@ -1078,7 +1080,7 @@ static void attention_errors(void)
 #define ATT_BAD(want, what, ...) check(ATT(__VA_ARGS__) == (want), what, name, M, N, D, "status")
     ATT_BAD(TIRBYOC_EINVAL, "k_layout packed", 1, M, N, D, DV, q, D, 0, k, D, 0, TIRBYOC_B_PACKED, v, DV, 0, NULL, 0, 0, 0, o, DV, 0);
     ATT_BAD(TIRBYOC_EINVAL, "k_layout -1", 1, M, N, D, DV, q, D, 0, k, D, 0, -1, v, DV, 0, NULL, 0, 0, 0, o, DV, 0);
-    ATT_BAD(TIRBYOC_EINVAL, "unknown flag", 1, M, N, D, DV, q, D, 0, k, D, 0, TIRBYOC_B_NK, v, DV, 0, NULL, 0, 0, 16, o, DV, 0);
+    ATT_BAD(TIRBYOC_EINVAL, "unknown flag", 1, M, N, D, DV, q, D, 0, k, D, 0, TIRBYOC_B_NK, v, DV, 0, NULL, 0, 0, 32, o, DV, 0);
     ATT_BAD(TIRBYOC_EINVAL, "high flag", 1, M, N, D, DV, q, D, 0, k, D, 0, TIRBYOC_B_NK, v, DV, 0, NULL, 0, 0, 1 << 30, o, DV, 0);
     att_repeat = 0;
     ATT_BAD(TIRBYOC_EINVAL, "mask_repeat 0", 1, M, N, D, DV, q, D, 0, k, D, 0, TIRBYOC_B_NK, v, DV, 0, mask, N, 0, 0, o, DV, 0);
@@ -1137,11 +1139,16 @@ static void attention_cases(uint64_t *rng, int threaded)
         for (variant = 0; variant < ATT_MASK_KINDS; ++variant)
             attention_case(rng, shapes[si][0], shapes[si][1], shapes[si][2], shapes[si][3],
                            shapes[si][4], (int)((si + (size_t)variant) % 2), variant,
-                           (int)((si + (size_t)variant) % 16), (int)((si + (size_t)variant) % 3 == 1),
+                           (int)((si + (size_t)variant) % 16) |
+                               ((si * 3 + (size_t)variant) % 2 ? TIRBYOC_ATT_MASK_LOWEST : 0),
+                           (int)((si + (size_t)variant) % 3 == 1),
                            0);
     /* above the threading threshold (2 MFLOP): the same bits on 1, 2 and 3 threads */
     attention_case(rng, 3, 100, 300, 32, 32, 1, ATT_CAUSAL, TIRBYOC_ATT_EMPTY_ZERO, 1, 1);
     attention_case(rng, 3, 100, 300, 32, 32, 0, ATT_PADDING, TIRBYOC_ATT_MASK_ADD, 1, 1);
+    attention_case(rng, 3, 100, 300, 32, 32, 1, ATT_CAUSAL,
+                   TIRBYOC_ATT_MASK_ADD | TIRBYOC_ATT_MASK_LOWEST, 0, 1);
+    attention_case(rng, 3, 100, 300, 32, 32, 0, ATT_RANDOM, TIRBYOC_ATT_MASK_LOWEST, 1, 1);
     if (!threaded)
         attention_case(rng, 2, 70, 257, 40, 24, 0, ATT_RANDOM, TIRBYOC_ATT_MASK_KEEP, 0, 1);
     attention_errors();
