@@ -191,10 +191,11 @@ def test_a_slice_that_may_run_past_its_dimension_keeps_its_clamp():
 
 
 # The kernel calls of a build at one length (16) too: GPT-2's tanh GELU the epilogue of its
-# MLP's first product, Llama's SiLU of its gate and its residuals (its stream 2-D from the
-# embedding on: sink_reshapes puts its output products on the 2-D view), BERT's residuals
-# of its output products.
-_CALLS = {"gpt2": ["dense_bias"] * 3 + ["dense_bias_gelu_tanh"],
+# MLP's first product and its residuals (its stream 2-D at batch 1: sink_reshapes puts the
+# output products with their biases on the 2-D view), Llama's SiLU of its gate and its
+# residuals (its stream 2-D from the embedding on), BERT's residuals of its output
+# products.
+_CALLS = {"gpt2": ["dense_bias", "dense_bias_gelu_tanh"] + ["dense_bias_residual"] * 2,
           "llama": ["dense"] * 3 + ["dense_silu"] + ["dense_residual"] * 2,
           "bert": ["dense_bias", "dense_bias_gelu_erf"] + ["dense_bias_residual"] * 2}
 
@@ -457,10 +458,10 @@ class _Stream(torch.nn.Module):
     [seq, D], then a reshape to [1, seq, D]), a product on the 3-D view added to it
     (Llama's attention and MLP outputs); ``shared``: the product also returned."""
 
-    def __init__(self, shared=False):
+    def __init__(self, shared=False, bias=False):
         super().__init__()
         torch.manual_seed(5)
-        self.emb, self.fc = torch.nn.Embedding(50, 32), torch.nn.Linear(32, 32, bias=False)
+        self.emb, self.fc = torch.nn.Embedding(50, 32), torch.nn.Linear(32, 32, bias=bias)
         self.shared = shared
 
     def forward(self, ids):
@@ -469,14 +470,16 @@ class _Stream(torch.nn.Module):
         return (h + y, y) if self.shared else h + y
 
 
-@pytest.mark.parametrize("shared, intrinsics", [(False, ["dense_residual"]),
-                                                (True, ["dense"])])
-def test_a_product_added_to_a_2d_stream_takes_the_add(shared, intrinsics):
+@pytest.mark.parametrize("shared, bias, intrinsics", [
+    (False, False, ["dense_residual"]), (True, False, ["dense"]),
+    (False, True, ["dense_bias_residual"]), (True, True, ["dense_bias"])])
+def test_a_product_added_to_a_2d_stream_takes_the_add(shared, bias, intrinsics):
     """sink_reshapes moves the stream's reshape below the add; the product on the other
-    side is then computed on its input's 2-D view (``matmul(reshape(a), W)``), so the
-    add follows it and joins its kernel call, unless the product is read elsewhere too
-    (then it stays 3-D, reshaped for the add). Numerics against PyTorch."""
-    model = _Stream(shared).eval()
+    side (with its bias, as HuggingFace GPT-2's Conv1D writes it) is then computed on its
+    input's 2-D view (``matmul(reshape(a), W) + b``), so the add follows it and joins
+    its kernel call, unless the product is read elsewhere too (then it stays 3-D,
+    reshaped for the add). Numerics against PyTorch."""
+    model = _Stream(shared, bias).eval()
     ids = torch.randint(0, 50, (1, 24), generator=torch.Generator().manual_seed(1))
     mod = _import(model, ids)
     assert sorted(r.intrinsic for r in tirbyoc.explain(mod).offloaded) == intrinsics

@@ -303,15 +303,29 @@ def sink_reshapes(mod):
         with ``shape``'s leading dimensions: ``matmul(reshape(a), W)``, of ``shape``, so
         that the op reading it follows the product directly (a residual add then joins
         the product's kernel call: Llama's stream is 2-D from its embedding on, its
-        projections 3-D); else None."""
+        projections 3-D); also through elementwise ops with a bias-like operand read
+        once (``matmul(a, W) + b``: HuggingFace GPT-2's Conv1D, whose residual stream is
+        2-D at batch 1), which follow it onto the view; else None."""
         # NOTE: the pattern's operands are the bound values (dpl matches through the
         # bindings); the product's variable is found to count its readers
         b = current["b"]
         call = var if isinstance(var, R.Call) else b.producer(var)
-        if not is_op(call, "relax.matmul"):
+        if call is None:
             return None
         bound = [v for v, value in b.values.items() if value.same_as(call)]
         if len(bound) != 1 or b.uses.get(bound[0]) != 1:
+            return None
+        if is_op(call, *_BINARY_ELEMENTWISE):
+            for i in (0, 1):
+                c = call.args[1 - i]
+                if not _trailing_broadcast(c, shape[-1]) or \
+                        not same_dims(_shape(call.args[i]), _shape(call)):
+                    continue
+                inner = _product_on_view(call.args[i], shape)
+                if inner is not None:
+                    return T.relax_call_with_args(call, [inner, c] if i == 0 else [c, inner])
+            return None
+        if not is_op(call, "relax.matmul"):
             return None
         a, w = call.args
         ws, as_ = _shape(w), _shape(a)
