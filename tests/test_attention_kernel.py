@@ -273,6 +273,21 @@ def test_non_finite_inputs_as_the_unfused_graph(each_isa, k_layout):
     assert all(seen.values()), seen  # every kind of result was checked
 
 
+def _mask_trials(rng, trials=6):
+    """(q, k, v, mask) per trial: [2, 23, 19] queries, 203 keys, values of 12; masks
+    causal, padding and random in turn, row 3 of item 0 fully masked."""
+    b, m, n, d, dv = 2, 23, 203, 19, 12
+    for trial in range(trials):
+        q, k, v = rand(rng, b, m, d), rand(rng, b, n, d), rand(rng, b, n, dv)
+        kind = ("causal", "padding", "random")[trial % 3]
+        mask = {"causal": ~np.tril(np.ones((m, n), bool)),
+                "padding": np.arange(n)[None, None, :] >= rng.integers(1, n, (b, 1, 1)),
+                "random": rng.random((b, m, n)) < 0.4}[kind]
+        mask = np.broadcast_to(mask, (b, m, n)).copy()
+        mask[0, 3] = True           # a fully masked row
+        yield q, k, v, mask
+
+
 @pytest.mark.parametrize("k_layout", ["nt", "nn"])
 def test_added_mask_as_the_unfused_graph(each_isa, k_layout):
     """mask_add: the graph's s + where(masked, -inf, 0). Every key is scored, so a NaN or
@@ -281,16 +296,9 @@ def test_added_mask_as_the_unfused_graph(each_isa, k_layout):
     random, a row fully masked, a row fully kept), both polarities, with and without
     empty_zero, against float64. With finite inputs both masks give the same rows."""
     rng = np.random.default_rng(30 + (k_layout == "nn"))
-    b, m, n, d, dv = 2, 23, 203, 19, 12
     differ = 0
-    for trial in range(6):
-        q, k, v = rand(rng, b, m, d), rand(rng, b, n, d), rand(rng, b, n, dv)
-        kind = ("causal", "padding", "random")[trial % 3]
-        mask = {"causal": ~np.tril(np.ones((m, n), bool)),
-                "padding": np.arange(n)[None, None, :] >= rng.integers(1, n, (b, 1, 1)),
-                "random": rng.random((b, m, n)) < 0.4}[kind]
-        mask = np.broadcast_to(mask, (b, m, n)).copy()
-        mask[0, 3] = True           # a fully masked row
+    for trial, (q, k, v, mask) in enumerate(_mask_trials(rng)):
+        n = k.shape[1]
         mask[1, 4] = False          # a fully kept row
         keep = trial % 2 == 1
         flags = dict(mask=~mask if keep else mask, mask_keep=keep, empty_zero=trial >= 3)
@@ -318,15 +326,8 @@ def test_lowest_mask_as_huggingface_writes_it(each_isa, k_layout):
     keys past a causal row are still skipped only where that changes no value: with a
     NaN or inf in Q or K every key is scored. Against float64, both polarities."""
     rng = np.random.default_rng(40 + (k_layout == "nn"))
-    b, m, n, d, dv = 2, 23, 203, 19, 12
-    for trial in range(6):
-        q, k, v = rand(rng, b, m, d), rand(rng, b, n, d), rand(rng, b, n, dv)
-        kind = ("causal", "padding", "random")[trial % 3]
-        mask = {"causal": ~np.tril(np.ones((m, n), bool)),
-                "padding": np.arange(n)[None, None, :] >= rng.integers(1, n, (b, 1, 1)),
-                "random": rng.random((b, m, n)) < 0.4}[kind]
-        mask = np.broadcast_to(mask, (b, m, n)).copy()
-        mask[0, 3] = True           # a fully masked row
+    for trial, (q, k, v, mask) in enumerate(_mask_trials(rng)):
+        n = k.shape[1]
         keep = trial % 2 == 1
         for add in (False, True):
             args = dict(k_layout=k_layout, scale=0.3, mask=~mask if keep else mask,

@@ -94,7 +94,7 @@ def _hf(name, attention, positions=64):
 # view of it fails), before tirbyoc sees the module; its eager attention imports. (At
 # batch 1 with SDPA, see the build for every sequence length below.)
 @pytest.mark.parametrize("name, batch, attention, offloaded", [
-    ("gpt2", 2, "eager", 5), ("llama", 2, "sdpa", 7)])
+    ("gpt2", 2, "eager", 5), ("llama", 2, "sdpa", 5)])
 def test_huggingface_decoders_compile_and_match_pytorch(name, batch, attention, offloaded):
     model = _hf(name, attention)
     ids = torch.randint(0, 500, (batch, 16))
@@ -106,7 +106,9 @@ def test_huggingface_decoders_compile_and_match_pytorch(name, batch, attention, 
     assert np.abs(out - ref).max() <= 1e-4 * np.abs(ref).max()
     # the projections, the MLP, the attention (GPT-2's eager one with its causal mask
     # of finfo.min added, Llama's SDPA with its [batch, 1, seq, seq] mask added: one
-    # call): one PrimFunc each, shared by both layers (Llama at batch 2: its attention output's
+    # call): one PrimFunc each, shared by both layers (Llama's query, key and value
+    # projections one product, tirbyoc.merge_products, of the up projection's shape, so
+    # one PrimFunc; at batch 2: its attention output's
     # weight arrives broadcast over the batch, read in 2-D after fix_broadcast_weight;
     # its two residual adds in the calls of the products before them)
     report = tirbyoc.explain(mod)
@@ -193,10 +195,11 @@ def test_a_slice_that_may_run_past_its_dimension_keeps_its_clamp():
 # The kernel calls of a build at one length (16) too: GPT-2's tanh GELU the epilogue of its
 # MLP's first product and its residuals (its stream 2-D at batch 1: sink_reshapes puts the
 # output products with their biases on the 2-D view), Llama's SiLU of its gate and its
-# residuals (its stream 2-D from the embedding on), BERT's residuals of its output
+# residuals (its stream 2-D from the embedding on; its query, key and value projections
+# one product, the same PrimFunc as its up projection's), BERT's residuals of its output
 # products.
 _CALLS = {"gpt2": ["dense_bias", "dense_bias_gelu_tanh"] + ["dense_bias_residual"] * 2,
-          "llama": ["dense"] * 3 + ["dense_silu"] + ["dense_residual"] * 2,
+          "llama": ["dense", "dense_silu"] + ["dense_residual"] * 2,
           "bert": ["dense_bias", "dense_bias_gelu_erf"] + ["dense_bias_residual"] * 2}
 
 
@@ -489,3 +492,53 @@ def test_a_product_added_to_a_2d_stream_takes_the_add(shared, bias, intrinsics):
         ref = model(ids)
     for got, want in zip(out, ref if shared else [ref]):
         assert np.abs(got - want.numpy()).max() <= 1e-5 * np.abs(want.numpy()).max()
+
+
+# ---- projections of one input merged into one product (tirbyoc.merge_products) ----
+
+class _Heads(torch.nn.Module):
+    """Query, key and value projections of one input into heads (Llama's: a narrow key
+    and value for grouped-query attention), and a fourth product with an activation of
+    its own, which keeps its product."""
+
+    def __init__(self, bias):
+        super().__init__()
+        torch.manual_seed(7)
+        lin = lambda n: torch.nn.Linear(32, n, bias=bias)  # noqa: E731
+        self.q, self.k, self.v, self.up = lin(32), lin(16), lin(16), lin(48)
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        q = self.q(x).view(b, s, 4, 8).transpose(1, 2)
+        k = self.k(x).view(b, s, 2, 8).transpose(1, 2)
+        v = self.v(x).view(b, s, 2, 8)
+        return q * 2.0, k + 1.0, v, torch.relu(self.up(x))
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_projections_of_one_input_are_one_product(bias):
+    """The three projections that are only reshaped become one product by their weights
+    side by side (and biases), sliced into the three results; the fourth, with its ReLU,
+    stays its own product. The same values as PyTorch (each column is the same dot
+    product)."""
+    from tirbyoc import fixups
+    from tirbyoc.merge_products import merge_products
+
+    model = _Heads(bias).eval()
+    x = torch.randn(2, 5, 32, generator=torch.Generator().manual_seed(3))
+    mod = _import(model, x)
+
+    def products(m):
+        return m["main"].script().count("R.matmul(")
+
+    fixed = fixups.apply(mod)
+    assert products(fixed) == 4
+    merged = merge_products(fixed)
+    assert products(merged) == 2
+    assert merged["main"].script().count("R.strided_slice(") == 3
+    outs = tirbyoc.run(tirbyoc.compile(mod), x.numpy())
+    with torch.no_grad():
+        refs = model(x)
+    for got, want in zip(outs, refs):
+        np.testing.assert_allclose(got.numpy() if hasattr(got, "numpy") else got,
+                                   want.numpy(), rtol=1e-5, atol=1e-5)

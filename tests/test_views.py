@@ -65,6 +65,13 @@ CHAINS = {
         bb.emit(op.split(x, [2, 5], axis=0)), 1))),
     "sections": ((4, 9), lambda bb, x: bb.emit(op.permute_dims(
         bb.emit(relax.TupleGetItem(bb.emit(op.split(x, 3, axis=1)), 1))))),
+    # the key columns of merged projections (tirbyoc.merge_products) into heads, and a
+    # slice with steps
+    "merged_slice": ((1, 6, 24), lambda bb, x: bb.emit(op.permute_dims(bb.emit(op.reshape(
+        bb.emit(op.strided_slice(x, [2], [8], [16], [1], assume_inbound=True)),
+        (1, 6, 2, 4))), [0, 2, 1, 3]))),
+    "strided": ((7, 10), lambda bb, x: bb.emit(op.strided_slice(
+        x, [0, 1], [1, 2], [7, 9], [2, 3], assume_inbound=True))),
 }
 
 
@@ -79,6 +86,10 @@ def _numpy_chain(name, x):
         return x[2:5]
     if name == "broadcast":
         return np.broadcast_to(x, (3, 5, 4))
+    if name == "merged_slice":
+        return x[:, :, 8:16].reshape(1, 6, 2, 4).transpose(0, 2, 1, 3)
+    if name == "strided":
+        return x[1:7:2, 2:9:3]
     return np.split(x, 3, axis=1)[1].T
 
 
@@ -149,3 +160,25 @@ def test_traced_output_is_the_result_inside_the_tensor_the_views_make():
     o = np.arange(48, dtype=np.float32).reshape(2, 6, 4)
     result = o.reshape(1, 2, 6, 4).transpose(2, 0, 1, 3).reshape(6, 8)
     np.testing.assert_array_equal(_gather(result, layout), o)
+
+
+def test_a_slice_clamped_at_the_end_and_one_with_a_symbolic_begin():
+    """A strided_slice whose end lies past its dimension is clamped there (its result's
+    shape says so): the layout addresses what numpy's slice holds. A begin that is not a
+    constant ends the walk."""
+    n = tvm.tirx.Var("n", "int64")
+
+    def past(bb, x):
+        return bb.emit(op.strided_slice(x, [1], [4], [12], [1]))
+
+    f, last, x = _func((3, 8), past)
+    layout, _ = views.trace_input(f, last)
+    assert layout.base.same_as(x)
+    data = np.arange(24, dtype=np.float32).reshape(3, 8)
+    np.testing.assert_array_equal(_gather(data, layout), data[:, 4:12])
+
+    def symbolic(bb, x):
+        return bb.emit(op.strided_slice(x, [1], [n], [n + 2], [1]))
+
+    f, last, x = _func((3, 8), symbolic)
+    assert not views.trace_input(f, last)[0].base.same_as(x)

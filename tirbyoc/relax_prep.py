@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from . import _tvm as T
 from .bindings import call_args, call_tir_sites  # noqa: F401 (part of this module's API)
 from .bindings import Bindings, is_op, same_dims
+from .merge_products import merge_products
 from .ops import resolve
 
 R = T.relax_ns
@@ -124,7 +125,7 @@ def prepare(mod, fuse="auto", softmax=True, passes=None, registry=None):
     if not legalized and not scope.chosen:
         for phase in (0, 1):
             if phase == 1:
-                mod = sink_reshapes(mod)
+                mod = sink_reshapes(merge_products(mod))
             for stage, families in _stages(phase):
                 kernels = [k for f in families for k in registry.kernels(f)]
                 builtin = any(f in ours for f in families)

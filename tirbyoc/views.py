@@ -5,7 +5,8 @@ A ``Layout`` says where each element of a tensor lives inside another, contiguou
 tensor, its ``base``: element ``[i0, i1, ...]`` is ``base.flat[offset + i0 * s0 + i1 *
 s1 + ...]`` (``dims`` holds the (extent, stride) pairs). ``R.reshape``,
 ``R.permute_dims``, ``R.expand_dims``, ``R.squeeze``, ``R.broadcast_to``, ``R.take`` with
-a constant index and one part of ``R.split`` only move or regroup elements, so their
+a constant index, ``R.strided_slice`` with constant bounds and one part of ``R.split`` only
+move or regroup elements, so their
 results are layouts of their inputs' base: a kernel given the base pointer, the offset
 and the strides reads the result without the copy TVM would otherwise make.
 
@@ -31,7 +32,7 @@ R = T.relax_ns
 # one-to-one regroupings of the elements, and views that select or repeat some
 _REGROUPING = ("relax.reshape", "relax.permute_dims", "relax.expand_dims", "relax.squeeze",
                "relax.broadcast_to")
-VIEW_OPS = _REGROUPING + ("relax.take",)
+VIEW_OPS = _REGROUPING + ("relax.take", "relax.strided_slice")
 
 
 @dataclass(frozen=True)
@@ -127,6 +128,27 @@ def _split_part(call, index, values):
     return bounds[index], _simplify(bounds[index + 1] - bounds[index]), axis
 
 
+def _static_slice(call, ndim, out_shape):
+    """[(axis, begin, step)] of a ``strided_slice`` with constant, non-negative axes and
+    begins and positive steps (its extents are its result's), else None."""
+    args = list(call.args[1:])
+    if out_shape is None or len(args) < 3:
+        return None
+    try:
+        axes, begins = ([int(x.value) for x in a.fields] if isinstance(a, R.Tuple)
+                        else [int(x) for x in a.values] for a in args[:2])
+        steps = ([1] * len(axes) if len(args) < 4 else
+                 [int(x.value) for x in args[3].fields] if isinstance(args[3], R.Tuple)
+                 else [int(x) for x in args[3].values])
+    except (AttributeError, TypeError, ValueError):
+        return None  # a symbolic axis, begin or step
+    if len(begins) != len(axes) or len(steps) != len(axes) or \
+            any(a < 0 or a >= ndim for a in axes) or any(x < 0 for x in begins) or \
+            any(x < 1 for x in steps) or len(set(axes)) != len(axes):
+        return None
+    return list(zip(axes, begins, steps))
+
+
 def forward(layout: Layout, value, values) -> Layout | None:
     """The layout of ``value`` (a view operator applied to the tensor ``layout``
     describes, or one part of a split of it), else None."""
@@ -179,6 +201,17 @@ def forward(layout: Layout, value, values) -> Layout | None:
             else:
                 return None
         dims = new
+    elif is_op(value, "relax.strided_slice"):
+        sliced = _static_slice(value, len(dims), out_shape)
+        if sliced is None:
+            return None
+        for axis, begin, step in sliced:
+            e, s = dims[axis]
+            extent = _i64(out_shape[axis])
+            if not T.analyzer().can_prove(_i64(begin) + (extent - 1) * step < e):
+                return None
+            dims[axis] = (extent, _simplify(s * step))
+            offset = _simplify(offset + _i64(begin) * s)
     elif is_op(value, "relax.take"):
         index = scalar_constant(value.args[1], values, "iu")
         if index is None or value.attrs.axis is None:
