@@ -152,10 +152,11 @@ static uint32_t abs_bits_max(const float *x, int64_t len, uint32_t mx)
 /* With an added mask: whether every score of rows [r0, r1) of one batch item at
  * keys [lo, n) is finite, so that skipping those keys (where a row masks them)
  * keeps the graph's values (a finite score + -inf is -inf; a NaN or +inf one
- * would make the row NaN). With a mask of -FLT_MAX, called with lo = 0: every
- * score is then far above -FLT_MAX, a masked one is -FLT_MAX (score + -FLT_MAX
- * rounds to it), and its weight beside a kept score is exactly 0. Proven from finite Q rows and K keys and
- * D * max|q| * max|k| * |scale| (a bound of every |score|) far below FLT_MAX. */
+ * would make the row NaN). Proven from finite Q rows and K keys and
+ * D * max|q| * max|k| * |scale| (a bound of every |score|) far below FLT_MAX.
+ * With a mask of -FLT_MAX it is called with lo = 0: every score is then far
+ * above -FLT_MAX, a masked one is -FLT_MAX (score + -FLT_MAX rounds to it),
+ * and its weight beside a kept score is exactly 0. */
 static int added_skip_exact(const att_job_t *j, const float *q, const float *k,
                             int64_t r0, int64_t r1, int64_t lo)
 {

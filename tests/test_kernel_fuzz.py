@@ -1499,8 +1499,8 @@ def attention_expected(ops, groups):
     """float64 softmax(where(masked, -inf, (Q K) * scale)) @ V with IEEE semantics: NaN
     for a row whose scores are all -inf (0 weights with empty_zero), NaN where a kept
     score is NaN or +inf (with mask_add, the mask added as -inf: where any score is; with
-    mask_lowest the mask is -FLT_MAX instead), and 0 * inf = NaN for every weight of 0 against a non-finite
-    V. Tolerance (plus compare()'s 1e-5 relative): 2e-6 * (1 + t_i) of sum_j |P_ij V_jc|,
+    mask_lowest the mask is -FLT_MAX instead), and 0 * inf = NaN for every weight of 0
+    against a non-finite V. Tolerance (plus compare()'s 1e-5 relative): 2e-6 * (1 + t_i) of sum_j |P_ij V_jc|,
     where t_i is the largest of row i's score tolerances as the dense tests give them
     (|scale| * the 2-norm of the products q_ip k_pj summed * max(1, sqrt(D) / 8)): a
     score's rounding error e becomes a relative error of about e in its weight (through

@@ -5,10 +5,10 @@ A ``Layout`` says where each element of a tensor lives inside another, contiguou
 tensor, its ``base``: element ``[i0, i1, ...]`` is ``base.flat[offset + i0 * s0 + i1 *
 s1 + ...]`` (``dims`` holds the (extent, stride) pairs). ``R.reshape``,
 ``R.permute_dims``, ``R.expand_dims``, ``R.squeeze``, ``R.broadcast_to``, ``R.take`` with
-a constant index, ``R.strided_slice`` with constant bounds and one part of ``R.split`` only
-move or regroup elements, so their
-results are layouts of their inputs' base: a kernel given the base pointer, the offset
-and the strides reads the result without the copy TVM would otherwise make.
+a constant index, ``R.strided_slice`` with constant bounds and one part of ``R.split``
+only move or regroup elements, so their results are layouts of their inputs' base: a
+kernel given the base pointer, the offset and the strides reads the result without the
+copy TVM would otherwise make.
 
 ``trace_input`` walks back from an operand through such operators (and, where asked,
 through multiplications by a scalar constant, returned as a factor). ``trace_output``
