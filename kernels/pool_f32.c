@@ -10,10 +10,11 @@
  * and 2, no dilation), which the compiler vectorizes with the instruction
  * set's own strided loads; the rest takes a general loop with bounds.
  *
- * On AVX-512, 3x3 windows of stride 2 (ResNet's stem pool) take one pass
- * per output row instead (rows_avx512_3x3s2): the same maxima in the same
- * order, in whole vectors with masked loads (-inf outside the image), with
- * vmaxps where no tap is NaN.
+ * On AVX-512 and AVX2, 3x3 windows of stride 2 (ResNet's stem pool) take
+ * one pass per output row instead (rows_avx512_3x3s2, rows_avx2_3x3s2): the
+ * same maxima in the same order, in whole vectors (AVX-512: masked loads,
+ * -inf outside the image, vmaxps where no tap is NaN; AVX2: the columns
+ * inside the row, the edges one output at a time).
  *
  * The maximum propagates NaN (PyTorch's max_pool2d): a NaN anywhere in a
  * window gives NaN. A window with no tap inside the input gives -inf.
@@ -152,7 +153,116 @@ PL_PASSES(generic)
 #if defined(__x86_64__) || defined(__i386__)
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
-#define PL_ROWS_3X3S2_avx2 NULL
+#include <immintrin.h>
+
+/* PL_MAX(m, v) on 8 lanes, the same operations lane by lane. */
+static inline __m256 pl_max8(__m256 m, __m256 v)
+{
+    const __m256 k = _mm256_or_ps(_mm256_cmp_ps(v, m, _CMP_GT_OQ),
+                                  _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    return _mm256_blendv_ps(m, v, k);
+}
+
+/* Output column q of a 3x3 stride-2 row from the rows r[0..2] (NULL: outside
+ * the image): the vertical maxima of its columns inside the row (the first
+ * row present as it is, then PL_MAX in row order: vmax2 / vmax), then their
+ * maximum from the left (col_max; PL_MAX(-inf, t) is t, bit for bit). */
+static float pl_out1(const pl_job *j, const float *const r[3], int64_t q)
+{
+    float m = -__builtin_inff();
+    int64_t b;
+    int a;
+    for (b = 0; b < 3; ++b) {
+        const int64_t c = q * 2 - j->pw + b;
+        float t = -__builtin_inff();
+        int first = 1;
+        if (c < 0 || c >= j->w)
+            continue;
+        for (a = 0; a < 3; ++a)
+            if (r[a] != NULL) {
+                t = first ? r[a][c] : PL_MAX(t, r[a][c]);
+                first = 0;
+            }
+        m = PL_MAX(m, t);
+    }
+    return m;
+}
+
+/* 8 outputs from output column q on, every column they read inside the row:
+ * the vertical maxima of the 17 columns (in row order), the even and odd
+ * ones by in-lane shuffles and a cross-lane permute, the next even ones by a
+ * rotate with column 16 in the last lane, then PL_MAX(PL_MAX(even, odd),
+ * next even): PL_COLS's operations. */
+static inline void pl_out8(const pl_job *j, const float *const r[3], int64_t q,
+                           float *yrow)
+{
+    const __m256i rot = _mm256_setr_epi32(1, 2, 3, 4, 5, 6, 7, 0);
+    const int64_t c = q * 2 - j->pw;
+    __m256 v0 = _mm256_setzero_ps(), v1 = v0, v2 = v0;
+    int a, first = 1;
+    for (a = 0; a < 3; ++a)
+        if (r[a] != NULL) {
+            const __m256 a0 = _mm256_loadu_ps(r[a] + c), a1 = _mm256_loadu_ps(r[a] + c + 8);
+            const __m256 a2 = _mm256_broadcast_ss(r[a] + c + 16);
+            if (first) {
+                v0 = a0, v1 = a1, v2 = a2;
+                first = 0;
+            } else {
+                v0 = pl_max8(v0, a0), v1 = pl_max8(v1, a1), v2 = pl_max8(v2, a2);
+            }
+        }
+    const __m256 e = _mm256_castpd_ps(_mm256_permute4x64_pd(
+        _mm256_castps_pd(_mm256_shuffle_ps(v0, v1, _MM_SHUFFLE(2, 0, 2, 0))),
+        _MM_SHUFFLE(3, 1, 2, 0)));
+    const __m256 o = _mm256_castpd_ps(_mm256_permute4x64_pd(
+        _mm256_castps_pd(_mm256_shuffle_ps(v0, v1, _MM_SHUFFLE(3, 1, 3, 1))),
+        _MM_SHUFFLE(3, 1, 2, 0)));
+    _mm256_storeu_ps(yrow + q, pl_max8(pl_max8(e, o), _mm256_blend_ps(
+                                           _mm256_permutevar8x32_ps(e, rot), v2, 0x80)));
+}
+
+/* 3x3 windows, stride 2, 8 outputs a vector (as rows_avx512_3x3s2 below)
+ * where the columns they read lie inside the row, the last block overlapping
+ * the one before it (the same values again); the outputs at the edges one by
+ * one. A row with no input row inside gives -inf. (The two passes ran at
+ * about one tap a cycle on ResNet's stem pool, 64 x 112 x 112.) */
+static void rows_avx2_3x3s2(const pl_job *j, const float *x, float *y, int64_t i0,
+                            int64_t i1)
+{
+    /* outputs [qa, qb) read columns [2q - pw, 2q - pw + 2] inside [0, w) */
+    const int64_t qa = min_i64(j->ow, cdiv(j->pw, 2));
+    const int64_t qb = j->w - 3 + j->pw < 0 ? qa
+                       : max_i64(qa, min_i64(j->ow, (j->w - 3 + j->pw) / 2 + 1));
+    int64_t i, q;
+    int a;
+    for (i = i0; i < i1; ++i) {
+        const float *r[3];
+        float *yrow = y + i * j->ow;
+        for (a = 0; a < 3; ++a) {
+            const int64_t rr = i * 2 - j->ph + a;
+            r[a] = rr >= 0 && rr < j->h ? x + rr * j->w : NULL;
+        }
+        if (r[0] == NULL && r[1] == NULL && r[2] == NULL) {
+            for (q = 0; q < j->ow; ++q)
+                yrow[q] = -__builtin_inff();
+            continue;
+        }
+        for (q = 0; q < qa; ++q)
+            yrow[q] = pl_out1(j, r, q);
+        if (qb - qa >= 8) {
+            for (q = qa; q + 8 <= qb; q += 8)
+                pl_out8(j, r, q, yrow);
+            if (q < qb)
+                pl_out8(j, r, qb - 8, yrow);
+        } else {
+            for (q = qa; q < qb; ++q)
+                yrow[q] = pl_out1(j, r, q);
+        }
+        for (q = qb; q < j->ow; ++q)
+            yrow[q] = pl_out1(j, r, q);
+    }
+}
+#define PL_ROWS_3X3S2_avx2 rows_avx2_3x3s2
 PL_PASSES(avx2)
 #pragma GCC pop_options
 

@@ -23,6 +23,12 @@ CASES = [
     ((3, 2, 6, 5), 5, 1, 2, 1, False),
     ((1, 7, 1, 1), 1, 1, 0, 1, False),
     ((1, 3, 33, 70), (1, 4), (1, 4), (0, 2), 1, False),
+    # 3x3 stride 2 (AVX2's vector rows: 8 outputs a vector, the last block overlapping
+    # the one before, the edges one by one): no padding, a ceil-mode window past the
+    # edge, a row too short for a vector
+    ((1, 3, 13, 24), 3, 2, 0, 1, False),
+    ((1, 2, 15, 31), 3, 2, 1, 1, True),
+    ((2, 3, 9, 17), 3, 2, 1, 1, False),
 ]
 
 
