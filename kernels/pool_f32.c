@@ -250,15 +250,13 @@ static void rows_avx2_3x3s2(const pl_job *j, const float *x, float *y, int64_t i
         for (q = 0; q < qa; ++q)
             yrow[q] = pl_out1(j, r, q);
         if (qb - qa >= 8) {
-            for (q = qa; q + 8 <= qb; q += 8)
+            for (; q + 8 <= qb; q += 8)
                 pl_out8(j, r, q, yrow);
             if (q < qb)
                 pl_out8(j, r, qb - 8, yrow);
-        } else {
-            for (q = qa; q < qb; ++q)
-                yrow[q] = pl_out1(j, r, q);
+            q = qb;
         }
-        for (q = qb; q < j->ow; ++q)
+        for (; q < j->ow; ++q)
             yrow[q] = pl_out1(j, r, q);
     }
 }

@@ -70,6 +70,21 @@ def scalar_constant(expr, values, kinds=None):
     return None
 
 
+def constant_value_of(expr, b):
+    """The numpy value of a constant, or of ``permute_dims(constant)`` (transposed), read
+    directly or through the variable bound to it (``b``: the function's ``Bindings``);
+    else None."""
+    bound = b.producer(expr)
+    expr = expr if bound is None else bound
+    if isinstance(expr, T.RelaxConstant):
+        return T.constant_value(expr)
+    if is_op(expr, "relax.permute_dims") and isinstance(expr.args[0], T.RelaxConstant):
+        value = T.constant_value(expr.args[0])
+        axes = expr.attrs.axes
+        return value.transpose([int(a) for a in axes]) if axes is not None else value.T
+    return None
+
+
 def scaled_operand(call, values, kinds=None):
     """(x, c) of ``R.multiply`` of a tensor ``x`` and a scalar constant ``c`` (either
     order) or of ``R.divide(x, c)``, else None (see ``scalar_constant``)."""

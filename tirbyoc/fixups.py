@@ -236,40 +236,25 @@ def fix_flattened_matmul(mod):
 
 # ---- a constant per-column scale after a matrix product (ConvNeXt's layer scale) ----
 
-def _const_value(expr, b):
-    """The numpy value of a constant, or of ``permute_dims(constant)`` of a matrix."""
-    from .bindings import is_op
-
-    bound = b.producer(expr)
-    expr = expr if bound is None else bound
-    if isinstance(expr, T.RelaxConstant):
-        return T.constant_value(expr)
-    if is_op(expr, "relax.permute_dims") and isinstance(expr.args[0], T.RelaxConstant):
-        value = T.constant_value(expr.args[0])
-        axes = expr.attrs.axes
-        return value.transpose([int(a) for a in axes]) if axes is not None else value.T
-    return None
-
-
 def _column_scaled(call, b):
     """For ``gamma * (matmul(x, W) + bias)`` (either operand order) with W, bias and
     gamma constants and gamma one factor per output column, ``matmul(x, W * gamma) +
     bias * gamma`` with the products computed now; else None."""
     import numpy as np
 
-    from .bindings import is_op
+    from .bindings import constant_value_of, is_op
 
     if not is_op(call, "relax.multiply"):
         return None
     for gamma_expr, inner_var in (call.args, call.args[::-1]):
-        gamma, add = _const_value(gamma_expr, b), b.producer(inner_var)
+        gamma, add = constant_value_of(gamma_expr, b), b.producer(inner_var)
         if gamma is None or not is_op(add, "relax.add") or b.uses.get(inner_var) != 1:
             continue
         for bias_expr, mm_var in (add.args, add.args[::-1]):
-            bias, mm = _const_value(bias_expr, b), b.producer(mm_var)
+            bias, mm = constant_value_of(bias_expr, b), b.producer(mm_var)
             if bias is None or not is_op(mm, "relax.matmul") or b.uses.get(mm_var) != 1:
                 continue
-            w = _const_value(mm.args[1], b)
+            w = constant_value_of(mm.args[1], b)
             if w is None or w.ndim != 2 or w.dtype != np.float32:
                 continue
             n = w.shape[1]

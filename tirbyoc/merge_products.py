@@ -27,33 +27,16 @@ from __future__ import annotations
 import numpy as np
 
 from . import _tvm as T
-from .bindings import Bindings, is_op, shape_of
+from .bindings import Bindings, constant_value_of, is_op, shape_of
 
 R = T.relax_ns
-
-
-def _constant(expr, b):
-    """The numpy value of a constant, through variables bound to one."""
-    while isinstance(expr, R.Var) and b.producer(expr) is not None:
-        expr = b.producer(expr)
-    return T.constant_value(expr) if isinstance(expr, T.RelaxConstant) else None
 
 
 def _weight(expr, b):
     """The float32 [K, N] value a product multiplies by: a 2-D constant, or the
     transpose of one (``permute_dims``, as the frontends write ``Linear``); else None."""
-    while isinstance(expr, R.Var) and b.producer(expr) is not None:
-        expr = b.producer(expr)
-    transpose = False
-    if is_op(expr, "relax.permute_dims"):
-        axes = expr.attrs.axes
-        if axes is not None and [int(a) for a in axes] != [1, 0]:
-            return None
-        expr, transpose = expr.args[0], True
-    data = _constant(expr, b)
-    if data is None or data.ndim != 2 or data.dtype != np.float32:
-        return None
-    return data.T if transpose else data
+    data = constant_value_of(expr, b)
+    return data if data is not None and data.ndim == 2 and data.dtype == np.float32 else None
 
 
 class _Member:
@@ -84,7 +67,7 @@ def _member(var, value, b):
     user = b.only_user(var)
     if user is not None and is_op(user[1], "relax.add"):
         other = [a for a in user[1].args if not a.same_as(var)]
-        bias = _constant(other[0], b) if len(other) == 1 else None
+        bias = constant_value_of(other[0], b) if len(other) == 1 else None
         if bias is not None and bias.shape == (weight.shape[1],) and bias.dtype == np.float32:
             member = _Member(var, weight, bias, user[0], dead)
     # only the projections into heads: a result that is only reshaped
