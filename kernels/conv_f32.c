@@ -504,6 +504,13 @@ static void direct_unit(const conv_job_t *j, int64_t n, int64_t gi,
      * 99 -> 83 us; a plain 1x1 conv of 32 channels at 112 x 112 ran slower
      * so, 151 -> 159 us, and keeps the store after the unit) */
     const int tile_out16 = j->yb && !fused && kblocks == 1 && !j->inplace;
+    /* ... and where the ISA has conv_tiley and the tiles are runs of real
+     * pixels (consecutive in y), the tile stores its sums into y from its
+     * registers, without their round trip through the scratch (Zen 3,
+     * AVX2, both forms interleaved in one process: MobileNetV2's stem,
+     * 3x3/2 into 32 channels, 293 -> 228 us at 2 threads, ResNet-50's 7x7/2
+     * into 64, 1924 -> 1623 us; the sums and stores bit for bit the same) */
+    const int tiley = tile_out16 && j->runs && isa->conv_tiley != NULL;
     int64_t rest16; /* the chain after what the blocked stores apply */
     const int64_t light16 = tb_ops16_split(j->chain.ops, &rest16);
     const float *res16; /* an NCHW16c residual at the unit's first channel */
@@ -547,6 +554,12 @@ static void direct_unit(const conv_job_t *j, int64_t n, int64_t gi,
                                       flags | pf, last ? light16 : 0);
                     if (last)
                         out16_rest(j, yt, rt, nr, m, rest16);
+                } else if (tiley) {
+                    float *yt = y + c0 * j->p + qa * 16;
+                    const float *rt = res16 != NULL ? res16 + c0 * j->p + qa * 16 : NULL;
+                    isa->conv_tiley(kc, kp, va, wp, wps, yt, rt, j->p * 16, m, nr,
+                                    flags | pf, light16, split, j->wv - ow);
+                    out16_rest(j, yt, rt, nr, m, rest16);
                 } else {
                     if (tile_out16 && j->runs)
                         /* the tile's output lines: fetched while it computes */

@@ -294,6 +294,29 @@ typedef void (*split_fn)(int64_t, int64_t, int64_t, const float *const *,
     }
 TILE_FNS(1) TILE_FNS(2) TILE_FNS(3) TILE_FNS(4) TILE_FNS(5) TILE_FNS(6)
 
+/* indy: ind storing into an NCHW16c y (tb_conv_tiley_fn); splity: the same
+ * for full tiles whose rows span two output rows */
+#define INDY_FN(MR)                                                           \
+    static void indy_##MR(int64_t kc, int64_t off, const float *const *kp,    \
+                          const float *wp, int64_t wps, float *y,             \
+                          const float *res, int64_t ldy, int flags,           \
+                          int64_t ops)                                        \
+    {                                                                         \
+        tile(MR, 1, 1, 0, 1, 0, off, kc, NULL, kp, wp, wps, y, ldy, 16,       \
+             flags, NULL, 0, 0, 1, res, ops);                                 \
+    }
+#define SPLITY_FN(S)                                                          \
+    static void splity_##S(int64_t kc, int64_t off, int64_t skip,             \
+                           const float *const *kp, const float *wp,           \
+                           int64_t wps, float *y, const float *res,           \
+                           int64_t ldy, int flags, int64_t ops)               \
+    {                                                                         \
+        tile(Y_MR, 1, 1, S, 1, skip, off, kc, NULL, kp, wp, wps, y, ldy, 16,  \
+             flags, NULL, 0, 0, 1, res, ops);                                 \
+    }
+INDY_FN(1) INDY_FN(2) INDY_FN(3) INDY_FN(4) INDY_FN(5) INDY_FN(6)
+SPLITY_FN(1) SPLITY_FN(2) SPLITY_FN(3) SPLITY_FN(4) SPLITY_FN(5)
+
 /* Full tiles whose rows span two output rows: rows >= S skip the virtual
  * row's padding. */
 #define SPLIT_FN(S, FULL)                                                     \
@@ -322,6 +345,15 @@ static const ind_fn inds16[2][Y_MR + 1] = {
 };
 static const ind16y_fn inds16y[Y_MR + 1] = {
     NULL, ind16y_1, ind16y_2, ind16y_3, ind16y_4, ind16y_5, ind16y_6,
+};
+typedef void (*splity_fn)(int64_t, int64_t, int64_t, const float *const *,
+                          const float *, int64_t, float *, const float *,
+                          int64_t, int, int64_t);
+static const ind16y_fn indys[Y_MR + 1] = {
+    NULL, indy_1, indy_2, indy_3, indy_4, indy_5, indy_6,
+};
+static const splity_fn splitys[Y_MR] = {
+    NULL, splity_1, splity_2, splity_3, splity_4, splity_5,
 };
 static const split_fn splits[2][Y_MR] = {
     {NULL, split_1_0, split_2_0, split_3_0, split_4_0, split_5_0},
@@ -371,6 +403,23 @@ static void conv_tile16y(int64_t kc, const float *const *kp, int64_t off,
 {
     (void)nr;
     inds16y[mr](kc, off, kp, wp, wps, y, res, ldy, flags, ops);
+}
+
+/* tb_conv_tiley_fn (nr is 16) */
+static void conv_tiley(int64_t kc, const float *const *kp, int64_t off,
+                       const float *wp, int64_t wps, float *y, const float *res,
+                       int64_t ldy, int mr, int nr, int flags, int64_t ops,
+                       int split, int64_t skip)
+{
+    (void)nr;
+    if (split > 0 && split < mr && mr == Y_MR)
+        splitys[split](kc, off, skip, kp, wp, wps, y, res, ldy, flags, ops);
+    else if (split > 0 && split < mr) {
+        indys[split](kc, off, kp, wp, wps, y, res, ldy, flags, ops);
+        indys[mr - split](kc, off + skip + split, kp, wp, wps, y + split * 16,
+                          res != NULL ? res + split * 16 : NULL, ldy, flags, ops);
+    } else
+        indys[mr](kc, off, kp, wp, wps, y, res, ldy, flags, ops);
 }
 
 /* ---- packing ---- */
@@ -846,5 +895,5 @@ const tb_isa tb_isa_avx2 = {
     nt_direct, Y_DJ, Y_DROWS,
     tb_chain_block, tb_unary_row, tb_softmax_row, tb_attn_row, tb_conv_gather,
     conv_tile, conv_out, tb_wino_in, tb_wino_out, conv_tile16, conv_out16,
-    conv_tile16y, NULL, 128,
+    conv_tile16y, conv_tiley, NULL, 128,
 };

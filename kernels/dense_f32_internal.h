@@ -263,6 +263,16 @@ typedef void (*tb_conv_tile16y_fn)(int64_t kc, const float *const *kp,
                                    float *y, const float *res, int64_t ldy,
                                    int mr, int nr, int flags, int64_t ops);
 
+/* conv_tile (rows 1 float apart, split and skip as there) over one K block
+ * storing its tile into an NCHW16c y as conv_tile16y does (16 | nr): the
+ * direct path's phase planes, or an NCHW image read in place, into blocked
+ * outputs without the sums' round trip through the scratch. */
+typedef void (*tb_conv_tiley_fn)(int64_t kc, const float *const *kp,
+                                 int64_t off, const float *wp, int64_t wps,
+                                 float *y, const float *res, int64_t ldy,
+                                 int mr, int nr, int flags, int64_t ops,
+                                 int split, int64_t skip);
+
 /* d[t] = s[t * sw] for t < n, sw 1 or 2 (the direct path's phase planes,
  * conv_f32.c); NULL where an ISA leaves it to the compiler's loops. */
 typedef void (*tb_strided_copy_fn)(float *d, const float *s, int64_t n,
@@ -318,6 +328,7 @@ typedef struct tb_isa {
     tb_conv_tile_fn conv_tile16; /* or NULL */
     tb_conv_out16_fn conv_out16; /* or NULL */
     tb_conv_tile16y_fn conv_tile16y; /* or NULL */
+    tb_conv_tiley_fn conv_tiley;     /* or NULL */
     tb_strided_copy_fn strided_copy; /* or NULL */
     /* Input channels from which a 3x3 conv over as few as WG_TILES_FEW
      * tiles of 4 x 4 output pixels takes Winograd's F(4x4, 3x3) (else from

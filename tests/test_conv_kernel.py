@@ -610,6 +610,39 @@ def test_blocked_layouts_equal_nchw_bit_for_bit(each_isa, case, layouts):
     np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
 
 
+@pytest.mark.parametrize("case", [
+    (1, 3, 23, 29, 32, 3, 2, 1, ("bias", "relu6")),           # MobileNet's stem
+    (2, 3, 30, 26, 64, 7, 2, 3, ("bias", "relu")),            # ResNet's stem
+    (1, 3, 21, 21, 32, 3, 2, 1, ("bias", "silu")),            # EfficientNet's
+    (1, 5, 17, 19, 48, 3, 1, 1, ("bias", "residual", "relu")),
+    (1, 4, 15, 13, 16, 5, 2, 2, ("relu", "residual")),
+], ids=["3x3-s2-relu6", "7x7-s2-batch2", "3x3-s2-silu", "3x3-s1-residual",
+        "5x5-s2-relu-residual"])
+def test_blocked_y_from_phase_planes_equals_nchw_bit_for_bit(each_isa, case):
+    """A conv of few input channels (a stem: one K block over the phase planes) into an
+    NCHW16c y: where the ISA has conv_tiley each register tile stores its sums into y
+    itself, its rows a run of pixels that wraps from one output row to the next in most
+    tiles (output widths that are no multiple of the tile's rows); the NCHW call's values
+    bit for bit, and within the float64 reference's tolerance."""
+    n, c, h, w, oc, k, stride, pad, ops = case
+    rng = np.random.default_rng(h * w)
+    x = rng.standard_normal((n, c, h, w)).astype(np.float32)
+    wt = rng.standard_normal((oc, c, k, k)).astype(np.float32)
+    bias = rng.standard_normal(oc).astype(np.float32) if "bias" in ops else None
+    size = out_size(h, w, k, k, (stride, stride), (pad, pad), (1, 1))
+    res = (rng.standard_normal((n, oc) + size).astype(np.float32)
+           if "residual" in ops else None)
+    packed = kernels.pack_conv2d_weight(wt, bias)
+    want = kernels.conv2d(x, packed, stride=stride, padding=pad, epilogue=ops, residual=res)
+    ref, tol = reference(x, wt, (stride,) * 2, (pad,) * 2, (1, 1), size, ops, bias, res)
+    assert np.all(np.abs(want - ref) <= tol)
+    got = kernels.conv2d(x, packed, stride=stride, padding=pad, epilogue=ops,
+                         residual=None if res is None else kernels.to_nchw16c(res),
+                         layout_y="nchw16c")
+    np.testing.assert_array_equal(kernels.from_nchw16c(got).view(np.uint32),
+                                  want.view(np.uint32))
+
+
 def test_direct_suits_is_the_kernels_choice():
     """``tirbyoc_conv2d_direct_suits`` states the rule the conv kernel applies to NCHW
     tensors: a plain conv takes the direct path up to as many pixels as output channels
