@@ -53,6 +53,30 @@ def test_models_benchmark_rows_are_complete(tmp_path):
     assert json.load(open(json_path))["rows"][0]["model"] == "tiny_gpt2"
 
 
+class _DataDependent(torch.nn.Module):
+    """A branch on a tensor's value: torch.export refuses it."""
+
+    def forward(self, x):
+        return x * 2 if float(x.sum()) > 0 else x
+
+
+def test_a_model_that_cannot_be_imported_is_reported_and_fails_the_run(monkeypatch, tmp_path,
+                                                                       capsys):
+    """Every model failing (here the only one) gives a FAILED footer and exit status 1, not
+    a crash in the plot; bench_torch_model without a ``failed`` list raises."""
+    spec = bench_models.ModelSpec("branchy", _DataDependent, lambda s: (2, 3))
+    monkeypatch.setattr(bench_models, "_registry", lambda: {"branchy": spec})
+    status = bench_models.run_models(["branchy"], threads=1, reps=1, with_tvm=False,
+                                     settle=0.0, out=str(tmp_path))
+    out = capsys.readouterr().out
+    assert status == 1
+    assert "no model ran" in out and "FAILED:" in out and "branchy (static)" in out
+    assert not list(tmp_path.iterdir())  # no table or plot written for no rows
+    with pytest.raises(Exception):
+        bench_models.bench_torch_model(spec, threads=1, reps=1, tvm_reps=1, with_tvm=False,
+                                       settle=0.0, progress=lambda s: None)
+
+
 def test_bench_an_onnx_file(tmp_path, capsys):
     model = torch.nn.Sequential(torch.nn.Linear(12, 8), torch.nn.GELU(), torch.nn.Linear(8, 4))
     path = tmp_path / "tiny.onnx"

@@ -276,8 +276,10 @@ def _bandwidth() -> float:
 
 
 def bench_torch_model(spec: ModelSpec, threads: int, reps: int, tvm_reps: int, with_tvm: bool,
-                      settle: float, progress=print) -> list:
-    """Rows for one registry model: static shape, then each length of a dynamic build."""
+                      settle: float, progress=print, failed=None) -> list:
+    """Rows for one registry model: static shape, then each length of a dynamic build. A
+    build that cannot be imported is reported through ``progress`` and appended to
+    ``failed`` (a list), or raised when ``failed`` is None."""
     import torch
     import tvm
 
@@ -294,7 +296,11 @@ def bench_torch_model(spec: ModelSpec, threads: int, reps: int, tvm_reps: int, w
         try:
             mod = examples.import_torch(model, example, dynamic_seq=kind == "dynamic")
         except Exception as exc:  # noqa: BLE001 (reported, not hidden)
-            progress(f"  {spec.name} ({kind}): torch.export failed: {exc}")
+            if failed is None:
+                raise
+            failed.append(f"{spec.name} ({kind}): torch.export failed: {type(exc).__name__}: "
+                          f"{str(exc).strip().splitlines()[-1][:300] if str(exc) else ''}")
+            progress(f"  {failed[-1]}")
             continue
         report = tirbyoc.explain(mod)
         ours = tirbyoc.compile(mod)
@@ -510,16 +516,18 @@ def run_models(names, threads=2, reps=20, tvm_reps=1, with_tvm=True, settle=SETT
     unknown = [n for n in names if n not in registry]
     if unknown:
         raise SystemExit(f"unknown model(s) {unknown}; known: {', '.join(registry)}")
-    rows = []
+    rows, failed = [], []
     for name in names:
         rows += bench_torch_model(registry[name], threads, reps, tvm_reps, with_tvm, settle,
-                                  progress=lambda s: print(s, file=sys.stderr))
-    print(report(rows, threads))
-    paths = write(rows, out, threads)
-    print(f"\nwrote {paths[0]} and {paths[1]}")
+                                  progress=lambda s: print(s, file=sys.stderr), failed=failed)
+    print(report(rows, threads) if rows else "no model ran")
+    if rows:
+        paths = write(rows, out, threads)
+        print(f"\nwrote {paths[0]} and {paths[1]}")
     bad = [f"{r['model']} {p}: {e:.1e}" for r in rows for p, e in r["rel_err"].items()
            if e > RTOL]
+    if failed:
+        print("FAILED:\n  " + "\n  ".join(failed))
     if bad:
         print("NUMERICS OUT OF TOLERANCE:\n  " + "\n  ".join(bad))
-        return 1
-    return 0
+    return 1 if bad or failed else 0
