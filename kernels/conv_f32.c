@@ -497,20 +497,24 @@ static void direct_unit(const conv_job_t *j, int64_t n, int64_t gi,
      * at 1 thread, 0-4% at 2 (Zen 3, both forms in one process; within 2%
      * either way on a Xeon with AVX-512) */
     const int fused = j->x16 && j->yb && isa->conv_tile16y != NULL;
-    /* a conv over phase planes with one K block and an NCHW16c y: each tile's
-     * sums are final, and stored into y while in L1, its lines fetched
-     * during the tile (after the whole unit the sums came back from L2, into
-     * cold lines: MobileNet's stem, 3x3/2 into 32 channels, its output cold,
-     * 99 -> 83 us; a plain 1x1 conv of 32 channels at 112 x 112 ran slower
-     * so, 151 -> 159 us, and keeps the store after the unit) */
-    const int tile_out16 = j->yb && !fused && kblocks == 1 && !j->inplace;
-    /* ... and where the ISA has conv_tiley and the tiles are runs of real
-     * pixels (consecutive in y), the tile stores its sums into y from its
-     * registers, without their round trip through the scratch (Zen 3,
-     * AVX2, both forms interleaved in one process: MobileNetV2's stem,
-     * 3x3/2 into 32 channels, 293 -> 228 us at 2 threads, ResNet-50's 7x7/2
-     * into 64, 1924 -> 1623 us; the sums and stores bit for bit the same) */
-    const int tiley = tile_out16 && j->runs && isa->conv_tiley != NULL;
+    /* one K block into an NCHW16c y where the ISA has conv_tiley and the
+     * tiles are runs of real pixels (consecutive in y): each tile's sums are
+     * final, and the tile stores them into y from its registers, not through
+     * the scratch (Zen 3, AVX2, both forms interleaved in one process, bit
+     * for bit the same: MobileNetV2's stem, 3x3/2 into 32 channels, 293 ->
+     * 228 us at 2 threads, ResNet-50's 7x7/2 into 64 1924 -> 1623 us; plain
+     * 1x1 convs from an NCHW x, 24 -> 144 channels at 56 x 56 and 32 -> 16
+     * at 112 x 112, 1.02-1.17x and 1.13-1.16x) */
+    const int tiley = j->yb && !fused && kblocks == 1 && j->runs &&
+                      isa->conv_tiley != NULL;
+    /* elsewhere, a conv over phase planes with one K block and an NCHW16c
+     * y: each tile's sums are stored into y from the scratch while in L1,
+     * its lines fetched during the tile (after the whole unit the sums came
+     * back from L2, into cold lines: MobileNet's stem, 3x3/2 into 32
+     * channels, its output cold, 99 -> 83 us on AVX-512; a plain 1x1 conv of
+     * 32 channels at 112 x 112 ran slower so, 151 -> 159 us, and keeps the
+     * store after the unit) */
+    const int tile_out16 = j->yb && !fused && !tiley && kblocks == 1 && !j->inplace;
     int64_t rest16; /* the chain after what the blocked stores apply */
     const int64_t light16 = tb_ops16_split(j->chain.ops, &rest16);
     const float *res16; /* an NCHW16c residual at the unit's first channel */
@@ -578,7 +582,7 @@ static void direct_unit(const conv_job_t *j, int64_t n, int64_t gi,
         }
     }
     if (j->yb) {
-        for (t = 0; !fused && !tile_out16 && t < tiles; ++t)
+        for (t = 0; !fused && !tile_out16 && !tiley && t < tiles; ++t)
             direct_out16(j, scratch + t * mr * ldc, ldc, ob, q0 + t * mr,
                          min_i64(q1, q0 + (t + 1) * mr), y, res16, ch.ops);
         return;

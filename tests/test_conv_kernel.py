@@ -616,14 +616,17 @@ def test_blocked_layouts_equal_nchw_bit_for_bit(each_isa, case, layouts):
     (1, 3, 21, 21, 32, 3, 2, 1, ("bias", "silu")),            # EfficientNet's
     (1, 5, 17, 19, 48, 3, 1, 1, ("bias", "residual", "relu")),
     (1, 4, 15, 13, 16, 5, 2, 2, ("relu", "residual")),
+    (1, 24, 13, 11, 48, 1, 1, 0, ("bias", "relu6")),          # plain, x read in place
+    (2, 40, 9, 7, 32, 1, 1, 0, ("bias", "silu", "residual")),
 ], ids=["3x3-s2-relu6", "7x7-s2-batch2", "3x3-s2-silu", "3x3-s1-residual",
-        "5x5-s2-relu-residual"])
-def test_blocked_y_from_phase_planes_equals_nchw_bit_for_bit(each_isa, case):
-    """A conv of few input channels (a stem: one K block over the phase planes) into an
-    NCHW16c y: where the ISA has conv_tiley each register tile stores its sums into y
-    itself, its rows a run of pixels that wraps from one output row to the next in most
-    tiles (output widths that are no multiple of the tile's rows); the NCHW call's values
-    bit for bit, and within the float64 reference's tolerance."""
+        "5x5-s2-relu-residual", "plain-relu6", "plain-batch2-silu-residual"])
+def test_blocked_y_from_nchw_x_equals_nchw_bit_for_bit(each_isa, case):
+    """A conv of an NCHW x with one K block (a stem over its phase planes, or a plain 1x1
+    conv reading x in place) into an NCHW16c y: where the ISA has conv_tiley each
+    register tile stores its sums into y itself, its rows a run of pixels that wraps
+    from one output row to the next in most tiles (output widths that are no multiple of
+    the tile's rows); the NCHW call's values bit for bit, and within the float64
+    reference's tolerance."""
     n, c, h, w, oc, k, stride, pad, ops = case
     rng = np.random.default_rng(h * w)
     x = rng.standard_normal((n, c, h, w)).astype(np.float32)
