@@ -5,6 +5,7 @@ import json
 import math
 import statistics
 
+import numpy as np
 import pytest
 
 import torch  # noqa: E402  (the test extra installs it)
@@ -87,6 +88,56 @@ def test_bench_an_onnx_file(tmp_path, capsys):
     out = capsys.readouterr().out
     assert code == 0, out
     assert "tiny.onnx" in out and "5x12" in out and "where the time goes" in out
+    assert "reference: the model in float64" in out
+
+
+def test_float64_reference_of_an_onnx_file(tmp_path):
+    """The ONNX bench's reference: the model evaluated in float64 (PyTorch's float64
+    forward of the same weights, to 1e-12), a float32 ONNX Runtime output off by more; a
+    model with a subgraph has none (the bench then takes ONNX Runtime's output)."""
+    import onnx
+
+    torch.manual_seed(0)
+    # (ReLU: a GELU's exported constants are float32, so the float64 model is not
+    # PyTorch's float64 GELU)
+    model = torch.nn.Sequential(torch.nn.Linear(12, 30), torch.nn.ReLU(),
+                                torch.nn.Linear(30, 4)).eval()
+    path = tmp_path / "tiny.onnx"
+    torch.onnx.export(model, (torch.randn(3, 12),), str(path), input_names=["x"],
+                      dynamo=False)
+    x = np.random.default_rng(1).standard_normal((3, 12)).astype(np.float32)
+    ref, why = bench_models.float64_reference(onnx.load(str(path)), {"x": x})
+    assert why is None and ref.dtype == np.float64
+    with torch.no_grad():
+        want = model.double()(torch.from_numpy(x.astype(np.float64))).numpy()
+    np.testing.assert_allclose(ref, want, rtol=0, atol=1e-12)
+    assert np.max(np.abs(ref.astype(np.float32) - ref)) > 0  # float32 could not carry it
+
+    h = onnx.helper
+    branch = h.make_graph([h.make_node("Identity", ["x"], ["o"])], "b", [],
+                          [h.make_tensor_value_info("o", onnx.TensorProto.FLOAT, [2])])
+    cond = h.make_graph(
+        [h.make_node("Constant", [], ["c"], value=h.make_tensor("c", onnx.TensorProto.BOOL,
+                                                               [], [True])),
+         h.make_node("If", ["c"], ["y"], then_branch=branch, else_branch=branch)], "g",
+        [h.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2])],
+        [h.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2])])
+    assert bench_models.float64_reference(h.make_model(cond), {"x": x[0, :2]}) == \
+        (None, "the model has subgraphs")
+
+
+def test_bench_an_onnx_file_with_token_ids(tmp_path, capsys):
+    """Integer inputs are drawn as indices, in [0, 100): an embedding of 100 rows runs
+    (normal draws cast to integers would index from the end, or out of range)."""
+    model = torch.nn.Sequential(torch.nn.Embedding(100, 16), torch.nn.Linear(16, 8)).eval()
+    path = tmp_path / "ids.onnx"
+    torch.onnx.export(model, (torch.zeros(1, 7, dtype=torch.int64),), str(path),
+                      input_names=["ids"], dynamo=False)
+    code = cli.main(["bench", str(path), "--reps", "2", "--settle", "0", "--no-tvm",
+                     "--out", str(tmp_path / "out")])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "ids.onnx" in out and "1x7" in out
 
 
 def test_bench_reports_a_missing_file():

@@ -87,13 +87,25 @@ def bench_file(args) -> int:
             return 2
     bench_models._set_threads(args.threads)
     rows = bench_models.bench_onnx_file(args.model, shapes, args.threads, args.reps,
-                                        args.tvm_reps, not args.no_tvm, args.settle)
+                                        args.tvm_reps, not args.no_tvm, args.settle,
+                                        progress=lambda s: print(s, file=sys.stderr))
     print(bench_models.report(rows, args.threads))
     json_path, _ = bench_models.write(rows, args.out, args.threads, name="onnx_model")
     print(f"\nwrote {json_path}")
-    bad = [f"{p}: {e:.1e}" for p, e in rows[0]["rel_err"].items() if e > bench_models.RTOL]
+    row = rows[0]
+    err = row["rel_err"]
+    if row["reference"] == "float64":
+        # NOTE: only tirbyoc's error decides (the peers' are in the table), against
+        # RTOL or twice ONNX Runtime's float32 error, whichever is larger: a deep net
+        # with random batch norms (MobileNetV2) puts any float32 build near 1e-4
+        tol = max(bench_models.RTOL, 2 * err.get("ort", 0.0))
+        against, judged = "the model in float64", {"tirbyoc": err["tirbyoc"]}
+    else:
+        tol, against, judged = bench_models.RTOL, "ONNX Runtime", err
+    print(f"reference: {against}; tolerance {tol:.1e} of max|reference|")
+    bad = [f"{p}: {e:.1e}" for p, e in judged.items() if e > tol]
     if bad:
-        print("NUMERICS OUT OF TOLERANCE (against ONNX Runtime): " + ", ".join(bad))
+        print(f"NUMERICS OUT OF TOLERANCE (against {against}): " + ", ".join(bad))
         return 1
     return 0
 
