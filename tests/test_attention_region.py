@@ -19,6 +19,11 @@ NEG_INF = float("-inf")
 LOWEST = float(np.finfo(np.float32).min)  # HuggingFace's masking value
 
 
+def _causal(m, n):
+    """True above the diagonal: the keys after each query."""
+    return ~np.tril(np.ones((m, n), bool))
+
+
 def _build(form, n_sym=False):
     """A Relax module ``main(q [B,H,M,D], k [B,H,N,D], v [B,H,N,D], mask) -> out`` for
     one attention form; the mask input is [M, N] bool unless the form says otherwise."""
@@ -55,6 +60,15 @@ def _build(form, n_sym=False):
                 s = bb.emit(op.multiply(s, relax.const(0.125, "float32")))
                 s = bb.emit(op.add(s, bb.emit(op.where(
                     bb.emit(op.logical_not(mask)), zero, relax.const(LOWEST, "float32")))))
+            elif form in ("const_lowest", "const_inf", "const_finite", "const_mixed"):
+                # a causal mask folded into a constant (an ONNX export of HF GPT-2)
+                fill = {"const_lowest": LOWEST, "const_inf": NEG_INF,
+                        "const_finite": -1e9}.get(form)
+                c = np.where(_causal(m, n), fill if fill is not None else LOWEST, 0.0)
+                if fill is None:
+                    c[-1, 0] = NEG_INF  # both masking values: stays
+                s = bb.emit(op.multiply(s, relax.const(0.125, "float32")))
+                s = bb.emit(op.add(s, relax.const(c.astype(np.float32)[None, None])))
             elif form == "fill_lowest":  # masked_fill(mask, finfo.min)
                 s = bb.emit(op.where(mask, relax.const(LOWEST, "float32"), s))
             elif form == "added_finite":  # a large finite fill is not -inf: stays
@@ -89,6 +103,12 @@ def _reference(form, q, k, v, mask):
         s = np.where(mask, 0.0, -np.inf) + 0.5 * s
     elif form == "added_lowest":
         s = 0.125 * s + np.where(mask, LOWEST, 0.0)
+    elif form in ("const_lowest", "const_inf", "const_finite", "const_mixed"):
+        fill = {"const_lowest": LOWEST, "const_inf": -np.inf, "const_finite": -1e9}.get(form)
+        c = np.where(_causal(*s.shape[-2:]), fill if fill is not None else LOWEST, 0.0)
+        if fill is None:
+            c[-1, 0] = -np.inf
+        s = 0.125 * s + c.astype(np.float32)
     elif form == "fill_lowest":
         s = np.where(mask, LOWEST, s)
     elif form == "added_finite":
@@ -137,9 +157,9 @@ def _assert_matches(got, ref):
 
 
 ACCEPTED = ["causal", "keep", "nomask", "padding", "per_head", "added", "added_keep",
-            "added_lowest", "fill_lowest"]
+            "added_lowest", "fill_lowest", "const_lowest", "const_inf"]
 REFUSED = ["fill_finite", "added_finite", "additive", "scale_tensor", "other_axis",
-           "used_twice"]
+           "used_twice", "const_finite", "const_mixed"]
 
 
 @pytest.mark.parametrize("form", ACCEPTED + REFUSED)

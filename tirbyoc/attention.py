@@ -13,6 +13,9 @@ The graph level finds the region before legalization, in every Relax function:
                                            (either form also with the lowest float32,
                                            HuggingFace's finfo.min, for -inf: GPT-2's
                                            causal mask)
+      or S = S + C                         C a float32 constant of zeros and one of those
+                                           masking values (the causal mask an ONNX
+                                           exporter folds): the bool mask C == 0
     P = R.nn.softmax(S, axis=-1)
     P = R.where(all(S == -inf), 0, P)      optional: the fix-up PyTorch's attention adds
                                            (fully masked rows give 0 instead of NaN)
@@ -42,6 +45,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+
+import numpy as np
 
 from . import _tvm as T
 from . import views
@@ -356,14 +361,23 @@ def _added_mask(f: _Func, add):
         return None
     for scores, other in (add.args, add.args[::-1]):
         where = f.producer(other) if isinstance(other, R.Var) else other
-        if not is_op(where, "relax.where") or f.uses.get(scores, 0) != 1:
+        if f.uses.get(scores, 0) != 1:
             continue
-        cond, a, b = where.args
-        a, b = _scalar(a, f.values), _scalar(b, f.values)
-        if a == 0.0 and b in _MASK_VALUES:
-            keep, lowest = True, _MASK_VALUES[b]
-        elif b == 0.0 and a in _MASK_VALUES:
-            keep, lowest = False, _MASK_VALUES[a]
+        if isinstance(where, T.RelaxConstant):
+            constant = _constant_mask(where)
+            if constant is None:
+                continue
+            cond, lowest = constant
+            keep = True
+        elif is_op(where, "relax.where"):
+            cond, a, b = where.args
+            a, b = _scalar(a, f.values), _scalar(b, f.values)
+            if a == 0.0 and b in _MASK_VALUES:
+                keep, lowest = True, _MASK_VALUES[b]
+            elif b == 0.0 and a in _MASK_VALUES:
+                keep, lowest = False, _MASK_VALUES[a]
+            else:
+                continue
         else:
             continue
         ss = shape_of(scores)
@@ -376,6 +390,24 @@ def _added_mask(f: _Func, add):
             continue
         return scores, cond, keep, lowest, repeat
     return None
+
+
+def _constant_mask(const):
+    """For a float32 constant of zeros and one masking value (the causal mask an ONNX
+    exporter folds, 0 and HuggingFace's finfo.min): the bool constant true where it is
+    zero (the kept scores) and the masking value's flag; else None (another value, a NaN,
+    both masking values, or nothing masked: a plain add stays one)."""
+    if _dtype(const) != "float32" or len(shape_of(const) or ()) < 2:
+        return None
+    values = T.constant_value(const)
+    kept = values == 0.0
+    masked = values[~kept]
+    if masked.size == 0:
+        return None
+    value = float(masked.flat[0])
+    if value not in _MASK_VALUES or not bool(np.all(masked == value)):
+        return None
+    return R.const(kept, "bool"), _MASK_VALUES[value]
 
 
 def _mask_repeat(cond, scores):
