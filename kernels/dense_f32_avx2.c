@@ -282,29 +282,22 @@ typedef void (*split_fn)(int64_t, int64_t, int64_t, const float *const *,
         tile(MR, FULL, 1, 0, 16, 0, off, kc, NULL, kp, wp, wps, c, ldc, nr,   \
              flags, NULL, 0, 0, 0, NULL, 0);                                  \
     }
-#define TILE_FNS(MR)                                                          \
-    TILE_FN(MR, 0) TILE_FN(MR, 1)                                             \
-    static void ind16y_##MR(int64_t kc, int64_t off, const float *const *kp,  \
+/* ind storing into an NCHW16c y: indy (rows 1 float apart, tb_conv_tiley_fn)
+ * and ind16y (16 apart, tb_conv_tile16y_fn); splity: indy for full tiles
+ * whose rows span two output rows */
+#define INDY_FN(NAME, PS, MR)                                                 \
+    static void NAME##_##MR(int64_t kc, int64_t off, const float *const *kp,  \
                             const float *wp, int64_t wps, float *y,           \
                             const float *res, int64_t ldy, int flags,         \
                             int64_t ops)                                      \
     {                                                                         \
-        tile(MR, 1, 1, 0, 16, 0, off, kc, NULL, kp, wp, wps, y, ldy, 16,      \
+        tile(MR, 1, 1, 0, PS, 0, off, kc, NULL, kp, wp, wps, y, ldy, 16,      \
              flags, NULL, 0, 0, 1, res, ops);                                 \
     }
+#define TILE_FNS(MR)                                                          \
+    TILE_FN(MR, 0) TILE_FN(MR, 1) INDY_FN(ind16y, 16, MR) INDY_FN(indy, 1, MR)
 TILE_FNS(1) TILE_FNS(2) TILE_FNS(3) TILE_FNS(4) TILE_FNS(5) TILE_FNS(6)
 
-/* indy: ind storing into an NCHW16c y (tb_conv_tiley_fn); splity: the same
- * for full tiles whose rows span two output rows */
-#define INDY_FN(MR)                                                           \
-    static void indy_##MR(int64_t kc, int64_t off, const float *const *kp,    \
-                          const float *wp, int64_t wps, float *y,             \
-                          const float *res, int64_t ldy, int flags,           \
-                          int64_t ops)                                        \
-    {                                                                         \
-        tile(MR, 1, 1, 0, 1, 0, off, kc, NULL, kp, wp, wps, y, ldy, 16,       \
-             flags, NULL, 0, 0, 1, res, ops);                                 \
-    }
 #define SPLITY_FN(S)                                                          \
     static void splity_##S(int64_t kc, int64_t off, int64_t skip,             \
                            const float *const *kp, const float *wp,           \
@@ -314,7 +307,6 @@ TILE_FNS(1) TILE_FNS(2) TILE_FNS(3) TILE_FNS(4) TILE_FNS(5) TILE_FNS(6)
         tile(Y_MR, 1, 1, S, 1, skip, off, kc, NULL, kp, wp, wps, y, ldy, 16,  \
              flags, NULL, 0, 0, 1, res, ops);                                 \
     }
-INDY_FN(1) INDY_FN(2) INDY_FN(3) INDY_FN(4) INDY_FN(5) INDY_FN(6)
 SPLITY_FN(1) SPLITY_FN(2) SPLITY_FN(3) SPLITY_FN(4) SPLITY_FN(5)
 
 /* Full tiles whose rows span two output rows: rows >= S skip the virtual

@@ -565,6 +565,24 @@ def test_packed_wrapper_refuses_a_disagreeing_bias():
                                   kernels.conv2d(x, wt, groups=2, padding=1))
 
 
+def _nchw_case(case, seed):
+    """x, the packed weight, the residual (or None) and the output size of a layouts
+    test's case, and the NCHW call's output, checked against the float64 reference."""
+    n, c, h, w, oc, k, stride, pad, ops = case
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, c, h, w)).astype(np.float32)
+    wt = rng.standard_normal((oc, c, k, k)).astype(np.float32)
+    bias = rng.standard_normal(oc).astype(np.float32) if "bias" in ops else None
+    size = out_size(h, w, k, k, (stride, stride), (pad, pad), (1, 1))
+    res = (rng.standard_normal((n, oc) + size).astype(np.float32)
+           if "residual" in ops else None)
+    packed = kernels.pack_conv2d_weight(wt, bias)
+    want = kernels.conv2d(x, packed, stride=stride, padding=pad, epilogue=ops, residual=res)
+    ref, tol = reference(x, wt, (stride,) * 2, (pad,) * 2, (1, 1), size, ops, bias, res)
+    assert np.all(np.abs(want - ref) <= tol)
+    return x, packed, res, size, want
+
+
 @pytest.mark.parametrize("layouts", [("nchw16c", "nchw"), ("nchw", "nchw16c"),
                                      ("nchw16c", "nchw16c")], ids=["x16", "y16", "both"])
 @pytest.mark.parametrize("case", [
@@ -588,17 +606,7 @@ def test_blocked_layouts_equal_nchw_bit_for_bit(each_isa, case, layouts):
     stores into y itself), x read in place by a plain conv and copied from its blocks
     into the phase planes by the others; through NCHW copies elsewhere."""
     n, c, h, w, oc, k, stride, pad, ops = case
-    rng = np.random.default_rng(oc)
-    x = rng.standard_normal((n, c, h, w)).astype(np.float32)
-    wt = rng.standard_normal((oc, c, k, k)).astype(np.float32)
-    bias = rng.standard_normal(oc).astype(np.float32) if "bias" in ops else None
-    size = out_size(h, w, k, k, (stride, stride), (pad, pad), (1, 1))
-    res = (rng.standard_normal((n, oc) + size).astype(np.float32)
-           if "residual" in ops else None)
-    packed = kernels.pack_conv2d_weight(wt, bias)
-    want = kernels.conv2d(x, packed, stride=stride, padding=pad, epilogue=ops, residual=res)
-    ref, tol = reference(x, wt, (stride,) * 2, (pad,) * 2, (1, 1), size, ops, bias, res)
-    assert np.all(np.abs(want - ref) <= tol)
+    x, packed, res, size, want = _nchw_case(case, oc)
     lx, ly = layouts
     blocked = ly == "nchw16c"
     got = kernels.conv2d(kernels.to_nchw16c(x) if lx == "nchw16c" else x, packed,
@@ -628,17 +636,7 @@ def test_blocked_y_from_nchw_x_equals_nchw_bit_for_bit(each_isa, case):
     the tile's rows); the NCHW call's values bit for bit, and within the float64
     reference's tolerance."""
     n, c, h, w, oc, k, stride, pad, ops = case
-    rng = np.random.default_rng(h * w)
-    x = rng.standard_normal((n, c, h, w)).astype(np.float32)
-    wt = rng.standard_normal((oc, c, k, k)).astype(np.float32)
-    bias = rng.standard_normal(oc).astype(np.float32) if "bias" in ops else None
-    size = out_size(h, w, k, k, (stride, stride), (pad, pad), (1, 1))
-    res = (rng.standard_normal((n, oc) + size).astype(np.float32)
-           if "residual" in ops else None)
-    packed = kernels.pack_conv2d_weight(wt, bias)
-    want = kernels.conv2d(x, packed, stride=stride, padding=pad, epilogue=ops, residual=res)
-    ref, tol = reference(x, wt, (stride,) * 2, (pad,) * 2, (1, 1), size, ops, bias, res)
-    assert np.all(np.abs(want - ref) <= tol)
+    x, packed, res, size, want = _nchw_case(case, h * w)
     got = kernels.conv2d(x, packed, stride=stride, padding=pad, epilogue=ops,
                          residual=None if res is None else kernels.to_nchw16c(res),
                          layout_y="nchw16c")
