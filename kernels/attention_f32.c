@@ -235,6 +235,11 @@ static void att_unit(const att_job_t *j, int64_t b, int64_t r0, int64_t r1,
     float *pp = s + TB_MR_MAX * nch;
     int64_t ext[ATT_UNIT_ROWS], blk_end[ATT_UNIT_TILES];
     int prefix[ATT_UNIT_ROWS];
+    /* TIRBYOC_ATT_NAN_ZERO: the row has a NaN or +inf score (its weights
+     * are NaN in the graph, then 0) */
+    unsigned char nan_row[ATT_UNIT_ROWS];
+    const int nan_zero = (j->flags & TIRBYOC_ATT_NAN_ZERO) != 0;
+    const int empty_zero = (j->flags & (TIRBYOC_ATT_EMPTY_ZERO | TIRBYOC_ATT_NAN_ZERO)) != 0;
     float mx[ATT_UNIT_ROWS], sum[ATT_UNIT_ROWS];
     int64_t i, t, tiles = cdiv(r1 - r0, mr), unit_end = 0, vend = 0, lo = j->n;
     int64_t c0;
@@ -249,6 +254,7 @@ static void att_unit(const att_job_t *j, int64_t b, int64_t r0, int64_t r1,
         lo = min_i64(lo, ext[x]);
         mx[x] = -__builtin_inff();
         sum[x] = 0.0f;
+        nan_row[x] = 0;
     }
     if (mask && (j->flags & (TIRBYOC_ATT_MASK_ADD | TIRBYOC_ATT_MASK_LOWEST)) &&
         lo < j->n && !added_skip_exact(j, q, k, r0, r1, lowest ? 0 : lo)) {
@@ -304,6 +310,8 @@ static void att_unit(const att_job_t *j, int64_t b, int64_t r0, int64_t r1,
                 float *srow = s + x * nch, alpha;
                 mask_scores(j, mask ? mask + (i0 + x) * j->ldm : NULL,
                             prefix[row], ext[row], c0, cw, srow);
+                for (jt = 0; nan_zero && !nan_row[row] && jt < cw; ++jt)
+                    nan_row[row] = srow[jt] != srow[jt] || srow[jt] == __builtin_inff();
                 alpha = isa->attn_row(cw, srow, &mx[row], &sum[row]);
                 if (c0 > 0 && alpha != 1.0f) {
                     float *orow = o + (i0 + x) * j->ldo;
@@ -329,16 +337,24 @@ static void att_unit(const att_job_t *j, int64_t b, int64_t r0, int64_t r1,
             float *orow = o + i * j->ldo;
             const float sm = sum[i - r0];
             int64_t c;
-            if (blk_end[t] == 0) {
+            if (nan_row[i - r0]) {
+                /* weights of 0 for every key: the sum of 0 * V over all of
+                 * them, 0, or NaN in a column holding an inf or NaN */
+                int64_t key;
+                for (c = 0; c < j->dv; ++c)
+                    orow[c] = 0.0f;
+                for (key = 0; key < j->n; ++key)
+                    for (c = 0; c < j->dv; ++c)
+                        orow[c] += 0.0f * v[key * j->ldv + c];
+            } else if (blk_end[t] == 0) {
                 /* nothing was accumulated: every key is masked, V finite */
-                const float fill = (j->flags & TIRBYOC_ATT_EMPTY_ZERO)
-                                       ? 0.0f : __builtin_nanf("");
+                const float fill = empty_zero ? 0.0f : __builtin_nanf("");
                 for (c = 0; c < j->dv; ++c)
                     orow[c] = fill;
             } else if (sm == 0.0f) {
                 /* all scores -inf: weights 0 (the sum of 0 * V, which is 0
                  * or NaN) or NaN */
-                if (!(j->flags & TIRBYOC_ATT_EMPTY_ZERO))
+                if (!empty_zero)
                     for (c = 0; c < j->dv; ++c)
                         orow[c] = __builtin_nanf("");
             } else {
@@ -373,7 +389,7 @@ int32_t tirbyoc_attention_f32(int64_t batch, int64_t m, int64_t n, int64_t d,
     double flops;
     const int known = TIRBYOC_ATT_DIVIDE | TIRBYOC_ATT_MASK_KEEP |
                       TIRBYOC_ATT_EMPTY_ZERO | TIRBYOC_ATT_MASK_ADD |
-                      TIRBYOC_ATT_MASK_LOWEST;
+                      TIRBYOC_ATT_MASK_LOWEST | TIRBYOC_ATT_NAN_ZERO;
 
     if (k_layout != TIRBYOC_B_KN && k_layout != TIRBYOC_B_NK)
         return TIRBYOC_EINVAL;

@@ -221,11 +221,18 @@ typedef enum tirbyoc_attention_flag {
     TIRBYOC_ATT_EMPTY_ZERO = 4, /* a row whose scores are all -inf gives P = 0 (else NaN) */
     TIRBYOC_ATT_MASK_ADD = 8,   /* masking adds -inf to the score (a NaN or +inf score
                                  * gives NaN) instead of replacing it with -inf */
-    TIRBYOC_ATT_MASK_LOWEST = 16 /* the masking value is -FLT_MAX instead of -inf (the
-                                  * mask HuggingFace writes, finfo.min): a masked
-                                  * score becomes -FLT_MAX (with MASK_ADD: score +
-                                  * -FLT_MAX), so a fully masked row has finite
-                                  * scores and its weights are spread over its keys */
+    TIRBYOC_ATT_MASK_LOWEST = 16, /* the masking value is -FLT_MAX instead of -inf (the
+                                   * mask HuggingFace writes, finfo.min): a masked
+                                   * score becomes -FLT_MAX (with MASK_ADD: score +
+                                   * -FLT_MAX), so a fully masked row has finite
+                                   * scores and its weights are spread over its keys */
+    TIRBYOC_ATT_NAN_ZERO = 32    /* every row whose weights are NaN gives weights of 0:
+                                  * a row with a NaN or +inf score (after the mask),
+                                  * and, as with EMPTY_ZERO, a row of all -inf (the
+                                  * graph's where(isnan(P), 0, P), which torch.onnx
+                                  * writes after the softmax); its output is the sum
+                                  * of 0 * V over every key: 0, or NaN in a column of
+                                  * V holding an inf or NaN */
 } tirbyoc_attention_flag;
 
 /*

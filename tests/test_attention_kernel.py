@@ -35,7 +35,8 @@ def each_isa(request):
 
 
 def reference(q, k, v, *, k_layout="nt", scale=1.0, divide=False, mask=None,
-              mask_keep=False, empty_zero=False, mask_add=False, mask_lowest=False):
+              mask_keep=False, empty_zero=False, mask_add=False, mask_lowest=False,
+              nan_zero=False):
     q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
     kk = np.swapaxes(k, -1, -2) if k_layout == "nt" else k
     with np.errstate(invalid="ignore", over="ignore"):
@@ -50,6 +51,8 @@ def reference(q, k, v, *, k_layout="nt", scale=1.0, divide=False, mask=None,
         p = e / e.sum(-1, keepdims=True)
         if empty_zero:
             p = np.where(np.all(s == -np.inf, -1, keepdims=True), 0.0, p)
+        if nan_zero:  # the graph's where(isnan(p), 0, p)
+            p = np.where(np.isnan(p), 0.0, p)
         # 0 * inf = NaN, as the unfused graph computes it
         return _ieee_batched(p, v)
 
@@ -348,6 +351,34 @@ def test_lowest_mask_as_huggingface_writes_it(each_isa, k_layout):
                            score_bound(q2, kk, k_layout, 0.3))
 
 
+@pytest.mark.parametrize("lowest", [False, True])
+def test_nan_zero_gives_the_rows_of_nan_weights_zero_weights(each_isa, lowest):
+    """nan_zero: where(isnan(p), 0, p) after the softmax (torch.onnx writes it). A row
+    with a NaN or +inf score (a NaN or inf in Q or K, also at a masked key of the added
+    mask), or with every score -inf, gets weights of 0: its output is 0, or NaN in a
+    column of V holding an inf (also past the row's kept keys); every other row is
+    unchanged. Both mask forms, -inf and the lowest float, against float64."""
+    rng = np.random.default_rng(50 + lowest)
+    for trial, (q, k, v, mask) in enumerate(_mask_trials(rng)):
+        n = k.shape[1]
+        q[0, 7, 1] = np.nan                 # a NaN row in item 0
+        k[1, n - 1, 0] = np.inf             # a key past most causal rows: +-inf scores
+        if trial % 2:
+            v[1, n - 2, 5] = np.inf         # an inf in V, past most causal rows
+        for add in (False, True):
+            args = dict(scale=0.3, mask=mask, mask_add=add, mask_lowest=lowest)
+            got = kernels.attention(q, k, v, nan_zero=True, **args)
+            ref = reference(q, k, v, nan_zero=True, **args)
+            assert_matches(got, ref, score_bound(q, k, scale=0.3))
+            assert (got[0, 7] == 0).all()    # the NaN row: weights of 0, V finite there
+            if not lowest:                   # the fully masked row: 0 as with empty_zero
+                assert (got[0, 3] == 0).all()
+            plain = kernels.attention(q, k, v, **args)
+            assert np.isnan(plain[0, 7]).all()
+            rows = ~np.isnan(ref).any(-1) & ~(ref == 0).all(-1)
+            np.testing.assert_array_equal(got[rows], plain[rows])
+
+
 @pytest.mark.parametrize("keep", [False, True])
 def test_mask_bytes_strides_and_structure(each_isa, keep):
     """Mask bytes other than 1 (2, 0x80, 0xff count as true), mask rows with a stride
@@ -428,7 +459,7 @@ def test_invalid_arguments_write_nothing():
                                      kernels.TIRBYOC_ESTRIDE, kernels.TIRBYOC_ENULL)
     bad = [
         (dict(layout=2), EINVAL), (dict(layout=-1), EINVAL), (dict(layout=3), EINVAL),
-        (dict(flags=32), EINVAL), (dict(flags=1 | 1 << 30), EINVAL), (dict(flags=-1), EINVAL),
+        (dict(flags=64), EINVAL), (dict(flags=1 | 1 << 30), EINVAL), (dict(flags=-1), EINVAL),
         (dict(repeat=0), EINVAL), (dict(repeat=-1, mask=mp, ldm=8), EINVAL),
         (dict(batch=-1), ESIZE), (dict(m=-1), ESIZE), (dict(n=-1), ESIZE),
         (dict(d=-1), ESIZE), (dict(dv=-2**63), ESIZE),

@@ -19,6 +19,9 @@ NEG_INF = float("-inf")
 LOWEST = float(np.finfo(np.float32).min)  # HuggingFace's masking value
 
 
+NAN_FIXED = ("const_lowest_nanfix", "causal_nanfix")
+
+
 def _causal(m, n):
     """True above the diagonal: the keys after each query."""
     return ~np.tril(np.ones((m, n), bool))
@@ -41,7 +44,7 @@ def _build(form, n_sym=False):
             kt = bb.emit(op.permute_dims(k, [0, 1, 3, 2]))
             s = bb.emit(op.matmul(q, kt))
             ninf = relax.const(NEG_INF, "float32")
-            if form in ("causal", "padding", "per_head", "used_twice"):
+            if form in ("causal", "padding", "per_head", "used_twice", "causal_nanfix"):
                 s = bb.emit(op.divide(s, relax.const(4.0, "float32")))
                 s = bb.emit(op.where(mask, ninf, s))
             elif form == "keep":
@@ -60,10 +63,11 @@ def _build(form, n_sym=False):
                 s = bb.emit(op.multiply(s, relax.const(0.125, "float32")))
                 s = bb.emit(op.add(s, bb.emit(op.where(
                     bb.emit(op.logical_not(mask)), zero, relax.const(LOWEST, "float32")))))
-            elif form in ("const_lowest", "const_inf", "const_finite", "const_mixed"):
+            elif form in ("const_lowest", "const_inf", "const_finite", "const_mixed",
+                          "const_lowest_nanfix"):
                 # a causal mask folded into a constant (an ONNX export of HF GPT-2)
-                fill = {"const_lowest": LOWEST, "const_inf": NEG_INF,
-                        "const_finite": -1e9}.get(form)
+                fill = {"const_lowest": LOWEST, "const_inf": NEG_INF, "const_finite": -1e9,
+                        "const_lowest_nanfix": LOWEST}.get(form)
                 c = np.where(_causal(m, n), fill if fill is not None else LOWEST, 0.0)
                 if fill is None:
                     c[-1, 0] = NEG_INF  # both masking values: stays
@@ -82,6 +86,8 @@ def _build(form, n_sym=False):
             elif form == "scale_tensor":
                 s = bb.emit(op.multiply(s, op.astype(mask, "float32")))
             p = bb.emit(op.nn.softmax(s, axis=-2 if form == "other_axis" else -1))
+            if form in NAN_FIXED:  # torch.onnx's fix-up after the softmax
+                p = bb.emit(op.where(bb.emit(op.isnan(p)), relax.const(0.0, "float32"), p))
             out = bb.emit(op.matmul(p, v))
             if form == "used_twice":
                 out = bb.emit(relax.Tuple([out, p]))
@@ -93,7 +99,7 @@ def _build(form, n_sym=False):
 def _reference(form, q, k, v, mask):
     q, k, v = (x.astype(np.float64) for x in (q, k, v))
     s = q @ np.swapaxes(k, -1, -2)
-    if form in ("causal", "padding", "per_head", "used_twice"):
+    if form in ("causal", "padding", "per_head", "used_twice", "causal_nanfix"):
         s = np.where(mask, -np.inf, s / 4.0)
     elif form == "keep":
         s = np.where(mask, 0.25 * s, -np.inf)
@@ -103,8 +109,10 @@ def _reference(form, q, k, v, mask):
         s = np.where(mask, 0.0, -np.inf) + 0.5 * s
     elif form == "added_lowest":
         s = 0.125 * s + np.where(mask, LOWEST, 0.0)
-    elif form in ("const_lowest", "const_inf", "const_finite", "const_mixed"):
-        fill = {"const_lowest": LOWEST, "const_inf": -np.inf, "const_finite": -1e9}.get(form)
+    elif form in ("const_lowest", "const_inf", "const_finite", "const_mixed",
+                  "const_lowest_nanfix"):
+        fill = {"const_lowest": LOWEST, "const_inf": -np.inf, "const_finite": -1e9,
+                "const_lowest_nanfix": LOWEST}.get(form)
         c = np.where(_causal(*s.shape[-2:]), fill if fill is not None else LOWEST, 0.0)
         if fill is None:
             c[-1, 0] = -np.inf
@@ -123,6 +131,8 @@ def _reference(form, q, k, v, mask):
     with np.errstate(invalid="ignore"):
         e = np.exp(s - s.max(axis, keepdims=True))
         p = e / e.sum(axis, keepdims=True)
+        if form in NAN_FIXED:
+            p = np.where(np.isnan(p), 0.0, p)
         return p @ v
 
 
@@ -157,7 +167,8 @@ def _assert_matches(got, ref):
 
 
 ACCEPTED = ["causal", "keep", "nomask", "padding", "per_head", "added", "added_keep",
-            "added_lowest", "fill_lowest", "const_lowest", "const_inf"]
+            "added_lowest", "fill_lowest", "const_lowest", "const_inf",
+            "const_lowest_nanfix", "causal_nanfix"]
 REFUSED = ["fill_finite", "added_finite", "additive", "scale_tensor", "other_axis",
            "used_twice", "const_finite", "const_mixed"]
 
@@ -174,6 +185,27 @@ def test_attention_forms(form):
         assert "attention" not in intrinsics, str(report)
     args = _inputs(form)
     _assert_matches(_run(mod, args), _reference(form, *args))
+
+
+@pytest.mark.parametrize("form", NAN_FIXED)
+def test_the_isnan_fixup_zeroes_rows_of_nan_weights(form):
+    """torch.onnx's where(isnan(P), 0, P) after the softmax, in the one call: a row with a
+    NaN score (a NaN in q), a row of +-inf scores (an inf in q) and a fully masked row
+    (-inf mask) give 0, an inf in V NaN in its column of those rows; the rest as the
+    graph."""
+    mod = _build(form)
+    assert [r.intrinsic for r in tirbyoc.explain(mod).offloaded] == ["attention"]
+    q, k, v, mask = _inputs(form)
+    q[0, 1, 5, 0] = np.nan
+    q[0, 2, 9, 3] = np.inf
+    v[0, :, N - 1, 2] = np.inf   # a key only the last row keeps (causal)
+    if form == "causal_nanfix":
+        mask[4] = True           # a fully masked row
+    got, ref = _run(mod, (q, k, v, mask)), _reference(form, q, k, v, mask)
+    _assert_matches(got, ref)
+    for h, row in ((1, 5), (2, 9)):  # weights of 0 for every key: 0 * inf in column 2
+        assert (np.delete(got[0, h, row], 2) == 0).all() and np.isnan(got[0, h, row, 2])
+    assert (got[0, :, -1, 2] == np.inf).all()  # a positive weight on the inf
 
 
 def test_fully_masked_rows_and_non_finite_values_as_the_graph_gives_them():

@@ -336,6 +336,7 @@ def draw_attention(rng, index):
         ("empty_zero", bool(rng.random() < 0.5)),
         ("mask_add", bool(rng.random() < 0.3)),  # s + where(masked, -inf, 0)
         ("mask_lowest", bool(rng.random() < 0.3)),  # -FLT_MAX for -inf (finfo.min)
+        ("nan_zero", bool(rng.random() < 0.25)),  # where(isnan(P), 0, P)
         # the scores are Q K * f / sqrt(d), f in {1, 0.25, -1, 2} (attention_scale): they
         # stay within about +-40, so no weight underflows in float32 (below e^-103) where
         # its float64 value does not, which would turn 0 * inf into NaN only in float32
@@ -1191,7 +1192,8 @@ def attention_args(ops):
              | (kernels.ATTENTION_FLAGS["mask_keep"] if c.get("mask_keep") else 0)
              | (kernels.ATTENTION_FLAGS["empty_zero"] if c.get("empty_zero") else 0)
              | (kernels.ATTENTION_FLAGS["mask_add"] if c.get("mask_add") else 0)
-             | (kernels.ATTENTION_FLAGS["mask_lowest"] if c.get("mask_lowest") else 0))
+             | (kernels.ATTENTION_FLAGS["mask_lowest"] if c.get("mask_lowest") else 0)
+             | (kernels.ATTENTION_FLAGS["nan_zero"] if c.get("nan_zero") else 0))
     mask = (Arg("mask", LIBRARY.ffi.NULL) if mbuf is None
             else Arg("mask", mbuf.ptr(LIBRARY.ffi)))
     # ldmask: 0 broadcasts the mask over the rows, so only a value in 1 .. N-1 (with a mask)
@@ -1212,7 +1214,7 @@ def attention_args(ops):
             Arg("sv", 0, invalid=(-1,)), mask, Arg("ldmask", ldm, invalid=bad_ldm),
             Arg("smask", 0, invalid=(-1,)),
             Arg("mask_repeat", 1, invalid=(0, -1, -(2**63))),
-            Arg("flags", flags, invalid=(flags | 32, flags | 2**30, -1)),
+            Arg("flags", flags, invalid=(flags | 64, flags | 2**30, -1)),
             Arg("scale", attention_scale(c)),
             _matrix(ops, "o", ops.o, c.m * dv > 0), _stride("ldo", ops.o, dv),
             Arg("so", 0, invalid=(-1,))]
@@ -1499,7 +1501,8 @@ def attention_expected(ops, groups):
     """float64 softmax(where(masked, -inf, (Q K) * scale)) @ V with IEEE semantics: NaN
     for a row whose scores are all -inf (0 weights with empty_zero), NaN where a kept
     score is NaN or +inf (with mask_add, the mask added as -inf: where any score is; with
-    mask_lowest the mask is -FLT_MAX instead), and 0 * inf = NaN for every weight of 0
+    mask_lowest the mask is -FLT_MAX instead; with nan_zero every row of NaN weights
+    gets weights of 0), and 0 * inf = NaN for every weight of 0
     against a non-finite V. Tolerance (plus compare()'s 1e-5 relative): 2e-6 * (1 + t_i) of sum_j |P_ij V_jc|,
     where t_i is the largest of row i's score tolerances as the dense tests give them
     (|scale| * the 2-norm of the products q_ip k_pj summed * max(1, sqrt(D) / 8)): a
@@ -1528,6 +1531,8 @@ def attention_expected(ops, groups):
         p = e / e.sum(axis=1, keepdims=True)
         if c.get("empty_zero"):
             p = np.where(np.all(s == -np.inf, axis=1, keepdims=True), 0.0, p)
+        if c.get("nan_zero"):  # every row of NaN weights: 0
+            p = np.where(np.isnan(p), 0.0, p)
         out = ieee_matmul(p, v)
         size = np.abs(_finite(p)) @ np.abs(_finite(v))
         qf, kf = _finite(q), _finite(kk)

@@ -19,6 +19,8 @@ The graph level finds the region before legalization, in every Relax function:
     P = R.nn.softmax(S, axis=-1)
     P = R.where(all(S == -inf), 0, P)      optional: the fix-up PyTorch's attention adds
                                            (fully masked rows give 0 instead of NaN)
+      or P = R.where(R.isnan(P), 0, P)     torch.onnx's: every row of NaN weights (a NaN
+                                           or +inf score too) gives weights of 0
     O = R.matmul(P, V)                     [B.., M, N] x [B.., N, DV]
 
 with reshapes that only regroup the batch dimensions, and ``broadcast_to`` its own shape,
@@ -59,7 +61,7 @@ SYMBOL = "tirbyoc_attention_f32"
 INTRINSIC = "attention"
 DESCRIPTION = "R.matmul -> scale -> mask -> R.nn.softmax -> R.matmul as one region"
 # Mirrors tirbyoc_attention_flag and tirbyoc_b_layout (tirbyoc_kernels.h).
-_DIVIDE, _MASK_KEEP, _EMPTY_ZERO, _MASK_ADD, _MASK_LOWEST = 1, 2, 4, 8, 16
+_DIVIDE, _MASK_KEEP, _EMPTY_ZERO, _MASK_ADD, _MASK_LOWEST, _NAN_ZERO = 1, 2, 4, 8, 16, 32
 # The masking values the kernel takes: -inf, and the lowest float32 (HuggingFace's
 # finfo.min), with the flag each needs.
 _LOWEST = -3.4028234663852886e38
@@ -159,7 +161,14 @@ def _match(f: _Func, pv_var, pv_call) -> _Region | None:
     p_val = f.producer(p_var)
     flags = 0
     scores_fixup = None
-    if is_op(p_val, "relax.where"):  # the fix-up for fully masked rows
+    nan_fixed = _nan_fixup(f, p_val) if is_op(p_val, "relax.where") else None
+    if nan_fixed is not None:  # where(isnan(P), 0, P)
+        p_var = nan_fixed
+        if f.uses.get(p_var, 0) != 2:
+            return None
+        p_val = f.producer(p_var)
+        flags |= _NAN_ZERO | _EMPTY_ZERO
+    elif is_op(p_val, "relax.where"):  # the fix-up for fully masked rows
         scores_fixup = _fixup_scores(f, p_val)
         if scores_fixup is None:
             return None
@@ -310,6 +319,18 @@ def _call_tensors(region, operands, final):
     if region.mask is not None:
         out.append(region.mask)
     return out + [final]
+
+
+def _nan_fixup(f: _Func, where):
+    """``P`` of ``R.where(R.isnan(P), 0, P)`` (torch.onnx's decomposition of PyTorch's
+    attention: rows of NaN weights become 0), the isnan used only there; else None."""
+    cond, zero, p = where.args
+    test = f.producer(cond) if isinstance(cond, R.Var) else None
+    if not isinstance(p, R.Var) or not is_op(test, "relax.isnan") or \
+            not test.args[0].same_as(p) or f.uses.get(cond, 0) != 1 or \
+            _scalar(zero, f.values) != 0.0:
+        return None
+    return p
 
 
 def _fixup_scores(f: _Func, where):

@@ -508,11 +508,12 @@ def softmax(x, out=None):
 
 
 ATTENTION_FLAGS = {"divide": 1, "mask_keep": 2, "empty_zero": 4, "mask_add": 8,
-                   "mask_lowest": 16}
+                   "mask_lowest": 16, "nan_zero": 32}
 
 
 def attention(q, k, v, *, k_layout="nt", scale=1.0, divide=False, mask=None, mask_keep=False,
-              empty_zero=False, mask_add=False, mask_lowest=False, mask_repeat=1, out=None):
+              empty_zero=False, mask_add=False, mask_lowest=False, nan_zero=False,
+              mask_repeat=1, out=None):
     """``softmax(where(masked, -inf, (q @ op(k)) * scale)) @ v`` via
     ``tirbyoc_attention_f32``, one call, scores never materialized.
 
@@ -525,7 +526,10 @@ def attention(q, k, v, *, k_layout="nt", scale=1.0, divide=False, mask=None, mas
     score is the score + -inf (NaN where it is NaN or +inf), as in ``s + where(masked,
     -inf, 0)``, instead of -inf. ``mask_lowest``: the masking value is the lowest float32
     (-3.4028235e38, HuggingFace's ``finfo.min``) instead of -inf, in either form: a fully
-    masked row then spreads its weights instead of giving NaN. Returns ``out``
+    masked row then spreads its weights instead of giving NaN. ``nan_zero``: every row
+    whose weights are NaN (a NaN or +inf score, or all scores -inf) gets weights of 0, as
+    ``where(isnan(p), 0, p)`` after the softmax: its output is the sum of 0 * v over
+    every key (0, or NaN in a column of v holding an inf or NaN). Returns ``out``
     ([batch, m, dv], or [m, dv] for 2-D ``q``).
     """
     if k_layout not in ("nt", "nn"):
@@ -570,7 +574,8 @@ def attention(q, k, v, *, k_layout="nt", scale=1.0, divide=False, mask=None, mas
              | (ATTENTION_FLAGS["mask_keep"] if mask_keep else 0)
              | (ATTENTION_FLAGS["empty_zero"] if empty_zero else 0)
              | (ATTENTION_FLAGS["mask_add"] if mask_add else 0)
-             | (ATTENTION_FLAGS["mask_lowest"] if mask_lowest else 0))
+             | (ATTENTION_FLAGS["mask_lowest"] if mask_lowest else 0)
+             | (ATTENTION_FLAGS["nan_zero"] if nan_zero else 0))
     _check("tirbyoc_attention_f32", lib.tirbyoc_attention_f32(
         batch, m, n, d, dv, _float_ptr(q3), ldq, sq, _float_ptr(k3), ldk, sk, B_LAYOUTS[k_layout],
         _float_ptr(v3), ldv, sv, mask_ptr, ldm, sm, mask_repeat, flags, float(scale),

@@ -1003,9 +1003,14 @@ static void attention_case(uint64_t *rng, int64_t batch, int64_t m, int64_t n, i
                 sum += exp(sc[j] - (mx == -INFINITY ? 0 : mx));
             for (c = 0; c < dv; ++c) {
                 double want = 0, got = o[b * so + i * ldo + c], err;
+                /* NAN_ZERO: a row of NaN weights (a NaN or +inf score, or all -inf)
+                 * weighs every key 0 */
+                const int zero_row = (flags & TIRBYOC_ATT_NAN_ZERO) &&
+                                     (nan_score || isnan(sum) || sum == 0);
                 for (j = 0; j < n; ++j) {
                     double w = exp(sc[j] - (mx == -INFINITY ? 0 : mx));
-                    w = sum == 0 ? ((flags & TIRBYOC_ATT_EMPTY_ZERO) ? 0.0 : NAN) : w / sum;
+                    w = zero_row ? 0.0
+                        : sum == 0 ? ((flags & TIRBYOC_ATT_EMPTY_ZERO) ? 0.0 : NAN) : w / sum;
                     want += w * (double)v[b * sv + j * ldv + c];
                 }
                 if (n == 0)
@@ -1080,7 +1085,7 @@ static void attention_errors(void)
 #define ATT_BAD(want, what, ...) check(ATT(__VA_ARGS__) == (want), what, name, M, N, D, "status")
     ATT_BAD(TIRBYOC_EINVAL, "k_layout packed", 1, M, N, D, DV, q, D, 0, k, D, 0, TIRBYOC_B_PACKED, v, DV, 0, NULL, 0, 0, 0, o, DV, 0);
     ATT_BAD(TIRBYOC_EINVAL, "k_layout -1", 1, M, N, D, DV, q, D, 0, k, D, 0, -1, v, DV, 0, NULL, 0, 0, 0, o, DV, 0);
-    ATT_BAD(TIRBYOC_EINVAL, "unknown flag", 1, M, N, D, DV, q, D, 0, k, D, 0, TIRBYOC_B_NK, v, DV, 0, NULL, 0, 0, 32, o, DV, 0);
+    ATT_BAD(TIRBYOC_EINVAL, "unknown flag", 1, M, N, D, DV, q, D, 0, k, D, 0, TIRBYOC_B_NK, v, DV, 0, NULL, 0, 0, 64, o, DV, 0);
     ATT_BAD(TIRBYOC_EINVAL, "high flag", 1, M, N, D, DV, q, D, 0, k, D, 0, TIRBYOC_B_NK, v, DV, 0, NULL, 0, 0, 1 << 30, o, DV, 0);
     att_repeat = 0;
     ATT_BAD(TIRBYOC_EINVAL, "mask_repeat 0", 1, M, N, D, DV, q, D, 0, k, D, 0, TIRBYOC_B_NK, v, DV, 0, mask, N, 0, 0, o, DV, 0);
@@ -1140,7 +1145,8 @@ static void attention_cases(uint64_t *rng, int threaded)
             attention_case(rng, shapes[si][0], shapes[si][1], shapes[si][2], shapes[si][3],
                            shapes[si][4], (int)((si + (size_t)variant) % 2), variant,
                            (int)((si + (size_t)variant) % 16) |
-                               ((si * 3 + (size_t)variant) % 2 ? TIRBYOC_ATT_MASK_LOWEST : 0),
+                               ((si * 3 + (size_t)variant) % 2 ? TIRBYOC_ATT_MASK_LOWEST : 0) |
+                               ((si + 2 * (size_t)variant) % 3 == 1 ? TIRBYOC_ATT_NAN_ZERO : 0),
                            (int)((si + (size_t)variant) % 3 == 1),
                            0);
     /* above the threading threshold (2 MFLOP): the same bits on 1, 2 and 3 threads */
@@ -1149,6 +1155,8 @@ static void attention_cases(uint64_t *rng, int threaded)
     attention_case(rng, 3, 100, 300, 32, 32, 1, ATT_CAUSAL,
                    TIRBYOC_ATT_MASK_ADD | TIRBYOC_ATT_MASK_LOWEST, 0, 1);
     attention_case(rng, 3, 100, 300, 32, 32, 0, ATT_RANDOM, TIRBYOC_ATT_MASK_LOWEST, 1, 1);
+    attention_case(rng, 3, 100, 300, 32, 32, 1, ATT_CAUSAL,
+                   TIRBYOC_ATT_NAN_ZERO | TIRBYOC_ATT_MASK_ADD | TIRBYOC_ATT_MASK_LOWEST, 1, 1);
     if (!threaded)
         attention_case(rng, 2, 70, 257, 40, 24, 0, ATT_RANDOM, TIRBYOC_ATT_MASK_KEEP, 0, 1);
     attention_errors();
