@@ -19,7 +19,8 @@ NEG_INF = float("-inf")
 LOWEST = float(np.finfo(np.float32).min)  # HuggingFace's masking value
 
 
-NAN_FIXED = ("const_lowest_nanfix", "causal_nanfix")
+# (const_zero_nanfix: BERT's ONNX file without a padding mask adds a constant of zeros)
+NAN_FIXED = ("const_lowest_nanfix", "causal_nanfix", "const_zero_nanfix")
 
 
 def _causal(m, n):
@@ -64,10 +65,10 @@ def _build(form, n_sym=False):
                 s = bb.emit(op.add(s, bb.emit(op.where(
                     bb.emit(op.logical_not(mask)), zero, relax.const(LOWEST, "float32")))))
             elif form in ("const_lowest", "const_inf", "const_finite", "const_mixed",
-                          "const_lowest_nanfix"):
+                          "const_lowest_nanfix", "const_zero_nanfix"):
                 # a causal mask folded into a constant (an ONNX export of HF GPT-2)
                 fill = {"const_lowest": LOWEST, "const_inf": NEG_INF, "const_finite": -1e9,
-                        "const_lowest_nanfix": LOWEST}.get(form)
+                        "const_lowest_nanfix": LOWEST, "const_zero_nanfix": 0.0}.get(form)
                 c = np.where(_causal(m, n), fill if fill is not None else LOWEST, 0.0)
                 if fill is None:
                     c[-1, 0] = NEG_INF  # both masking values: stays
@@ -110,9 +111,9 @@ def _reference(form, q, k, v, mask):
     elif form == "added_lowest":
         s = 0.125 * s + np.where(mask, LOWEST, 0.0)
     elif form in ("const_lowest", "const_inf", "const_finite", "const_mixed",
-                  "const_lowest_nanfix"):
+                  "const_lowest_nanfix", "const_zero_nanfix"):
         fill = {"const_lowest": LOWEST, "const_inf": -np.inf, "const_finite": -1e9,
-                "const_lowest_nanfix": LOWEST}.get(form)
+                "const_lowest_nanfix": LOWEST, "const_zero_nanfix": 0.0}.get(form)
         c = np.where(_causal(*s.shape[-2:]), fill if fill is not None else LOWEST, 0.0)
         if fill is None:
             c[-1, 0] = -np.inf
@@ -168,7 +169,7 @@ def _assert_matches(got, ref):
 
 ACCEPTED = ["causal", "keep", "nomask", "padding", "per_head", "added", "added_keep",
             "added_lowest", "fill_lowest", "const_lowest", "const_inf",
-            "const_lowest_nanfix", "causal_nanfix"]
+            "const_lowest_nanfix", "causal_nanfix", "const_zero_nanfix"]
 REFUSED = ["fill_finite", "added_finite", "additive", "scale_tensor", "other_axis",
            "used_twice", "const_finite", "const_mixed"]
 

@@ -15,7 +15,8 @@ The graph level finds the region before legalization, in every Relax function:
                                            causal mask)
       or S = S + C                         C a float32 constant of zeros and one of those
                                            masking values (the causal mask an ONNX
-                                           exporter folds): the bool mask C == 0
+                                           exporter folds): the bool mask C == 0; no
+                                           mask for a C of zeros only
     P = R.nn.softmax(S, axis=-1)
     P = R.where(all(S == -inf), 0, P)      optional: the fix-up PyTorch's attention adds
                                            (fully masked rows give 0 instead of NaN)
@@ -214,7 +215,8 @@ def _match(f: _Func, pv_var, pv_call) -> _Region | None:
         if added is None:
             return None
         scores, mask, keep, lowest, mask_repeat = added
-        flags |= _MASK_ADD | (_MASK_KEEP if keep else 0) | lowest
+        if mask is not None:
+            flags |= _MASK_ADD | (_MASK_KEEP if keep else 0) | lowest
         s_var = f.through_views(scores)
         s_val = f.producer(s_var)
     scale = 1.0
@@ -402,9 +404,12 @@ def _added_mask(f: _Func, add):
         else:
             continue
         ss = shape_of(scores)
-        if _dtype(cond) != "bool" or ss is None or shape_of(add) is None or \
-                len(ss) != len(shape_of(add)) or \
+        if ss is None or shape_of(add) is None or len(ss) != len(shape_of(add)) or \
                 not all(_same(x, y) for x, y in zip(ss, shape_of(add))):
+            continue
+        if cond is None:  # a constant of zeros: nothing masked
+            return scores, None, False, 0, 1
+        if _dtype(cond) != "bool":
             continue
         repeat = _mask_repeat(cond, add)
         if repeat is None:
@@ -416,15 +421,16 @@ def _added_mask(f: _Func, add):
 def _constant_mask(const):
     """For a float32 constant of zeros and one masking value (the causal mask an ONNX
     exporter folds, 0 and HuggingFace's finfo.min): the bool constant true where it is
-    zero (the kept scores) and the masking value's flag; else None (another value, a NaN,
-    both masking values, or nothing masked: a plain add stays one)."""
+    zero (the kept scores) and the masking value's flag; ``(None, 0)`` for a constant of
+    zeros only (BERT's ONNX file without a padding mask: nothing masked); else None
+    (another value, a NaN, both masking values)."""
     if _dtype(const) != "float32" or len(shape_of(const) or ()) < 2:
         return None
     values = T.constant_value(const)
     kept = values == 0.0
     masked = values[~kept]
     if masked.size == 0:
-        return None
+        return None, 0  # all zeros: S + 0 is S for the softmax (-0.0 + 0 = 0 only)
     value = float(masked.flat[0])
     if value not in _MASK_VALUES or not bool(np.all(masked == value)):
         return None
