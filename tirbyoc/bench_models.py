@@ -108,6 +108,28 @@ def _ort_session(onnx_bytes, threads):
     return ort.InferenceSession(onnx_bytes, so, providers=["CPUExecutionProvider"])
 
 
+def failure(exc, limit=300) -> str:
+    """``Type: last line of the message`` of an exception (a build's or an import's), for
+    a benchmark's FAILED footer."""
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[-1][:limit] if lines else ''}"
+
+
+def finish(rows, table, failed, bad, out, threads, name) -> int:
+    """A benchmark run's end: ``table`` (or "no model ran"), the JSON and plot of the rows
+    (if any) in ``out``, the FAILED and NUMERICS OUT OF TOLERANCE footers; 1 if either
+    lists something, else 0."""
+    print(table if rows else "no model ran")
+    if rows:
+        paths = write(rows, out, threads, name=name)
+        print(f"\nwrote {paths[0]} and {paths[1]}")
+    if failed:
+        print("FAILED:\n  " + "\n  ".join(failed))
+    if bad:
+        print("NUMERICS OUT OF TOLERANCE:\n  " + "\n  ".join(bad))
+    return 1 if bad or failed else 0
+
+
 def _tensor_bytes(args) -> int:
     total = 0
     for a in args:
@@ -298,8 +320,7 @@ def bench_torch_model(spec: ModelSpec, threads: int, reps: int, tvm_reps: int, w
         except Exception as exc:  # noqa: BLE001 (reported, not hidden)
             if failed is None:
                 raise
-            failed.append(f"{spec.name} ({kind}): torch.export failed: {type(exc).__name__}: "
-                          f"{str(exc).strip().splitlines()[-1][:300] if str(exc) else ''}")
+            failed.append(f"{spec.name} ({kind}): torch.export failed: {failure(exc)}")
             progress(f"  {failed[-1]}")
             continue
         report = tirbyoc.explain(mod)
@@ -405,7 +426,7 @@ def float64_reference(model, inputs):
     try:
         out = ReferenceEvaluator(wide).run(None, feeds)[0]
     except Exception as exc:  # noqa: BLE001 (the reason is reported; ORT is the fallback)
-        return None, f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1][:200]}"
+        return None, failure(exc, 200)
     out = np.asarray(out)
     if out.dtype != np.float64:
         return None, f"its output came out {out.dtype}"
@@ -590,14 +611,7 @@ def run_models(names, threads=2, reps=20, tvm_reps=1, with_tvm=True, settle=SETT
     for name in names:
         rows += bench_torch_model(registry[name], threads, reps, tvm_reps, with_tvm, settle,
                                   progress=lambda s: print(s, file=sys.stderr), failed=failed)
-    print(report(rows, threads) if rows else "no model ran")
-    if rows:
-        paths = write(rows, out, threads)
-        print(f"\nwrote {paths[0]} and {paths[1]}")
     bad = [f"{r['model']} {p}: {e:.1e}" for r in rows for p, e in r["rel_err"].items()
            if e > RTOL]
-    if failed:
-        print("FAILED:\n  " + "\n  ".join(failed))
-    if bad:
-        print("NUMERICS OUT OF TOLERANCE:\n  " + "\n  ".join(bad))
-    return 1 if bad or failed else 0
+    return finish(rows, report(rows, threads) if rows else "", failed, bad, out, threads,
+                  "models")

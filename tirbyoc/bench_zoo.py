@@ -271,21 +271,13 @@ def run_zoo(names, batches=(1, 8), threads=2, reps=20, settle=None, out="bench-r
                                             progress=lambda s: print(s, file=sys.stderr),
                                             dynamic=dynamic))
             except Exception as exc:  # noqa: BLE001 (reported in the table's footer)
-                failed.append(f"{name} batch {batch}: {type(exc).__name__}: "
-                              f"{str(exc).strip().splitlines()[-1][:300] if str(exc) else ''}")
+                failed.append(f"{name} batch {batch}: {bm.failure(exc)}")
                 print(f"  {name} batch {batch} FAILED: {failed[-1]}", file=sys.stderr)
-    print(report(rows, threads) if rows else "no model ran")
-    if rows:
-        paths = bm.write(rows, out, threads, name="zoo")
-        print(f"\nwrote {paths[0]} and {paths[1]}")
     # NOTE: the peers' errors are in the table; tirbyoc's decide (MobileNetV2's random
     # batch norms put PyTorch's and ONNX Runtime's float32 at 1.1-1.3e-4 of float64)
     bad = [f"{r['model']} {r['shape']}: {r['rel_err']['tirbyoc']:.1e}" for r in rows
            if r["rel_err"]["tirbyoc"] > bm.RTOL]
     bad += [f"{r['model']} at length {seq}: {err:.1e}" for r in rows
             for seq, err in r.get("other_lengths_rel_err", {}).items() if err > bm.RTOL]
-    if failed:
-        print("FAILED:\n  " + "\n  ".join(failed))
-    if bad:
-        print("NUMERICS OUT OF TOLERANCE:\n  " + "\n  ".join(bad))
-    return 1 if bad or failed else 0
+    return bm.finish(rows, report(rows, threads) if rows else "", failed, bad, out, threads,
+                     "zoo")
