@@ -28,6 +28,20 @@ def _causal(m, n):
     return ~np.tril(np.ones((m, n), bool))
 
 
+# a causal mask folded into a float constant (an ONNX export of HF GPT-2): the value of
+# its masked places (None: the lowest float32, and -inf at one place, both masking values)
+CONST_FILLS = {"const_lowest": LOWEST, "const_inf": NEG_INF, "const_finite": -1e9,
+               "const_mixed": None, "const_lowest_nanfix": LOWEST, "const_zero_nanfix": 0.0}
+
+
+def _const_mask(form, m, n):
+    fill = CONST_FILLS[form]
+    c = np.where(_causal(m, n), LOWEST if fill is None else fill, 0.0).astype(np.float32)
+    if fill is None:
+        c[-1, 0] = NEG_INF  # both masking values: stays
+    return c
+
+
 def _build(form, n_sym=False):
     """A Relax module ``main(q [B,H,M,D], k [B,H,N,D], v [B,H,N,D], mask) -> out`` for
     one attention form; the mask input is [M, N] bool unless the form says otherwise."""
@@ -64,16 +78,9 @@ def _build(form, n_sym=False):
                 s = bb.emit(op.multiply(s, relax.const(0.125, "float32")))
                 s = bb.emit(op.add(s, bb.emit(op.where(
                     bb.emit(op.logical_not(mask)), zero, relax.const(LOWEST, "float32")))))
-            elif form in ("const_lowest", "const_inf", "const_finite", "const_mixed",
-                          "const_lowest_nanfix", "const_zero_nanfix"):
-                # a causal mask folded into a constant (an ONNX export of HF GPT-2)
-                fill = {"const_lowest": LOWEST, "const_inf": NEG_INF, "const_finite": -1e9,
-                        "const_lowest_nanfix": LOWEST, "const_zero_nanfix": 0.0}.get(form)
-                c = np.where(_causal(m, n), fill if fill is not None else LOWEST, 0.0)
-                if fill is None:
-                    c[-1, 0] = NEG_INF  # both masking values: stays
+            elif form in CONST_FILLS:
                 s = bb.emit(op.multiply(s, relax.const(0.125, "float32")))
-                s = bb.emit(op.add(s, relax.const(c.astype(np.float32)[None, None])))
+                s = bb.emit(op.add(s, relax.const(_const_mask(form, m, n)[None, None])))
             elif form == "fill_lowest":  # masked_fill(mask, finfo.min)
                 s = bb.emit(op.where(mask, relax.const(LOWEST, "float32"), s))
             elif form == "added_finite":  # a large finite fill is not -inf: stays
@@ -110,14 +117,8 @@ def _reference(form, q, k, v, mask):
         s = np.where(mask, 0.0, -np.inf) + 0.5 * s
     elif form == "added_lowest":
         s = 0.125 * s + np.where(mask, LOWEST, 0.0)
-    elif form in ("const_lowest", "const_inf", "const_finite", "const_mixed",
-                  "const_lowest_nanfix", "const_zero_nanfix"):
-        fill = {"const_lowest": LOWEST, "const_inf": -np.inf, "const_finite": -1e9,
-                "const_lowest_nanfix": LOWEST, "const_zero_nanfix": 0.0}.get(form)
-        c = np.where(_causal(*s.shape[-2:]), fill if fill is not None else LOWEST, 0.0)
-        if fill is None:
-            c[-1, 0] = -np.inf
-        s = 0.125 * s + c.astype(np.float32)
+    elif form in CONST_FILLS:
+        s = 0.125 * s + _const_mask(form, *s.shape[-2:])
     elif form == "fill_lowest":
         s = np.where(mask, LOWEST, s)
     elif form == "added_finite":
