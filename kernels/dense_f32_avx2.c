@@ -882,10 +882,34 @@ typedef char check_blocks[ISA_KC <= TB_KC_MAX && ISA_NC <= TB_NC_MAX &&
 #include "conv_winograd.h"
 
 
+/* tb_unblock16_fn: 8 pixels x 8 lanes a step through the register
+ * transpose; a row that is not a multiple of 8 pixels (but at least 8) ends
+ * with a step over its last 8, storing some values a second time. The
+ * AVX-512 table uses it as it is. */
+void tb_unblock16_avx2(float *d, int64_t ds, const float *s, int64_t n, int64_t sw)
+{
+    const int64_t ps = sw * 16;
+    int64_t t, h, i;
+    for (t = 0; t < n && n >= 8; t += 8) {
+        const int64_t t0 = t + 8 <= n ? t : n - 8;
+        for (h = 0; h < 16; h += 8) {
+            __m256 r[8];
+            for (i = 0; i < 8; ++i)
+                r[i] = _mm256_loadu_ps(s + (t0 + i) * ps + h);
+            tb_transpose8(r);
+            for (i = 0; i < 8; ++i)
+                _mm256_storeu_ps(d + (h + i) * ds + t0, r[i]);
+        }
+    }
+    for (t = 0; t < n && n < 8; ++t)
+        for (i = 0; i < 16; ++i)
+            d[i * ds + t] = s[t * ps + i];
+}
+
 const tb_isa tb_isa_avx2 = {
     "avx2", Y_MR, Y_NR, ISA_KC, ISA_NC, ukernel, pack_a, pack_w, small_cols,
     nt_direct, Y_DJ, Y_DROWS,
     tb_chain_block, tb_unary_row, tb_softmax_row, tb_attn_row, tb_conv_gather,
     conv_tile, conv_out, tb_wino_in, tb_wino_out, conv_tile16, conv_out16,
-    conv_tile16y, conv_tiley, NULL, 128,
+    conv_tile16y, conv_tiley, NULL, tb_unblock16_avx2, 128,
 };

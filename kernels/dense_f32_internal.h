@@ -278,6 +278,15 @@ typedef void (*tb_conv_tiley_fn)(int64_t kc, const float *const *kp,
 typedef void (*tb_strided_copy_fn)(float *d, const float *s, int64_t n,
                                    int64_t sw);
 
+/* d[l * ds + t] = s[t * sw * 16 + l] for t < n, l < 16: pixels sw apart of
+ * an NCHW16c image into the rows of its block's 16 channels (the direct
+ * path's phase planes, conv_f32.c); NULL where an ISA leaves it to the
+ * compiler's loops. */
+typedef void (*tb_unblock16_fn)(float *d, int64_t ds, const float *s, int64_t n,
+                                int64_t sw);
+TB_INTERNAL void tb_unblock16_avx2(float *d, int64_t ds, const float *s, int64_t n,
+                                   int64_t sw);
+
 /*
  * The Winograd convolution F(4x4, 3x3) (conv_winograd_f32.c,
  * conv_winograd.h): an image's output in tiles of 4 x 4 pixels, tw per
@@ -330,6 +339,7 @@ typedef struct tb_isa {
     tb_conv_tile16y_fn conv_tile16y; /* or NULL */
     tb_conv_tiley_fn conv_tiley;     /* or NULL */
     tb_strided_copy_fn strided_copy; /* or NULL */
+    tb_unblock16_fn unblock16;       /* or NULL */
     /* Input channels from which a 3x3 conv over as few as WG_TILES_FEW
      * tiles of 4 x 4 output pixels takes Winograd's F(4x4, 3x3) (else from
      * WG_TILES_MIN tiles; 0: never): where it was measured faster on this

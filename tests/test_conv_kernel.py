@@ -597,8 +597,11 @@ def _nchw_case(case, seed):
     (1, 32, 7, 9, 48, 1, 1, 0, ("bias", "silu")),
     (1, 16, 9, 11, 32, 3, 2, 1, ("bias", "sigmoid", "residual")),
     (1, 576, 3, 5, 80, 1, 1, 0, ("bias", "relu", "silu")),    # two K blocks
+    # phase rows of 8 pixels and more, in steps of 8 (the last overlapping)
+    (2, 32, 19, 37, 48, 3, 2, 1, ("bias", "relu")),
 ], ids=["plain", "plain-batch2-residual", "3x3-s2", "3x3-s1", "1x1-s2", "two-k-blocks",
-        "23x29", "silu", "3x3-s2-sigmoid-residual", "two-k-blocks-relu-silu"])
+        "23x29", "silu", "3x3-s2-sigmoid-residual", "two-k-blocks-relu-silu",
+        "3x3-s2-wide"])
 def test_blocked_layouts_equal_nchw_bit_for_bit(each_isa, case, layouts):
     """tirbyoc_conv2d_f32_packed_layouts with x and/or y (and the residual) NCHW16c gives
     the NCHW call's values, bit for bit, in the blocked order where the direct path runs
