@@ -348,6 +348,16 @@ static void copy_every_other(float *restrict d, const float *restrict s,
         d[t] = s[2 * t];
 }
 
+/* The columns [tlo, thi) of a phase plane's rows whose pixels, off + t * sw,
+ * lie in the image's [0, w) (off: the phase's column b less the left
+ * padding); the others are padding. */
+static void phase_columns(const conv_job_t *j, int64_t off, int64_t *tlo, int64_t *thi)
+{
+    const tb_conv_geom *g = &j->g;
+    *tlo = off >= 0 ? 0 : min_i64(j->wv, cdiv(-off, g->sw));
+    *thi = off >= g->w ? *tlo : min_i64(j->wv, cdiv(g->w - off, g->sw));
+}
+
 /* One phase plane (a, b) of channel plane src into pl. Its rows are a few
  * dozen floats: plain loops (vectorized), not memcpy and memset calls, whose
  * call and dispatch cost about as much as such a row's copy (GCC would turn
@@ -357,12 +367,9 @@ static void direct_plane(const conv_job_t *j, const float *src, int64_t a,
                          int64_t b, float *pl)
 {
     const tb_conv_geom *g = &j->g;
-    /* the columns t of a row with off + t * sw in [0, w) */
     const int64_t off = b - g->pl;
-    const int64_t tlo = off >= 0 ? 0 : min_i64(j->wv, cdiv(-off, g->sw));
-    const int64_t thi =
-        off >= g->w ? tlo : min_i64(j->wv, cdiv(g->w - off, g->sw));
-    int64_t i, t;
+    int64_t i, t, tlo, thi;
+    phase_columns(j, off, &tlo, &thi);
     for (i = 0; i < j->hq; ++i) {
         float *d = pl + i * j->wv;
         const int64_t ih = i * g->sh + a - g->pt;
@@ -406,10 +413,9 @@ static void direct_planes16(const conv_job_t *j, const float *src, int64_t a,
 {
     const tb_conv_geom *g = &j->g;
     const int64_t off = b - g->pl;
-    const int64_t tlo = off >= 0 ? 0 : min_i64(j->wv, cdiv(-off, g->sw));
-    const int64_t thi = off >= g->w ? tlo : min_i64(j->wv, cdiv(g->w - off, g->sw));
     float *pl = planes + (a * g->sw + b) * j->ps;
-    int64_t i, t, l;
+    int64_t i, t, l, tlo, thi;
+    phase_columns(j, off, &tlo, &thi);
     for (i = 0; i < j->hq; ++i) {
         const int64_t ih = i * g->sh + a - g->pt;
         const int real = ih >= 0 && ih < g->h && tlo < thi;
