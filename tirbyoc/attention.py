@@ -168,7 +168,7 @@ def _match(f: _Func, pv_var, pv_call) -> _Region | None:
         if f.uses.get(p_var, 0) != 2:
             return None
         p_val = f.producer(p_var)
-        flags |= _NAN_ZERO | _EMPTY_ZERO
+        flags |= _NAN_ZERO  # (the kernel zeroes all -inf rows under it too)
     elif is_op(p_val, "relax.where"):  # the fix-up for fully masked rows
         scores_fixup = _fixup_scores(f, p_val)
         if scores_fixup is None:
