@@ -95,10 +95,8 @@ def bench_file(args) -> int:
     row = rows[0]
     err = row["rel_err"]
     if row["reference"] == "float64":
-        # NOTE: only tirbyoc's error decides (the peers' are in the table), against
-        # RTOL or twice ONNX Runtime's float32 error, whichever is larger: a deep net
-        # with random batch norms (MobileNetV2) puts any float32 build near 1e-4
-        tol = max(bench_models.RTOL, 2 * err.get("ort", 0.0))
+        # NOTE: only tirbyoc's error decides (the peers' are in the table)
+        tol = bench_models.float64_tolerance(err)
         against, judged = "the model in float64", {"tirbyoc": err["tirbyoc"]}
     else:
         tol, against, judged = bench_models.RTOL, "ONNX Runtime", err
