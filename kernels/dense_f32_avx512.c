@@ -277,6 +277,17 @@ typedef void (*tile_fn)(int64_t, const float *, const float *, int64_t,
         tile(MR, NV, 1, 0, 16, 0, off, kc, NULL, kp, wp, wps, y, ldy, NV * 16,\
              flags, NULL, 0, 0, 1, res, ops);                                 \
     }
+/* indy: ind (rows 1 float apart) storing into an NCHW16c y
+ * (tb_conv_tiley_fn) */
+#define INDY_FN(MR, NV)                                                       \
+    static void indy_##MR##_##NV(int64_t kc, int64_t off,                     \
+                                 const float *const *kp, const float *wp,     \
+                                 int64_t wps, float *y, const float *res,     \
+                                 int64_t ldy, int flags, int64_t ops)         \
+    {                                                                         \
+        tile(MR, NV, 1, 0, 1, 0, off, kc, NULL, kp, wp, wps, y, ldy, NV * 16, \
+             flags, NULL, 0, 0, 1, res, ops);                                 \
+    }
 #define TILE_FN(MR, NV)                                                       \
     static void tile_##MR##_##NV(int64_t kc, const float *ap,                 \
                                  const float *wp, int64_t wps, float *c,      \
@@ -286,7 +297,8 @@ typedef void (*tile_fn)(int64_t, const float *, const float *, int64_t,
         tile(MR, NV, 0, 0, 1, 0, 0, kc, ap, NULL, wp, wps, c, ldc, nr,       \
              flags, ch, ci, cj, 0, NULL, 0);                                  \
     }                                                                         \
-    IND_FN(ind, 1, MR, NV) IND_FN(ind16, 16, MR, NV) IND16Y_FN(MR, NV)
+    IND_FN(ind, 1, MR, NV) IND_FN(ind16, 16, MR, NV) IND16Y_FN(MR, NV)        \
+    INDY_FN(MR, NV)
 #define TILE_FNS(MR) TILE_FN(MR, 1) TILE_FN(MR, 2)
 TILE_FNS(1) TILE_FNS(2) TILE_FNS(3) TILE_FNS(4) TILE_FNS(5) TILE_FNS(6)
 TILE_FNS(7) TILE_FNS(8) TILE_FNS(9) TILE_FNS(10) TILE_FNS(11) TILE_FNS(12)
@@ -330,8 +342,26 @@ static const ind16y_fn inds16y[2][X_MR + 1] = {
      ind16y_12_2, ind16y_13_2, ind16y_14_2},
 };
 
+static const ind16y_fn indys[2][X_MR + 1] = {
+    {NULL, indy_1_1, indy_2_1, indy_3_1, indy_4_1, indy_5_1, indy_6_1,
+     indy_7_1, indy_8_1, indy_9_1, indy_10_1, indy_11_1, indy_12_1, indy_13_1,
+     indy_14_1},
+    {NULL, indy_1_2, indy_2_2, indy_3_2, indy_4_2, indy_5_2, indy_6_2,
+     indy_7_2, indy_8_2, indy_9_2, indy_10_2, indy_11_2, indy_12_2, indy_13_2,
+     indy_14_2},
+};
+
 /* Full tiles whose rows span two output rows: rows >= S skip the virtual
- * row's padding. */
+ * row's padding (split: into C; splity: into an NCHW16c y). */
+#define SPLITY_FN(S, NV)                                                      \
+    static void splity_##S##_##NV(int64_t kc, int64_t off, int64_t skip,      \
+                                  const float *const *kp, const float *wp,    \
+                                  int64_t wps, float *y, const float *res,    \
+                                  int64_t ldy, int flags, int64_t ops)        \
+    {                                                                         \
+        tile(X_MR, NV, 1, S, 1, skip, off, kc, NULL, kp, wp, wps, y, ldy,    \
+             NV * 16, flags, NULL, 0, 0, 1, res, ops);                        \
+    }
 #define SPLIT_FN(S, NV)                                                       \
     static void split_##S##_##NV(int64_t kc, int64_t off, int64_t skip,       \
                                  const float *const *kp, const float *wp,     \
@@ -341,7 +371,7 @@ static const ind16y_fn inds16y[2][X_MR + 1] = {
         tile(X_MR, NV, 1, S, 1, skip, off, kc, NULL, kp, wp, wps, c, ldc,    \
              nr, flags, NULL, 0, 0, 0, NULL, 0);                              \
     }
-#define SPLIT_FNS(S) SPLIT_FN(S, 1) SPLIT_FN(S, 2)
+#define SPLIT_FNS(S) SPLIT_FN(S, 1) SPLIT_FN(S, 2) SPLITY_FN(S, 1) SPLITY_FN(S, 2)
 SPLIT_FNS(1) SPLIT_FNS(2) SPLIT_FNS(3) SPLIT_FNS(4) SPLIT_FNS(5) SPLIT_FNS(6)
 SPLIT_FNS(7) SPLIT_FNS(8) SPLIT_FNS(9) SPLIT_FNS(10) SPLIT_FNS(11)
 SPLIT_FNS(12) SPLIT_FNS(13)
@@ -355,6 +385,18 @@ static const split_fn splits[2][X_MR] = {
     {NULL, split_1_2, split_2_2, split_3_2, split_4_2, split_5_2, split_6_2,
      split_7_2, split_8_2, split_9_2, split_10_2, split_11_2, split_12_2,
      split_13_2},
+};
+
+typedef void (*splity_fn)(int64_t, int64_t, int64_t, const float *const *,
+                          const float *, int64_t, float *, const float *,
+                          int64_t, int, int64_t);
+static const splity_fn splitys[2][X_MR] = {
+    {NULL, splity_1_1, splity_2_1, splity_3_1, splity_4_1, splity_5_1,
+     splity_6_1, splity_7_1, splity_8_1, splity_9_1, splity_10_1, splity_11_1,
+     splity_12_1, splity_13_1},
+    {NULL, splity_1_2, splity_2_2, splity_3_2, splity_4_2, splity_5_2,
+     splity_6_2, splity_7_2, splity_8_2, splity_9_2, splity_10_2, splity_11_2,
+     splity_12_2, splity_13_2},
 };
 
 static void conv_tile(int64_t kc, const float *const *kp, int64_t off,
@@ -510,6 +552,23 @@ static void conv_tile16y(int64_t kc, const float *const *kp, int64_t off,
                          int flags, int64_t ops)
 {
     inds16y[nr > 16][mr](kc, off, kp, wp, wps, y, res, ldy, flags, ops);
+}
+
+/* tb_conv_tiley_fn (nr is 16 or 32) */
+static void conv_tiley(int64_t kc, const float *const *kp, int64_t off,
+                       const float *wp, int64_t wps, float *y, const float *res,
+                       int64_t ldy, int mr, int nr, int flags, int64_t ops,
+                       int split, int64_t skip)
+{
+    const int nv = nr > 16;
+    if (split > 0 && split < mr && mr == X_MR)
+        splitys[nv][split](kc, off, skip, kp, wp, wps, y, res, ldy, flags, ops);
+    else if (split > 0 && split < mr) {
+        indys[nv][split](kc, off, kp, wp, wps, y, res, ldy, flags, ops);
+        indys[nv][mr - split](kc, off + skip + split, kp, wp, wps, y + split * 16,
+                              res != NULL ? res + split * 16 : NULL, ldy, flags, ops);
+    } else
+        indys[nv][mr](kc, off, kp, wp, wps, y, res, ldy, flags, ops);
 }
 
 /* tb_conv_out16_fn: each pixel's 16 channels of a block are one vector of
@@ -1027,6 +1086,6 @@ const tb_isa tb_isa_avx512 = {
     nt_direct, X_DJ, 16 * X_DV,
     tb_chain_block, tb_unary_row, tb_softmax_row, tb_attn_row, tb_conv_gather,
     conv_tile, conv_out, tb_wino_in, tb_wino_out, conv_tile16, conv_out16,
-    conv_tile16y, NULL, strided_copy, tb_unblock16_avx2, 0,
+    conv_tile16y, conv_tiley, strided_copy, tb_unblock16_avx2, 0,
 };
 #endif /* TIRBYOC_NO_AVX512 */
