@@ -52,7 +52,13 @@
  * channels 0.65x and 0.88x, the transforms then weigh more than the
  * products saved; at 10 x 10 and 8 x 8, 9 and 4 tiles, 256 channels,
  * 0.75-0.88x at 2 threads: the weight, streamed for few tiles, costs more
- * than the products saved). */
+ * than the products saved); on AVX-512 from 256 (Zen 4, whose AVX-512 FMAs run on
+ * 256-bit units, one call at a time, 2 threads: at 14 x 14, 128, 256 and
+ * 512 channels 1.72x, 1.87x and 1.81x, at 1 thread 1.59-1.95x; ResNet-50
+ * 1.04x and 1.07x in two runs of both builds in one process; 128 channels
+ * stay on the direct path for the Intel Xeon measurement above, where two
+ * 512-bit FMA units give the direct path twice Zen 4's rate; 256 there is
+ * not measured). */
 #define WG_TILES_MIN 32
 #define WG_TILES_FEW 16
 /* A unit's buffer at most (floats): many channels need more than the
@@ -276,7 +282,7 @@ int32_t tirbyoc_conv2d_winograd_suits(int64_t batch, int64_t c, int64_t oc,
      * 4 tiles an image, batch 4, 512 channels: 0.77x ONNX Runtime against the
      * direct path's 0.85x; at 14 x 14, batch 2 and 4, 256 channels: 1.27-1.29x
      * against 0.83x). Units wider than the thread's scratch only so: they
-     * were measured on AVX2 only, where few_c is set. */
+     * were measured on AVX2 and AVX-512 (Zen 4) only, where few_c is set. */
     if (few_c > 0 && c >= few_c && per_image >= WG_TILES_FEW)
         return 1;
     return unit_floats(c) <= (int64_t)TB_SCRATCH_FLOATS &&

@@ -1086,6 +1086,6 @@ const tb_isa tb_isa_avx512 = {
     nt_direct, X_DJ, 16 * X_DV,
     tb_chain_block, tb_unary_row, tb_softmax_row, tb_attn_row, tb_conv_gather,
     conv_tile, conv_out, tb_wino_in, tb_wino_out, conv_tile16, conv_out16,
-    conv_tile16y, conv_tiley, strided_copy, tb_unblock16_avx2, 0,
+    conv_tile16y, conv_tiley, strided_copy, tb_unblock16_avx2, 256,
 };
 #endif /* TIRBYOC_NO_AVX512 */

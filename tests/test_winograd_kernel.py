@@ -151,7 +151,7 @@ def suits(batch, c, oc, k=3, stride=1, dilation=1, groups=1, size=(28, 28)):
 def test_suits(monkeypatch):
     """Taken for 3x3 convs of stride 1 over enough tiles with 16 or more channels (the
     ResNets' 56 x 56 and 28 x 28 convs, a small CNN at batch 8), on AVX2 also over 16
-    tiles from 128 channels (ResNet-50's 14 x 14 convs of 256); not for other
+    tiles from 128 channels, on AVX-512 from 256 (ResNet-50's 14 x 14 convs); not for other
     geometries, few tiles, few channels, or more channels than a unit's buffer may hold.
     TIRBYOC_CONV_WINOGRAD=0 never takes it, =1 wherever it can run."""
     monkeypatch.delenv("TIRBYOC_CONV_WINOGRAD", raising=False)
@@ -161,9 +161,12 @@ def test_suits(monkeypatch):
     assert not suits(1, 64, 64, stride=2) and not suits(1, 64, 64, k=1)
     assert not suits(1, 64, 64, k=5) and not suits(1, 64, 64, dilation=2)
     assert not suits(1, 64, 64, groups=2)
-    # AVX2: 16 tiles from 128 channels, and units wider than the thread's scratch
-    few = kernels.isa() == "avx2"
-    assert suits(1, 128, 128, size=(14, 14)) == few
+    # AVX2: 16 tiles from 128 channels, AVX-512 from 256, and units wider than the
+    # thread's scratch
+    few = kernels.isa() in ("avx2", "avx512")
+    assert suits(1, 128, 128, size=(14, 14)) == (kernels.isa() == "avx2")
+    assert suits(1, 255, 256, size=(14, 14)) == (kernels.isa() == "avx2")
+    assert suits(1, 256, 256, size=(14, 14)) == few
     assert suits(1, 512, 512, size=(13, 16)) == few
     assert not suits(1, 64, 64, size=(14, 14)) and not suits(1, 128, 128, size=(12, 12))
     assert suits(2, 128, 128, size=(14, 14)) and suits(2, 64, 64, size=(14, 14))  # 32
