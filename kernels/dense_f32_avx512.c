@@ -267,25 +267,15 @@ typedef void (*tile_fn)(int64_t, const float *, const float *, int64_t,
         tile(MR, NV, 1, 0, PS, 0, off, kc, NULL, kp, wp, wps, c, ldc, nr,    \
              flags, NULL, 0, 0, 0, NULL, 0);                                  \
     }
-/* ind16y: ind16 storing into an NCHW16c y (tb_conv_tile16y_fn) */
-#define IND16Y_FN(MR, NV)                                                     \
-    static void ind16y_##MR##_##NV(int64_t kc, int64_t off,                   \
+/* ind storing into an NCHW16c y: indy (rows 1 float apart, tb_conv_tiley_fn)
+ * and ind16y (16 apart, tb_conv_tile16y_fn) */
+#define INDY_FN(NAME, PS, MR, NV)                                             \
+    static void NAME##_##MR##_##NV(int64_t kc, int64_t off,                   \
                                    const float *const *kp, const float *wp,   \
                                    int64_t wps, float *y, const float *res,   \
                                    int64_t ldy, int flags, int64_t ops)       \
     {                                                                         \
-        tile(MR, NV, 1, 0, 16, 0, off, kc, NULL, kp, wp, wps, y, ldy, NV * 16,\
-             flags, NULL, 0, 0, 1, res, ops);                                 \
-    }
-/* indy: ind (rows 1 float apart) storing into an NCHW16c y
- * (tb_conv_tiley_fn) */
-#define INDY_FN(MR, NV)                                                       \
-    static void indy_##MR##_##NV(int64_t kc, int64_t off,                     \
-                                 const float *const *kp, const float *wp,     \
-                                 int64_t wps, float *y, const float *res,     \
-                                 int64_t ldy, int flags, int64_t ops)         \
-    {                                                                         \
-        tile(MR, NV, 1, 0, 1, 0, off, kc, NULL, kp, wp, wps, y, ldy, NV * 16, \
+        tile(MR, NV, 1, 0, PS, 0, off, kc, NULL, kp, wp, wps, y, ldy, NV * 16,\
              flags, NULL, 0, 0, 1, res, ops);                                 \
     }
 #define TILE_FN(MR, NV)                                                       \
@@ -297,58 +287,49 @@ typedef void (*tile_fn)(int64_t, const float *, const float *, int64_t,
         tile(MR, NV, 0, 0, 1, 0, 0, kc, ap, NULL, wp, wps, c, ldc, nr,       \
              flags, ch, ci, cj, 0, NULL, 0);                                  \
     }                                                                         \
-    IND_FN(ind, 1, MR, NV) IND_FN(ind16, 16, MR, NV) IND16Y_FN(MR, NV)        \
-    INDY_FN(MR, NV)
+    IND_FN(ind, 1, MR, NV) IND_FN(ind16, 16, MR, NV)                          \
+    INDY_FN(ind16y, 16, MR, NV) INDY_FN(indy, 1, MR, NV)
 #define TILE_FNS(MR) TILE_FN(MR, 1) TILE_FN(MR, 2)
 TILE_FNS(1) TILE_FNS(2) TILE_FNS(3) TILE_FNS(4) TILE_FNS(5) TILE_FNS(6)
 TILE_FNS(7) TILE_FNS(8) TILE_FNS(9) TILE_FNS(10) TILE_FNS(11) TILE_FNS(12)
 TILE_FNS(13) TILE_FNS(14)
 
+/* The row counts' functions PREFIX_<rows>_NV from 1 row to 14 (every tile
+ * height) or 13 (the split points), each table indexed by the row count. */
+#define ROWS13(P, NV)                                                         \
+    NULL, P##_1_##NV, P##_2_##NV, P##_3_##NV, P##_4_##NV, P##_5_##NV,          \
+        P##_6_##NV, P##_7_##NV, P##_8_##NV, P##_9_##NV, P##_10_##NV,           \
+        P##_11_##NV, P##_12_##NV, P##_13_##NV
+#define BY_ROWS13(P, NV) {ROWS13(P, NV)}
+#define BY_ROWS14(P, NV) {ROWS13(P, NV), P##_14_##NV}
+
 static const tile_fn tiles[2][X_MR + 1] = {
-    {NULL, tile_1_1, tile_2_1, tile_3_1, tile_4_1, tile_5_1, tile_6_1,
-     tile_7_1, tile_8_1, tile_9_1, tile_10_1, tile_11_1, tile_12_1, tile_13_1,
-     tile_14_1},
-    {NULL, tile_1_2, tile_2_2, tile_3_2, tile_4_2, tile_5_2, tile_6_2,
-     tile_7_2, tile_8_2, tile_9_2, tile_10_2, tile_11_2, tile_12_2, tile_13_2,
-     tile_14_2},
+    BY_ROWS14(tile, 1),
+    BY_ROWS14(tile, 2),
 };
 
 typedef void (*ind_fn)(int64_t, int64_t, const float *const *,
                        const float *, int64_t, float *, int64_t, int, int);
 static const ind_fn inds[2][X_MR + 1] = {
-    {NULL, ind_1_1, ind_2_1, ind_3_1, ind_4_1, ind_5_1, ind_6_1, ind_7_1,
-     ind_8_1, ind_9_1, ind_10_1, ind_11_1, ind_12_1, ind_13_1, ind_14_1},
-    {NULL, ind_1_2, ind_2_2, ind_3_2, ind_4_2, ind_5_2, ind_6_2, ind_7_2,
-     ind_8_2, ind_9_2, ind_10_2, ind_11_2, ind_12_2, ind_13_2, ind_14_2},
+    BY_ROWS14(ind, 1),
+    BY_ROWS14(ind, 2),
 };
 static const ind_fn inds16[2][X_MR + 1] = {
-    {NULL, ind16_1_1, ind16_2_1, ind16_3_1, ind16_4_1, ind16_5_1, ind16_6_1,
-     ind16_7_1, ind16_8_1, ind16_9_1, ind16_10_1, ind16_11_1, ind16_12_1,
-     ind16_13_1, ind16_14_1},
-    {NULL, ind16_1_2, ind16_2_2, ind16_3_2, ind16_4_2, ind16_5_2, ind16_6_2,
-     ind16_7_2, ind16_8_2, ind16_9_2, ind16_10_2, ind16_11_2, ind16_12_2,
-     ind16_13_2, ind16_14_2},
+    BY_ROWS14(ind16, 1),
+    BY_ROWS14(ind16, 2),
 };
 
 typedef void (*ind16y_fn)(int64_t, int64_t, const float *const *,
                           const float *, int64_t, float *, const float *,
                           int64_t, int, int64_t);
 static const ind16y_fn inds16y[2][X_MR + 1] = {
-    {NULL, ind16y_1_1, ind16y_2_1, ind16y_3_1, ind16y_4_1, ind16y_5_1,
-     ind16y_6_1, ind16y_7_1, ind16y_8_1, ind16y_9_1, ind16y_10_1, ind16y_11_1,
-     ind16y_12_1, ind16y_13_1, ind16y_14_1},
-    {NULL, ind16y_1_2, ind16y_2_2, ind16y_3_2, ind16y_4_2, ind16y_5_2,
-     ind16y_6_2, ind16y_7_2, ind16y_8_2, ind16y_9_2, ind16y_10_2, ind16y_11_2,
-     ind16y_12_2, ind16y_13_2, ind16y_14_2},
+    BY_ROWS14(ind16y, 1),
+    BY_ROWS14(ind16y, 2),
 };
 
 static const ind16y_fn indys[2][X_MR + 1] = {
-    {NULL, indy_1_1, indy_2_1, indy_3_1, indy_4_1, indy_5_1, indy_6_1,
-     indy_7_1, indy_8_1, indy_9_1, indy_10_1, indy_11_1, indy_12_1, indy_13_1,
-     indy_14_1},
-    {NULL, indy_1_2, indy_2_2, indy_3_2, indy_4_2, indy_5_2, indy_6_2,
-     indy_7_2, indy_8_2, indy_9_2, indy_10_2, indy_11_2, indy_12_2, indy_13_2,
-     indy_14_2},
+    BY_ROWS14(indy, 1),
+    BY_ROWS14(indy, 2),
 };
 
 /* Full tiles whose rows span two output rows: rows >= S skip the virtual
@@ -379,24 +360,16 @@ SPLIT_FNS(12) SPLIT_FNS(13)
 typedef void (*split_fn)(int64_t, int64_t, int64_t, const float *const *,
                          const float *, int64_t, float *, int64_t, int, int);
 static const split_fn splits[2][X_MR] = {
-    {NULL, split_1_1, split_2_1, split_3_1, split_4_1, split_5_1, split_6_1,
-     split_7_1, split_8_1, split_9_1, split_10_1, split_11_1, split_12_1,
-     split_13_1},
-    {NULL, split_1_2, split_2_2, split_3_2, split_4_2, split_5_2, split_6_2,
-     split_7_2, split_8_2, split_9_2, split_10_2, split_11_2, split_12_2,
-     split_13_2},
+    BY_ROWS13(split, 1),
+    BY_ROWS13(split, 2),
 };
 
 typedef void (*splity_fn)(int64_t, int64_t, int64_t, const float *const *,
                           const float *, int64_t, float *, const float *,
                           int64_t, int, int64_t);
 static const splity_fn splitys[2][X_MR] = {
-    {NULL, splity_1_1, splity_2_1, splity_3_1, splity_4_1, splity_5_1,
-     splity_6_1, splity_7_1, splity_8_1, splity_9_1, splity_10_1, splity_11_1,
-     splity_12_1, splity_13_1},
-    {NULL, splity_1_2, splity_2_2, splity_3_2, splity_4_2, splity_5_2,
-     splity_6_2, splity_7_2, splity_8_2, splity_9_2, splity_10_2, splity_11_2,
-     splity_12_2, splity_13_2},
+    BY_ROWS13(splity, 1),
+    BY_ROWS13(splity, 2),
 };
 
 static void conv_tile(int64_t kc, const float *const *kp, int64_t off,
