@@ -28,6 +28,7 @@
  * 1e-7), growing slowly with the channels. tirbyoc_conv2d_winograd_suits
  * says where it is taken; TIRBYOC_CONV_WINOGRAD=0 never takes it.
  */
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -341,6 +342,38 @@ int32_t tirbyoc_pack_conv2d_winograd_weight_f32(int64_t oc, int64_t c,
     return TIRBYOC_OK;
 }
 
+/* The checks of a call (has_weight: whether its weight pointer is given);
+ * *work 0 where there is nothing to compute. */
+static int32_t wg_check(int64_t batch, int64_t c, int64_t h, int64_t w,
+                        const float *x, int64_t oc, int has_weight,
+                        int64_t pad_top, int64_t pad_left, int64_t oh, int64_t ow,
+                        int64_t epilogue, const float *residual, const float *y,
+                        int64_t *ops, int *uses_residual, int *work)
+{
+    const int64_t dims[] = {batch, c, h, w, oc, oh, ow};
+    int32_t st;
+    int i;
+
+    *work = 0;
+    for (i = 0; i < 7; ++i)
+        if (dims[i] < 0 || dims[i] >= ((int64_t)1 << 24))
+            return TIRBYOC_ESIZE;
+    if ((double)batch * (double)(c > oc ? c : oc) *
+            (double)(h * w > oh * ow ? h * w : oh * ow) >= 9.0e18)
+        return TIRBYOC_ESIZE;
+    st = tb_conv_check_args(1, 1, pad_top, pad_left, 1, 1, epilogue, ops,
+                            uses_residual);
+    if (st != TIRBYOC_OK)
+        return st;
+    if (batch == 0 || oc == 0 || oh == 0 || ow == 0)
+        return TIRBYOC_OK;
+    if (y == NULL || !has_weight || (x == NULL && c * h * w > 0) ||
+        (residual == NULL && *uses_residual))
+        return TIRBYOC_ENULL;
+    *work = 1;
+    return TIRBYOC_OK;
+}
+
 int32_t tirbyoc_conv2d_winograd_f32(int64_t batch, int64_t c, int64_t h,
                                     int64_t w, const float *x, int64_t oc,
                                     const float *packed, int64_t pad_top,
@@ -350,27 +383,14 @@ int32_t tirbyoc_conv2d_winograd_f32(int64_t batch, int64_t c, int64_t h,
 {
     wg_job j;
     int64_t ops, units;
-    int uses_residual, want;
-    int32_t st;
+    int uses_residual, want, work;
     int failed = 0;
-    const int64_t dims[] = {batch, c, h, w, oc, oh, ow};
-    int i;
+    const int32_t st = wg_check(batch, c, h, w, x, oc, packed != NULL, pad_top,
+                                pad_left, oh, ow, epilogue, residual, y, &ops,
+                                &uses_residual, &work);
 
-    for (i = 0; i < 7; ++i)
-        if (dims[i] < 0 || dims[i] >= ((int64_t)1 << 24))
-            return TIRBYOC_ESIZE;
-    if ((double)batch * (double)(c > oc ? c : oc) *
-            (double)(h * w > oh * ow ? h * w : oh * ow) >= 9.0e18)
-        return TIRBYOC_ESIZE;
-    st = tb_conv_check_args(1, 1, pad_top, pad_left, 1, 1, epilogue, &ops,
-                            &uses_residual);
-    if (st != TIRBYOC_OK)
+    if (st != TIRBYOC_OK || !work)
         return st;
-    if (batch == 0 || oc == 0 || oh == 0 || ow == 0)
-        return TIRBYOC_OK;
-    if (y == NULL || packed == NULL || (x == NULL && c * h * w > 0) ||
-        (residual == NULL && uses_residual))
-        return TIRBYOC_ENULL;
     j.ocp = cdiv(oc, 16) * 16;
     j.ocb = block_channels(c, j.ocp);
     j.floats = unit_floats(c);
@@ -422,4 +442,229 @@ int32_t tirbyoc_conv2d_winograd_f32(int64_t batch, int64_t c, int64_t h,
     units = batch * j.upi * j.nos;
     tb_units(wg_unit, &j, units, want);
     return __atomic_load_n(&failed, __ATOMIC_RELAXED) ? TIRBYOC_ENOMEM : TIRBYOC_OK;
+}
+
+/* ---- tirbyoc_conv2d_winograd_cached_f32: the weight transformed once ----
+ *
+ * A model's library holds the weight as the model does ([OC, C, 3, 3], 9
+ * floats a channel pair); its transform (36 floats a pair, 4x the bytes)
+ * is made by the first call and kept here, so that a library is not 4x
+ * its weights. An entry is found by the caller's key (a digest of the
+ * weight and bias made when the model was compiled) and the two pointers:
+ * another weight has another key, and the same weight loaded again at
+ * another address gets an entry of its own. The weight must not change
+ * between calls with the same key and pointers (a model's constant does
+ * not). The entries in use may hold up to wg_cap() bytes; past that the
+ * least recently used go (freed when no call runs on them, made again if
+ * needed). */
+typedef struct wg_entry {
+    struct wg_entry *next; /* in its bucket */
+    int64_t key0, key1, oc, c;
+    const float *weight, *bias;
+    float *packed;
+    size_t bytes;
+    uint64_t used; /* wg_clock at its last lookup */
+    int64_t refs;  /* calls running on it */
+    int retired;   /* out of the table: freed when refs drops to 0 */
+} wg_entry;
+
+#define WG_BUCKETS 256
+/* Default bytes of transformed weights kept: ResNet-50's are 60 MB. */
+#define WG_CAP_MB_DEFAULT 512
+
+static pthread_mutex_t wg_lock = PTHREAD_MUTEX_INITIALIZER;
+static wg_entry *wg_table[WG_BUCKETS];
+static size_t wg_held;
+static uint64_t wg_clock;
+static int64_t wg_entries, wg_made, wg_dropped;
+static pthread_once_t wg_cap_once = PTHREAD_ONCE_INIT;
+static size_t wg_cap_bytes;
+
+static void read_wg_cap(void)
+{
+    const char *env = getenv("TIRBYOC_WINOGRAD_CACHE_MB");
+    char *end = NULL;
+    long long mb = env != NULL ? strtoll(env, &end, 10) : -1;
+    if (env == NULL || end == env || *end != '\0' || mb < 0 || mb > ((long long)1 << 30))
+        mb = WG_CAP_MB_DEFAULT;
+    wg_cap_bytes = (size_t)mb << 20;
+}
+
+static size_t wg_cap(void)
+{
+    pthread_once(&wg_cap_once, read_wg_cap);
+    return wg_cap_bytes;
+}
+
+static unsigned wg_bucket(int64_t key0, int64_t key1, const float *weight)
+{
+    uint64_t h = (uint64_t)key0 ^ ((uint64_t)key1 * 0x9e3779b97f4a7c15ull) ^
+                 (uint64_t)(uintptr_t)weight;
+    h ^= h >> 29;
+    h *= 0xbf58476d1ce4e5b9ull;
+    return (unsigned)(h >> 56) % WG_BUCKETS;
+}
+
+/* The entry of (key, oc, c, weight, bias) in bucket b, or NULL; under the lock. */
+static wg_entry *wg_find(unsigned b, int64_t key0, int64_t key1, int64_t oc,
+                         int64_t c, const float *weight, const float *bias)
+{
+    wg_entry *e;
+    for (e = wg_table[b]; e != NULL; e = e->next)
+        if (e->key0 == key0 && e->key1 == key1 && e->oc == oc && e->c == c &&
+            e->weight == weight && e->bias == bias)
+            return e;
+    return NULL;
+}
+
+static void wg_free(wg_entry *e)
+{
+    free(e->packed);
+    free(e);
+}
+
+/* Drops the least recently used entries other than keep while the table
+ * holds more than the cap; under the lock. */
+static void wg_evict(const wg_entry *keep)
+{
+    while (wg_held > wg_cap()) {
+        wg_entry **oldest = NULL, **p;
+        unsigned b;
+        for (b = 0; b < WG_BUCKETS; ++b)
+            for (p = &wg_table[b]; *p != NULL; p = &(*p)->next)
+                if (*p != keep && (oldest == NULL || (*p)->used < (*oldest)->used))
+                    oldest = p;
+        if (oldest == NULL)
+            return;
+        {
+            wg_entry *e = *oldest;
+            *oldest = e->next;
+            wg_held -= e->bytes;
+            --wg_entries;
+            ++wg_dropped;
+            if (e->refs == 0)
+                wg_free(e);
+            else
+                e->retired = 1;
+        }
+    }
+}
+
+/* The transformed weight for a call (its entry in *entry, to release),
+ * made here if the table has none. */
+static int32_t wg_acquire(int64_t key0, int64_t key1, int64_t oc, int64_t c,
+                          const float *weight, const float *bias, wg_entry **entry)
+{
+    const unsigned b = wg_bucket(key0, key1, weight);
+    const int64_t size = tirbyoc_conv2d_winograd_packed_size_f32(oc, c);
+    wg_entry *e, *made;
+    void *p = NULL;
+    int32_t st;
+
+    pthread_mutex_lock(&wg_lock);
+    e = wg_find(b, key0, key1, oc, c, weight, bias);
+    if (e != NULL) {
+        ++e->refs;
+        e->used = ++wg_clock;
+        pthread_mutex_unlock(&wg_lock);
+        *entry = e;
+        return TIRBYOC_OK;
+    }
+    pthread_mutex_unlock(&wg_lock);
+
+    /* Made outside the lock (the first calls of other layers go on); a
+     * call that made the same entry meanwhile wins, this copy is dropped. */
+    if (size < 0)
+        return TIRBYOC_ESIZE;
+    made = (wg_entry *)calloc(1, sizeof(wg_entry));
+    if (made == NULL || posix_memalign(&p, 64, (size_t)(size > 0 ? size : 1) *
+                                                     sizeof(float)) != 0) {
+        free(made);
+        return TIRBYOC_ENOMEM;
+    }
+    made->packed = (float *)p;
+    st = tirbyoc_pack_conv2d_winograd_weight_f32(oc, c, weight, bias, made->packed);
+    if (st != TIRBYOC_OK) {
+        wg_free(made);
+        return st;
+    }
+    made->key0 = key0;
+    made->key1 = key1;
+    made->oc = oc;
+    made->c = c;
+    made->weight = weight;
+    made->bias = bias;
+    made->bytes = (size_t)size * sizeof(float);
+
+    pthread_mutex_lock(&wg_lock);
+    e = wg_find(b, key0, key1, oc, c, weight, bias);
+    if (e == NULL) {
+        e = made;
+        made = NULL;
+        e->next = wg_table[b];
+        wg_table[b] = e;
+        wg_held += e->bytes;
+        ++wg_entries;
+        ++wg_made;
+        wg_evict(e);
+    }
+    ++e->refs;
+    e->used = ++wg_clock;
+    pthread_mutex_unlock(&wg_lock);
+    if (made != NULL)
+        wg_free(made);
+    *entry = e;
+    return TIRBYOC_OK;
+}
+
+static void wg_release(wg_entry *e)
+{
+    int drop;
+    pthread_mutex_lock(&wg_lock);
+    drop = --e->refs == 0 && e->retired;
+    pthread_mutex_unlock(&wg_lock);
+    if (drop)
+        wg_free(e);
+}
+
+int32_t tirbyoc_conv2d_winograd_cached_f32(int64_t key0, int64_t key1,
+                                           int64_t batch, int64_t c, int64_t h,
+                                           int64_t w, const float *x, int64_t oc,
+                                           const float *weight, const float *bias,
+                                           int64_t pad_top, int64_t pad_left,
+                                           int64_t oh, int64_t ow, int64_t epilogue,
+                                           const float *residual, float *y)
+{
+    wg_entry *e;
+    int64_t ops;
+    int uses_residual, work;
+    /* the call's own checks first: a bad call makes no entry */
+    int32_t st = wg_check(batch, c, h, w, x, oc, weight != NULL || oc * c == 0,
+                          pad_top, pad_left, oh, ow, epilogue, residual, y, &ops,
+                          &uses_residual, &work);
+    if (st != TIRBYOC_OK || !work)
+        return st;
+    if (c == 0 || block_channels(c, cdiv(oc, 16) * 16) == 0)
+        return TIRBYOC_EINVAL; /* as the call below would say */
+    st = wg_acquire(key0, key1, oc, c, weight, bias, &e);
+    if (st != TIRBYOC_OK)
+        return st;
+    st = tirbyoc_conv2d_winograd_f32(batch, c, h, w, x, oc, e->packed, pad_top,
+                                     pad_left, oh, ow, epilogue, residual, y);
+    wg_release(e);
+    return st;
+}
+
+int32_t tirbyoc_winograd_cache_stats(int64_t *stats)
+{
+    if (stats == NULL)
+        return TIRBYOC_ENULL;
+    pthread_mutex_lock(&wg_lock);
+    stats[0] = wg_entries;
+    stats[1] = (int64_t)wg_held;
+    stats[2] = (int64_t)wg_cap();
+    stats[3] = wg_made;
+    stats[4] = wg_dropped;
+    pthread_mutex_unlock(&wg_lock);
+    return TIRBYOC_OK;
 }

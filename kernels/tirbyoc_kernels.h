@@ -372,6 +372,22 @@ int32_t tirbyoc_conv2d_winograd_suits(int64_t batch, int64_t c, int64_t oc, int6
 int64_t tirbyoc_conv2d_winograd_packed_size_f32(int64_t oc, int64_t c);
 int32_t tirbyoc_pack_conv2d_winograd_weight_f32(int64_t oc, int64_t c, const float *weight, const float *bias, float *packed);
 int32_t tirbyoc_conv2d_winograd_f32(int64_t batch, int64_t c, int64_t h, int64_t w, const float *x, int64_t oc, const float *packed, int64_t pad_top, int64_t pad_left, int64_t oh, int64_t ow, int64_t epilogue, const float *residual, float *y);
+/*
+ * The same call from the weight as a model holds it ([OC, C, 3, 3], and
+ * bias [OC] or NULL), transformed by the first call and kept for later
+ * ones: a model's library then holds the weight, not its transform (4x the
+ * bytes). key0 and key1 name the weight's contents (the compiler passes a
+ * digest of the weight and bias); an entry is found by the key and the two
+ * pointers, so the weight must not change between calls with the same key
+ * and pointers. The entries kept may hold up to TIRBYOC_WINOGRAD_CACHE_MB
+ * MiB (default 512) of transformed weights; past that the least recently
+ * used are dropped (and made again when called). Errors: those of
+ * tirbyoc_conv2d_winograd_f32, and of the packing on the first call.
+ */
+int32_t tirbyoc_conv2d_winograd_cached_f32(int64_t key0, int64_t key1, int64_t batch, int64_t c, int64_t h, int64_t w, const float *x, int64_t oc, const float *weight, const float *bias, int64_t pad_top, int64_t pad_left, int64_t oh, int64_t ow, int64_t epilogue, const float *residual, float *y);
+/* What the call above keeps: stats[0] entries, [1] their bytes, [2] the cap
+ * in bytes, [3] entries made and [4] dropped since the process started. */
+int32_t tirbyoc_winograd_cache_stats(int64_t *stats);
 
 /*
  * The work units of tirbyoc_conv2d_f32's direct path (the AVX-512 one,

@@ -57,7 +57,7 @@ def _no_tvm_convs(report, unpacked=0, depthwise=0, winograd=0, blocked=0,
     assert convs and hows == sorted(
         ["kernel tirbyoc_depthwise_conv2d_f32"] * (depthwise - blocked_depthwise)
         + ["kernel tirbyoc_depthwise_conv2d_f32_layouts"] * blocked_depthwise
-        + ["kernel tirbyoc_conv2d_winograd_f32"] * winograd
+        + ["kernel tirbyoc_conv2d_winograd_cached_f32"] * winograd
         + ["kernel tirbyoc_conv2d_f32"] * unpacked
         + ["kernel tirbyoc_conv2d_f32_packed_layouts"] * blocked
         + ["kernel tirbyoc_conv2d_f32_packed"] * (len(convs) - unpacked - depthwise

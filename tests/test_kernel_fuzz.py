@@ -1328,6 +1328,20 @@ def winograd_args(ops):
             _matrix(ops, "y", y, out)]
 
 
+def winograd_cached_args(ops):
+    """tirbyoc_conv2d_winograd_cached_f32: a key of the case's own, then the arguments
+    of tirbyoc_conv2d_winograd_f32 with the weight [OC, C * 9] and the bias (NULL
+    without one) in place of the packed weight: the first call transforms them."""
+    c = ops.case
+    _, wt, bias, _, _, _ = ops.conv
+    plain = winograd_args(ops)
+    out = plain[-1].required
+    key = zlib.crc32(repr((c.seed, c.isa, c.index)).encode())
+    return [Arg("key0", key), Arg("key1", -c.index), *plain[:6],
+            _matrix(ops, "weight", wt, out and c.m * c.get("c") > 0),
+            _optional(ops, "bias", bias), *plain[7:]]
+
+
 def winograd_pack_args(ops):
     """tirbyoc_pack_conv2d_winograd_weight_f32 on the case's weight [OC, C * 9] and bias
     (NULL without one)."""
@@ -1717,6 +1731,8 @@ FAMILIES = (
     Family(r"tirbyoc_pack_conv2d_weight_f32", conv_pack_args, conv_pack_expected,
            output="conv_packed_out"),
     Family(r"tirbyoc_conv2d_winograd_f32", winograd_args, winograd_expected, output="y"),
+    Family(r"tirbyoc_conv2d_winograd_cached_f32", winograd_cached_args, winograd_expected,
+           output="y"),
     Family(r"tirbyoc_pack_conv2d_winograd_weight_f32", winograd_pack_args,
            winograd_pack_expected, output="wino_packed_out"),
     # the conv's reference with groups = C
@@ -1743,6 +1759,8 @@ NOT_KERNELS = {
     "tirbyoc_conv2d_direct_suits": "a shape predicate: tests/test_conv_kernel.py, and the "
                                    "blocked tensors it allows: tests/test_conv.py",
     "tirbyoc_status_string": "describes a status; no operands",
+    "tirbyoc_winograd_cache_stats": "reports the cached Winograd weights: "
+                                    "tests/test_winograd_kernel.py and the sanitizer driver",
     "tirbyoc_cache_sizes": "reports the caches: tests/test_caches.py (TIRBYOC_CACHES, the "
                            "blocking it gives, the same results) and the sanitizer driver",
     "tirbyoc_unary_f32": "1-D elementwise: tests/test_matmul_kernels.py (every ISA, full "

@@ -225,3 +225,86 @@ def test_errors_write_nothing():
     with pytest.raises(ValueError, match="stride 1"):
         kernels.conv2d(x, packed, stride=2, padding=1)
     assert math.isfinite(float(kernels.conv2d(x, packed, padding=1).sum()))
+
+
+@pytest.mark.parametrize("case", [CASES[1], CASES[2], CASES[-1]], ids=["56", "partial", "256"])
+def test_cached_call_gives_the_packed_weights_bits(each_isa, case):
+    """tirbyoc_conv2d_winograd_cached_f32 from the weight as it is: the first call makes
+    one entry, the second finds it, both give tirbyoc_conv2d_winograd_f32's bits."""
+    n, c, h, w, oc, pad, size = case
+    # values of this ISA's own: another ISA's equal weight, freed, may leave its entry
+    # at the same address (a correct hit, but not a first call)
+    rng = np.random.default_rng([c * oc, len(each_isa)])
+    x = rng.standard_normal((n, c, h, w)).astype(np.float32)
+    wt = rng.standard_normal((oc, c, 3, 3)).astype(np.float32)
+    bias = rng.standard_normal(oc).astype(np.float32)
+    res = rng.standard_normal((n, oc, h + 2 * pad[0] - 2, w + 2 * pad[1] - 2)).astype(
+        np.float32)
+    ops = ("bias", "residual", "relu")
+    want = kernels.conv2d(x, kernels.pack_conv2d_weight(wt, bias, winograd=True),
+                          padding=pad, epilogue=ops, residual=res)
+    before = kernels.winograd_cache_stats()
+    first = kernels.conv2d_winograd_cached(x, wt, padding=pad, epilogue=ops, bias=bias,
+                                           residual=res)
+    made = kernels.winograd_cache_stats()
+    again = kernels.conv2d_winograd_cached(x, wt, padding=pad, epilogue=ops, bias=bias,
+                                           residual=res)
+    after = kernels.winograd_cache_stats()
+    assert np.array_equal(first, want, equal_nan=True)
+    assert np.array_equal(again, want, equal_nan=True)
+    assert made["made"] - before["made"] == 1 and after["made"] == made["made"]
+    assert made["bytes"] - before["bytes"] == 4 * (36 * c + 1) * (-(-oc // 16) * 16)
+
+
+def test_cached_entries_are_per_key_and_pointers():
+    """Another key, or the same key with another weight buffer, makes its own transform:
+    a weight loaded twice (two buffers, one key) gives the same result from each, and a
+    buffer reused for other values under a new key gives the new values' result."""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((1, 32, 12, 12)).astype(np.float32)
+    wt = rng.standard_normal((48, 32, 3, 3)).astype(np.float32)
+    copy = wt.copy()
+    key = kernels.winograd_key(wt)
+    want = kernels.conv2d(x, kernels.pack_conv2d_weight(wt, winograd=True), padding=1)
+    before = kernels.winograd_cache_stats()["made"]
+    for weight in (wt, copy, wt, copy):
+        assert np.array_equal(kernels.conv2d_winograd_cached(x, weight, key=key), want)
+    assert kernels.winograd_cache_stats()["made"] - before == 2
+    wt[...] = rng.standard_normal(wt.shape)
+    want = kernels.conv2d(x, kernels.pack_conv2d_weight(wt, winograd=True), padding=1)
+    assert kernels.winograd_key(wt) != key
+    assert np.array_equal(kernels.conv2d_winograd_cached(x, wt), want)
+    # the key is a digest of the values: the same for equal weights, another for any
+    # change (a bias, one float, the shape)
+    assert kernels.winograd_key(copy) == key
+    assert kernels.winograd_key(copy, np.zeros(48, np.float32)) != key
+    nudged = copy.copy()
+    nudged.flat[100] = np.nextafter(nudged.flat[100], np.float32(np.inf))
+    assert kernels.winograd_key(nudged) != key
+    assert kernels.winograd_key(copy.reshape(32, 48, 3, 3)) != key
+
+
+def test_cached_call_errors():
+    _, lib = kernels.load()
+    ffi = kernels.load()[0]
+    x = np.ones((1, 2, 5, 5), np.float32)
+    wt = np.ones((4, 2, 3, 3), np.float32)
+    y = np.full((1, 4, 5, 5), 7.0, np.float32)
+    before = kernels.winograd_cache_stats()["made"]
+
+    def call(weight=wt, epi=0, batch=1, c=2):
+        f = (lambda a: ffi.NULL if a is None else ffi.cast("float *", a.ctypes.data))
+        return lib.tirbyoc_conv2d_winograd_cached_f32(1, 2, batch, c, 5, 5, f(x), 4,
+                                                      f(weight), ffi.NULL, 1, 1, 5, 5, epi,
+                                                      ffi.NULL, f(y))
+
+    assert call(weight=None) == kernels.TIRBYOC_ENULL
+    assert call(batch=-1) == kernels.TIRBYOC_ESIZE
+    assert call(epi=kernels.encode_epilogue(("residual",))) == kernels.TIRBYOC_ENULL
+    assert call(c=4096) == kernels.TIRBYOC_EINVAL
+    assert (y == 7.0).all() and kernels.winograd_cache_stats()["made"] == before
+    assert call(batch=0) == kernels.TIRBYOC_OK and (y == 7.0).all()
+    with pytest.raises(ValueError, match="3, 3"):
+        kernels.conv2d_winograd_cached(x, np.ones((4, 2, 5, 5), np.float32), padding=2)
+    with pytest.raises(ValueError, match="bias"):
+        kernels.conv2d_winograd_cached(x, wt, epilogue=("bias",))

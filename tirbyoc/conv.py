@@ -32,10 +32,12 @@ be used only by the next one (SiLU's ``v``: by its sigmoid and the product only)
 
 A 3x3 conv of stride 1 and dilation 1 in one group with a constant weight, over enough
 4 x 4 tiles of output pixels (``tirbyoc_conv2d_winograd_suits``: ResNet-18's 56 x 56 and
-28 x 28 convs; its 14 x 14 ones at batch 1 only on AVX2, which takes 16 tiles an image from 128
-channels), calls ``tirbyoc_conv2d_winograd_f32`` instead
-(same chain): Winograd F(4x4, 3x3), 36 products per tile and channel pair instead of 144,
-its weight transformed here in float64 and packed. Its rounding error is a few times a
+28 x 28 convs; its 14 x 14 ones, 16 tiles an image, from 128 channels on AVX2 and from
+256 on AVX-512), calls ``tirbyoc_conv2d_winograd_cached_f32`` instead
+(same chain): Winograd F(4x4, 3x3), 36 products per tile and channel pair instead of 144.
+The library holds the weight as the model does; its transform (in float64, then packed:
+4x the bytes) is made by the first call and kept by the kernels, found by a digest of
+the weight taken here (``kernels.winograd_key``). Its rounding error is a few times a
 direct sum's (about 1e-6 of max|y| for 64 channels; ``kernels/conv_winograd_f32.c``).
 ``TIRBYOC_CONV_WINOGRAD=0`` when compiling keeps every conv on the direct kernel.
 
@@ -96,7 +98,7 @@ R = T.relax_ns
 SYMBOL = "tirbyoc_conv2d_f32"
 PACKED_SYMBOL = "tirbyoc_conv2d_f32_packed"
 LAYOUTS_SYMBOL = "tirbyoc_conv2d_f32_packed_layouts"
-WINOGRAD_SYMBOL = "tirbyoc_conv2d_winograd_f32"
+WINOGRAD_SYMBOL = "tirbyoc_conv2d_winograd_cached_f32"
 INTRINSIC = "conv2d"
 DESCRIPTION = ("R.nn.conv2d (+ bias, batch norm, shortcut, relu, relu6, silu, sigmoid, hardswish "
                "or hardsigmoid) as one kernel call")
@@ -299,26 +301,30 @@ def fold_batch_norm(plan: _Plan):
 
 def pack_weight(plan: _Plan):
     """The region's constant weight (and bias) packed once, at compile time, into the
-    layout its kernel reads: 16-channel panels for ``tirbyoc_conv2d_f32_packed``, or
-    Winograd's transformed weight where ``tirbyoc_conv2d_winograd_suits``. None for a
-    depthwise conv, a weight passed in, or one whose panels would be mostly padding."""
+    layout its kernel reads: 16-channel panels for ``tirbyoc_conv2d_f32_packed``; where
+    ``tirbyoc_conv2d_winograd_suits``, ``winograd`` set instead, the weight left as it is
+    for ``tirbyoc_conv2d_winograd_cached_f32`` (its transform, 4x the bytes, is made by
+    the first call). None for a depthwise conv, a weight passed in, or one whose panels
+    would be mostly padding."""
     ocg = plan.out_shape[1] // plan.groups
-    if plan.depthwise or plan.weight is None or plan.packed is not None or \
+    if plan.depthwise or plan.weight is None or plan.packed is not None or plan.winograd or \
             plan.batch_norm is not None or -(-ocg // 16) * 16 > 2 * ocg:
         return None
     from . import kernels
 
     batch, oc, oh, ow = plan.out_shape
     kh, kw = plan.weight_shape[2:]
-    winograd = kernels.winograd_suits(
-        batch if isinstance(batch, int) else None, plan.weight_shape[1] * plan.groups,
-        oc, plan.groups, (kh, kw), plan.strides, plan.dilation, (oh, ow))
+    if kernels.winograd_suits(
+            batch if isinstance(batch, int) else None, plan.weight_shape[1] * plan.groups,
+            oc, plan.groups, (kh, kw), plan.strides, plan.dilation, (oh, ow)):
+        # the transform (4x the weight) is made by the first call, not held by the library
+        return replace(plan, winograd=True, notes=plan.notes + (
+            "Winograd F(4x4, 3x3), the weight transformed by the first call",))
     packed = kernels.pack_conv2d_weight(
         np.ascontiguousarray(plan.weight, np.float32),
         None if plan.bias is None else np.ascontiguousarray(plan.bias, np.float32),
-        plan.groups, winograd=winograd).data
-    note = "weight packed at compile time" + (" (Winograd F(4x4, 3x3))" if winograd else "")
-    return replace(plan, packed=packed, winograd=winograd, notes=plan.notes + (note,))
+        plan.groups).data
+    return replace(plan, packed=packed, notes=plan.notes + ("weight packed at compile time",))
 
 
 def _conv_steps(passes):
@@ -546,12 +552,13 @@ def _batch_norm(b: Bindings, var, call, data, axes):
     return scale, beta - mean.astype(np.float64) * scale, out
 
 
-def _kernel_func(plan: _Plan, x, residual, out_ty, packed_size=None, winograd=False):
+def _kernel_func(plan: _Plan, x, residual, out_ty, packed_size=None):
     """The PrimFunc whose only block calls ``tirbyoc_conv2d_f32`` for ``plan``: buffers x,
     the weight, the bias (if any), the residual (if any) and the output; given
     ``packed_size``, ``tirbyoc_conv2d_f32_packed`` with the packed weight (holding the
-    bias) in place of the weight and the bias (``winograd``:
-    ``tirbyoc_conv2d_winograd_f32``, its weight transformed); for a depthwise ``plan``,
+    bias) in place of the weight and the bias; for ``plan.winograd``,
+    ``tirbyoc_conv2d_winograd_cached_f32`` with the weight's key
+    (``kernels.winograd_key``); for a depthwise ``plan``,
     ``tirbyoc_depthwise_conv2d_f32`` (the weight [C, 1, KH, KW], no groups)."""
     from .calls import status_checks
 
@@ -598,16 +605,19 @@ def _kernel_func(plan: _Plan, x, residual, out_ty, packed_size=None, winograd=Fa
         args = [*layouts, n, c, h, w, xptr, kh, kw, T.buffer_pointer(wb, "r"), *geometry,
                 bptr, rptr, yptr]
         inputs = [b for b in (xb, wb, bb, rb) if b is not None]
+    elif plan.winograd:
+        symbol = WINOGRAD_SYMBOL
+        key0, key1 = kernels.winograd_key(np.asarray(plan.weight, np.float32), None if
+                                          plan.bias is None else np.asarray(plan.bias,
+                                                                            np.float32))
+        args = [i64(key0), i64(key1), n, c, h, w, xptr, oc, T.buffer_pointer(wb, "r"), bptr,
+                i64(pt), i64(pl), oh, ow, i64(code), rptr, yptr]
+        inputs = [b for b in (xb, wb, bb, rb) if b is not None]
     elif pb is None:
         symbol = SYMBOL
         args = [n, c, h, w, xptr, oc, i64(plan.groups), kh, kw, T.buffer_pointer(wb, "r"),
                 *geometry, bptr, rptr, yptr]
         inputs = [b for b in (xb, wb, bb, rb) if b is not None]
-    elif winograd:
-        symbol = WINOGRAD_SYMBOL
-        args = [n, c, h, w, xptr, oc, T.buffer_pointer(pb, "r"), i64(pt), i64(pl), oh, ow,
-                i64(code), rptr, yptr]
-        inputs = [b for b in (xb, pb, rb) if b is not None]
     else:
         symbol = LAYOUTS_SYMBOL if plan.layouts else PACKED_SYMBOL
         args = [*layouts, n, c, h, w, xptr, oc, i64(plan.groups), kh, kw,
@@ -719,12 +729,13 @@ def _emit(bb, x, weight, residual, plan: _Plan, out_ty, funcs, scale=None):
         return _emit_declared(bb, x, weight, residual, plan, out_ty, funcs)
     if plan.packed is not None:
         shape = _packed_shape(plan)
-        kernel = _kernel_func(plan, x, residual, out_ty, shape, plan.winograd)
+        kernel = _kernel_func(plan, x, residual, out_ty, shape)
         packed = R.const(plan.packed.reshape(shape), "float32")
         if scale is not None:
             packed = _scaled_packed(bb, packed, scale, plan)
         args = [x, packed]
     else:
+        assert not plan.winograd or weight is None, "a Winograd conv takes a constant weight"
         kernel = _kernel_func(plan, x, residual, out_ty)
         args = [x, weight if weight is not None else
                 R.const(plan.weight.astype(np.float32), "float32")]

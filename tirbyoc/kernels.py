@@ -19,6 +19,7 @@ be used and tested without paying for a TVM import.
 """
 
 import functools
+import hashlib
 import math
 import os
 import re
@@ -627,6 +628,57 @@ def pack_conv2d_weight(weight, bias=None, groups=1, winograd=False):
             oc, int(groups), k, _float_ptr(weight), _float_ptr(bias), _float_ptr(data)))
     return PackedConv2dWeight(data, tuple(weight.shape), int(groups), bias is not None,
                               bool(winograd))
+
+
+def winograd_key(weight, bias=None):
+    """The key ``tirbyoc_conv2d_winograd_cached_f32`` finds a weight's transform by: a
+    128-bit BLAKE2b digest of the weight's shape and values and the bias's, as two signed
+    64-bit halves."""
+    h = hashlib.blake2b(digest_size=16, person=b"tirbyoc-wino")
+    h.update(np.asarray(weight.shape, np.int64).tobytes())
+    h.update(np.ascontiguousarray(weight, np.float32).tobytes())
+    if bias is not None:
+        h.update(b"bias")
+        h.update(np.ascontiguousarray(bias, np.float32).tobytes())
+    d = h.digest()
+    return (int.from_bytes(d[:8], "little", signed=True),
+            int.from_bytes(d[8:], "little", signed=True))
+
+
+def conv2d_winograd_cached(x, weight, *, padding=1, epilogue=(), bias=None, residual=None,
+                           out_size=None, out=None, key=None):
+    """``chain(conv2d(x, weight))`` for a 3x3 ``weight`` [OC, C, 3, 3] of stride 1 via
+    ``tirbyoc_conv2d_winograd_cached_f32``: the weight as it is, transformed by the first
+    call with its ``key`` (default :func:`winograd_key` of the weight and bias) and
+    pointers, and kept for the next. Arguments as for :func:`conv2d`; the weight and bias
+    must stay alive and unchanged while calls with that key may come."""
+    if weight.ndim != 4 or weight.shape[2:] != (3, 3) or weight.dtype != np.float32 or \
+            not weight.flags.c_contiguous or x.ndim != 4 or weight.shape[1] != x.shape[1]:
+        raise ValueError(f"x must be [N, C, H, W] and weight a C-contiguous float32 "
+                         f"[OC, C, 3, 3], got {x.shape} and {weight.shape}")
+    if (len(epilogue) > 0 and epilogue[0] == "bias") != (bias is not None):
+        raise ValueError("the epilogue must start with 'bias' if and only if a bias is given")
+    key0, key1 = winograd_key(weight, bias) if key is None else key
+    geometry = _conv_geometry(1, padding, 1)
+    batch, c, h, w = x.shape
+    oc = weight.shape[0]
+    dims, out = _conv_operands(x, 3, 3, oc, geometry, out_size, weight, bias, residual, out)
+    (_, _, pt, pl, _, _, oh, ow) = dims
+    _, lib = load()
+    _check("tirbyoc_conv2d_winograd_cached_f32", lib.tirbyoc_conv2d_winograd_cached_f32(
+        key0, key1, batch, c, h, w, _float_ptr(x), oc, _float_ptr(weight), _float_ptr(bias),
+        pt, pl, oh, ow, encode_epilogue(epilogue), _float_ptr(residual), _float_ptr(out)))
+    return out
+
+
+def winograd_cache_stats():
+    """What ``tirbyoc_conv2d_winograd_cached_f32`` keeps in this process: ``entries``,
+    their ``bytes``, the ``cap`` in bytes (``TIRBYOC_WINOGRAD_CACHE_MB``), and the
+    entries ``made`` and ``dropped`` so far."""
+    ffi, lib = load()
+    out = ffi.new("int64_t[5]")
+    _check("tirbyoc_winograd_cache_stats", lib.tirbyoc_winograd_cache_stats(out))
+    return dict(zip(("entries", "bytes", "cap", "made", "dropped"), list(out)))
 
 
 def winograd_suits(batch, c, oc, groups, kernel_size, stride, dilation, out_size):

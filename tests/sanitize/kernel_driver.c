@@ -642,6 +642,109 @@ static void concurrent(uint64_t *rng, int rounds)
         }
 }
 
+/* tirbyoc_conv2d_winograd_cached_f32 from WG_CALLERS threads at once over
+ * WG_WEIGHTS weights, each thread calling them in its own order, while the
+ * cap (TIRBYOC_WINOGRAD_CACHE_MB=1, set by main) holds about two of their
+ * transforms: entries made by two threads at once, dropped while other
+ * calls still run on them, made again. Every call: the packed weight's
+ * result bit for bit. */
+#define WG_CALLERS 4
+#define WG_WEIGHTS 3
+
+typedef struct {
+    int64_t n, c, h, w, oc;
+    buf_t bx, bw, bb, by[WG_CALLERS];
+    float *x, *wt, *bias, *expected;
+} wg_weight_t;
+
+typedef struct {
+    wg_weight_t *ws;
+    int id, rounds;
+} wg_caller_t;
+
+static void *wg_caller_main(void *arg)
+{
+    const wg_caller_t *cl = (const wg_caller_t *)arg;
+    const int64_t ops = TIRBYOC_EPI_BIAS | TIRBYOC_EPI_RELU << 4;
+    int r;
+    for (r = 0; r < cl->rounds; ++r) {
+        wg_weight_t *g = &cl->ws[(r * (cl->id + 1) + cl->id) % WG_WEIGHTS];
+        float *y = g->by[cl->id].p;
+        const size_t ny = (size_t)(g->n * g->oc * g->h * g->w);
+        check(tirbyoc_conv2d_winograd_cached_f32(7, (int64_t)(g - cl->ws), g->n, g->c, g->h,
+                                                 g->w, g->x, g->oc, g->wt, g->bias, 1, 1,
+                                                 g->h, g->w, ops, NULL, y) == TIRBYOC_OK,
+              "status (concurrent)", "tirbyoc_conv2d_winograd_cached_f32", g->oc, g->c, 9,
+              NULL);
+        check(memcmp(y, g->expected, ny * sizeof(float)) == 0, "result (concurrent)",
+              "tirbyoc_conv2d_winograd_cached_f32", g->oc, g->c, 9, NULL);
+    }
+    return NULL;
+}
+
+static void winograd_cache_concurrent(uint64_t *rng, int rounds)
+{
+    const int64_t ops = TIRBYOC_EPI_BIAS | TIRBYOC_EPI_RELU << 4;
+    wg_weight_t ws[WG_WEIGHTS];
+    wg_caller_t callers[WG_CALLERS];
+    pthread_t threads[WG_CALLERS];
+    int started[WG_CALLERS];
+    int64_t stats[5];
+    int i, c;
+    buf_t bp;
+    tirbyoc_set_num_threads(1);
+    for (i = 0; i < WG_WEIGHTS; ++i) {
+        wg_weight_t *g = &ws[i];
+        const size_t nx = (size_t)(1 * 48 * 12 * 12), nw = (size_t)(64 * 48 * 9);
+        size_t q;
+        float *pk;
+        g->n = 1, g->c = 48, g->h = 12, g->w = 12, g->oc = 64;
+        g->x = buf_alloc(&g->bx, nx, 0);
+        g->wt = buf_alloc(&g->bw, nw, 0);
+        g->bias = buf_alloc(&g->bb, (size_t)g->oc, 0);
+        for (q = 0; q < nx; ++q)
+            g->x[q] = rng_float(rng);
+        for (q = 0; q < nw; ++q)
+            g->wt[q] = rng_float(rng);
+        for (q = 0; q < (size_t)g->oc; ++q)
+            g->bias[q] = rng_float(rng);
+        for (c = 0; c < WG_CALLERS; ++c)
+            buf_alloc(&g->by[c], (size_t)(g->oc * 144), 0);
+        pk = buf_alloc(&bp, (size_t)tirbyoc_conv2d_winograd_packed_size_f32(g->oc, g->c), 0);
+        tirbyoc_pack_conv2d_winograd_weight_f32(g->oc, g->c, g->wt, g->bias, pk);
+        g->expected = (float *)malloc((size_t)(g->oc * 144) * sizeof(float));
+        check(tirbyoc_conv2d_winograd_f32(1, g->c, 12, 12, g->x, g->oc, pk, 1, 1, 12, 12, ops,
+                                          NULL, g->expected) == TIRBYOC_OK,
+              "status", "tirbyoc_conv2d_winograd_f32", g->oc, g->c, 9, NULL);
+        buf_free(&bp);
+    }
+    tirbyoc_set_num_threads(2);
+    for (c = 0; c < WG_CALLERS; ++c) {
+        callers[c].ws = ws;
+        callers[c].id = c;
+        callers[c].rounds = rounds;
+        started[c] = pthread_create(&threads[c], NULL, wg_caller_main, &callers[c]) == 0;
+        check(started[c], "pthread_create", "winograd caller", 0, 0, 0, NULL);
+    }
+    for (c = 0; c < WG_CALLERS; ++c)
+        if (started[c])
+            pthread_join(threads[c], NULL);
+    check(tirbyoc_winograd_cache_stats(stats) == TIRBYOC_OK && stats[2] == 1 << 20 &&
+              stats[0] >= 1 && stats[1] <= stats[2] && stats[4] > 0,
+          "entries kept within the cap, some dropped", "tirbyoc_winograd_cache_stats",
+          stats[0], stats[1], stats[4], NULL);
+    check(tirbyoc_winograd_cache_stats(NULL) == TIRBYOC_ENULL, "a NULL result accepted",
+          "tirbyoc_winograd_cache_stats", 0, 0, 0, NULL);
+    for (i = 0; i < WG_WEIGHTS; ++i) {
+        buf_free(&ws[i].bx);
+        buf_free(&ws[i].bw);
+        buf_free(&ws[i].bb);
+        for (c = 0; c < WG_CALLERS; ++c)
+            buf_free(&ws[i].by[c]);
+        free(ws[i].expected);
+    }
+}
+
 /* K == 0 (bias then activation, or C unchanged for dense_acc) with NULL A
  * and W; M == 0 with NULL A and C; N == 0 with NULL W and C. */
 static void empty_sizes(uint64_t *rng)
@@ -1285,6 +1388,40 @@ static void winograd_case(const conv_call_t *a, const float *y, size_t ny, int s
         else
             check(memcmp(first, y2, ny * sizeof(float)) == 0,
                   "differs across thread counts", name, a->oc, a->oh * a->ow, a->c * 9, NULL);
+    }
+    {
+        /* the cached call from the weight as it is: the same bits, made by
+         * the first call (one entry), found by the second */
+        static int64_t key;
+        const char *const cname = "tirbyoc_conv2d_winograd_cached_f32";
+        int64_t before[5], after[5];
+        int r;
+        ++key;
+        check(tirbyoc_winograd_cache_stats(before) == TIRBYOC_OK, "status",
+              "tirbyoc_winograd_cache_stats", 0, 0, 0, NULL);
+        for (r = 0; r < 2; ++r) {
+            for (q = 0; q < ny; ++q)
+                y2[q] = UNWRITTEN;
+            tirbyoc_set_num_threads(THREAD_COUNTS[r + 1]);
+            check(tirbyoc_conv2d_winograd_cached_f32(
+                      key, -key, a->n, a->c, a->h, a->w, a->x, a->oc, a->wt,
+                      has_bias ? a->bias : NULL, a->pt, a->pl, a->oh, a->ow, a->ops,
+                      a->res, y2) == TIRBYOC_OK,
+                  "status", cname, a->oc, a->oh * a->ow, a->c * 9, NULL);
+            tirbyoc_set_num_threads(1);
+            check(memcmp(first, y2, ny * sizeof(float)) == 0,
+                  "differs from the packed weight's (bit for bit)", cname, a->oc,
+                  a->oh * a->ow, a->c * 9, NULL);
+        }
+        check(tirbyoc_conv2d_winograd_cached_f32(key, -key, a->n, a->c, a->h, a->w, a->x,
+                                                 a->oc, NULL, NULL, a->pt, a->pl, a->oh,
+                                                 a->ow, a->ops, a->res,
+                                                 y2) == TIRBYOC_ENULL,
+              "a NULL weight accepted", cname, a->oc, a->oh * a->ow, a->c * 9, NULL);
+        check(tirbyoc_winograd_cache_stats(after) == TIRBYOC_OK &&
+                  after[3] - before[3] == (a->n * a->oc * a->oh * a->ow > 0),
+              "one entry made by the first call only", cname, a->oc, a->oh * a->ow, a->c * 9,
+              NULL);
     }
     if (!specials) {
         char detail[96];
@@ -2127,6 +2264,8 @@ int main(int argc, char **argv)
     char isas[64] = "";
     uint64_t rng = 0x7172627963ULL;
     size_t i;
+    /* a cap of about two of winograd_cache_concurrent's transforms */
+    setenv("TIRBYOC_WINOGRAD_CACHE_MB", "1", 1);
     if ((!all && strcmp(mode, "threads") != 0) || argc > 3) {
         fprintf(stderr, "usage: %s [all|threads] [isa,...]\n", argv[0]);
         return 2;
@@ -2150,16 +2289,17 @@ int main(int argc, char **argv)
         matmul_chains(&rng, 1);
         threaded(&rng, !all);
         concurrent(&rng, all ? 4 : 2);
+        winograd_cache_concurrent(&rng, all ? 12 : 24);
         fprintf(stderr, "  %s done: %ld checks so far\n", ISA_NAMES[i], n_checks);
     }
     /* KERNELS, and the 2 dense pack functions, matmul, unary, softmax, attention, conv2d,
      * conv2d_f32_packed, pack_conv2d_weight, conv2d_winograd, pack_conv2d_winograd_weight,
-     * depthwise_conv2d, the two NCHW16c calls and max_pool2d */
+     * conv2d_winograd_cached, depthwise_conv2d, the two NCHW16c calls and max_pool2d */
     if (*isas == '\0') {
         fprintf(stderr, "kernel_driver: none of the instruction sets %s runs here\n", argv[2]);
         return 1;
     }
     printf("kernel_driver: mode=%s isas=%s kernels=%d checks=%ld failures=%ld\n", mode, isas,
-           N_KERNELS + 15, n_checks, n_failures);
+           N_KERNELS + 16, n_checks, n_failures);
     return n_failures == 0 ? 0 : 1;
 }
