@@ -114,6 +114,21 @@ def test_resnet_3x3_convs_over_many_tiles_take_winograd(monkeypatch, winograd):
                   blocked=(2 if winograd == "1" else 4) * CONV_BLOCKING)
 
 
+def test_winograd_conv_keeps_the_weight_not_its_transform():
+    """A Winograd conv's call reads the model's weight (its 4x transform is made by the
+    first call, in the kernels): the offloaded module's constants are the imported
+    model's bytes, the weight and bias, not 4x them; the result is PyTorch's."""
+    from tirbyoc.bench_zoo import _weight_bytes
+
+    model = torch.nn.Sequential(torch.nn.Conv2d(64, 64, 3, padding=1), torch.nn.ReLU()).eval()
+    x = torch.randn(1, 64, 28, 28, generator=torch.Generator().manual_seed(3))
+    mod = _import(model, x)
+    report = _check(model, (1, 64, 28, 28), ["conv2d_bias_relu"], seed=3)
+    _no_tvm_convs(report, winograd=1)
+    offloaded = tirbyoc.apply_tir_byoc(mod)
+    assert _weight_bytes(offloaded) == _weight_bytes(mod) == 4 * (64 * 64 * 9 + 64)
+
+
 def test_batch_norm_folding_is_a_region_pass():
     """``weights.fold_batch_norm`` is a default region pass; it folds each offloaded conv's
     batch norm (random statistics) into the conv's weight and bias, and explain says so
