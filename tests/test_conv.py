@@ -715,6 +715,25 @@ def test_silu_and_sigmoid_join_the_conv_calls():
 
 
 
+@pytest.mark.parametrize("chosen", [i for i in ("avx2", "avx512") if i in kernels.available_isas()])
+def test_silu_convs_write_blocks_where_the_isa_gains(chosen):
+    """A stem conv + SiLU feeding a depthwise conv + SiLU (32 channels): on AVX-512
+    (``kernels.BLOCKED_SIGMOID_ISAS``) the stem writes NCHW16c and the depthwise conv reads
+    it (both through their ``_layouts`` calls), elsewhere both stay NCHW; PyTorch's
+    numerics either way."""
+    saved = kernels.isa()
+    kernels.set_isa(chosen)
+    try:
+        report = _check(_SiluConvs(), (1, 3, 40, 44),
+                        ["conv2d_bias_silu", "depthwise_conv2d_bias_silu",
+                         "conv2d_bias_sigmoid"])
+    finally:
+        kernels.set_isa(saved)
+    blocked = chosen == "avx512"  # measured: kernels.BLOCKED_SIGMOID_ISAS
+    assert kernels.BLOCKED_SIGMOID_ISAS == ("avx512",)
+    _no_tvm_convs(report, depthwise=1, blocked=int(blocked), blocked_depthwise=int(blocked))
+
+
 class _HardConvs(torch.nn.Module):
     """MobileNetV3's activations: a conv + batch norm, a depthwise conv + batch norm
     + hardswish, a 1x1 conv whose hardsigmoid gates the features (a squeeze-excitation

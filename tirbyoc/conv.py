@@ -753,9 +753,10 @@ def _emit(bb, x, weight, residual, plan: _Plan, out_ty, funcs, scale=None):
 def _block_roles(plan: _Plan) -> tuple:
     """(writes, reads): whether ``plan``'s call may write, and read as its ``x``, NCHW16c
     tensors at full speed; never in NHWC or for a declared kernel. Writing (16k channels
-    out, and no activation, relu or relu6: the kernels' blocked stores take a SiLU or
-    sigmoid too, but EfficientNet-B0 with its SiLU convs writing blocks ran 6-9% slower
-    on Zen 3, the 1x1 convs on 56 x 56 and 112 x 112 then taking the direct path): a
+    out, and no activation, relu or relu6, or on ``kernels.BLOCKED_SIGMOID_ISAS`` a SiLU
+    or sigmoid: EfficientNet-B0 with its SiLU convs writing blocks ran 6-9% slower on
+    Zen 3 with AVX2, the 1x1 convs on 56 x 56 and 112 x 112 then taking the direct path,
+    and 3-4% faster on Zen 4 with AVX-512): a
     depthwise conv without a residual (where the kernels' ISA is in
     ``kernels.DEPTHWISE_CHANNELS_ISAS``), or one group with a packed (not Winograd)
     weight and strides the direct path takes (its store keeps each pixel's 16 channels a
@@ -776,7 +777,8 @@ def _block_roles(plan: _Plan) -> tuple:
         return False, False
     from . import kernels
 
-    stores = plan.act in (None, "relu", "relu6")
+    stores = plan.act in (None, "relu", "relu6") or (
+        plan.act in ("silu", "sigmoid") and kernels.isa() in kernels.BLOCKED_SIGMOID_ISAS)
     reads_ok = c % 16 == 0
     if plan.depthwise:
         if kernels.isa() not in kernels.DEPTHWISE_CHANNELS_ISAS or plan.residual is not None:
