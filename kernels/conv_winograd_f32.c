@@ -496,6 +496,13 @@ static size_t wg_cap(void)
     return wg_cap_bytes;
 }
 
+/* A fork while another thread holds wg_lock would leave it held in the
+ * child: the lock is taken around fork and released on both sides. */
+static pthread_once_t wg_fork_once = PTHREAD_ONCE_INIT;
+static void wg_lock_all(void) { pthread_mutex_lock(&wg_lock); }
+static void wg_unlock_all(void) { pthread_mutex_unlock(&wg_lock); }
+static void wg_register_fork(void) { pthread_atfork(wg_lock_all, wg_unlock_all, wg_unlock_all); }
+
 static unsigned wg_bucket(int64_t key0, int64_t key1, const float *weight)
 {
     uint64_t h = (uint64_t)key0 ^ ((uint64_t)key1 * 0x9e3779b97f4a7c15ull) ^
@@ -561,6 +568,7 @@ static int32_t wg_acquire(int64_t key0, int64_t key1, int64_t oc, int64_t c,
     void *p = NULL;
     int32_t st;
 
+    pthread_once(&wg_fork_once, wg_register_fork);
     pthread_mutex_lock(&wg_lock);
     e = wg_find(b, key0, key1, oc, c, weight, bias);
     if (e != NULL) {

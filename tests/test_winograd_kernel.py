@@ -308,3 +308,28 @@ def test_cached_call_errors():
         kernels.conv2d_winograd_cached(x, np.ones((4, 2, 5, 5), np.float32), padding=2)
     with pytest.raises(ValueError, match="bias"):
         kernels.conv2d_winograd_cached(x, wt, epilogue=("bias",))
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs fork")
+def test_cached_entries_survive_fork():
+    """A forked child finds the parent's entry (no second transform) and gets the same
+    bits; its own first call of another weight makes an entry of its own."""
+    import os
+
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((1, 32, 12, 12)).astype(np.float32)
+    wt = rng.standard_normal((32, 32, 3, 3)).astype(np.float32)
+    other = rng.standard_normal((32, 32, 3, 3)).astype(np.float32)
+    want = kernels.conv2d_winograd_cached(x, wt)
+    want_other = kernels.conv2d(x, kernels.pack_conv2d_weight(other, winograd=True),
+                                padding=1)
+    made = kernels.winograd_cache_stats()["made"]
+    pid = os.fork()
+    if pid == 0:  # the child: exit status 0 only if every check holds
+        ok = np.array_equal(kernels.conv2d_winograd_cached(x, wt), want) and \
+            kernels.winograd_cache_stats()["made"] == made and \
+            np.array_equal(kernels.conv2d_winograd_cached(x, other), want_other) and \
+            kernels.winograd_cache_stats()["made"] == made + 1
+        os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
