@@ -727,41 +727,6 @@ static void rows_nn(int64_t mm, int64_t n, int64_t k, const float *restrict a,
     }
 }
 
-/* nn, one row of A: as the AVX-512 gemv_nn (eight whole rows of W per
- * pass, C[0:n] updated once per pass; the same sums as rows_nn's). */
-#define Y_GEMV_ROWS 8
-
-static void gemv_nn(int64_t n, int64_t k, const float *restrict x,
-                    const float *restrict w, int64_t ldw, float *restrict c,
-                    const tb_chain *ch, int64_t ci, int64_t cj)
-{
-    int64_t p, j;
-    int s;
-    for (p = 0; p < k; p += Y_GEMV_ROWS) {
-        const int steps = (int)min_i64(Y_GEMV_ROWS, k - p);
-        const float *restrict wr = w + p * ldw;
-        __m256 xs[Y_GEMV_ROWS];
-        for (s = 0; s < Y_GEMV_ROWS; ++s)
-            xs[s] = _mm256_set1_ps(s < steps ? x[p + s] : 0.0f);
-        j = 0;
-        if (steps == Y_GEMV_ROWS)
-            for (; j + 8 <= n; j += 8) {
-                __m256 v = p == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(c + j);
-                for (s = 0; s < Y_GEMV_ROWS; ++s)
-                    v = _mm256_fmadd_ps(xs[s], _mm256_loadu_ps(wr + s * ldw + j), v);
-                _mm256_storeu_ps(c + j, v);
-            }
-        for (; j < n; j += 8) {
-            __m256 v = p == 0 ? _mm256_setzero_ps() : load_n(c + j, n - j);
-            for (s = 0; s < steps; ++s)
-                v = _mm256_fmadd_ps(xs[s], load_n(wr + s * ldw + j, n - j), v);
-            store_n(c + j, n - j, v);
-        }
-    }
-    if (ch != NULL)
-        tb_chain_block(ch, c, n, 1, n, ci, cj);
-}
-
 static void small_cols(tb_wlayout layout, int64_t m, int64_t n, int64_t k,
                   const float *restrict a, int64_t lda,
                   const float *restrict w, int64_t ldw, float *restrict c,
@@ -781,7 +746,9 @@ static void small_cols(tb_wlayout layout, int64_t m, int64_t n, int64_t k,
                 dots_one[mm](k, ai, lda, w + j * ldw, ldw, c_i + j, ldc, ch,
                              ci + i0, cj + j);
         } else if (layout == TB_W_NN && mm == 1) {
-            gemv_nn(n, k, ai, w, ldw, c_i, ch, ci + i0, cj);
+            tb_gemv_nn(n, k, ai, w, ldw, c_i);
+            if (ch != NULL)
+                tb_chain_block(ch, c_i, ldc, 1, n, ci + i0, cj);
         } else if (layout == TB_W_NN) {
             rows_nn(mm, n, k, ai, lda, w, ldw, c_i, ldc, ch, ci + i0, cj);
         } else {

@@ -776,49 +776,6 @@ static void rows_nn(int64_t mm, int64_t n, int64_t k, const float *restrict a,
     }
 }
 
-/* Rows of W per pass of gemv_nn. */
-#define X_GEMV_ROWS 8
-
-/* nn, one row of A (a matrix-vector product): X_GEMV_ROWS whole rows of W
- * stream through per pass, C[0:n] (in L1 or L2) takes their sum once per
- * pass. Each output is the same FMA chain, in the same order of k, as
- * rows_nn's. Eight whole rows: eight long streams for the prefetchers and
- * one load and store of C per eight rows; rows_nn's four rows in 4 KiB
- * pieces streamed a 4096 x 4096 W from memory at 15-17 GB/s on one Zen 4
- * core against 25-29 this way (NumPy's OpenBLAS: 24-27). */
-static void gemv_nn(int64_t n, int64_t k, const float *restrict x,
-                    const float *restrict w, int64_t ldw, float *restrict c,
-                    const tb_chain *ch, int64_t ci, int64_t cj)
-{
-    int64_t p, j;
-    int s;
-    for (p = 0; p < k; p += X_GEMV_ROWS) {
-        const int steps = (int)min_i64(X_GEMV_ROWS, k - p);
-        const float *restrict wr = w + p * ldw;
-        __m512 xs[X_GEMV_ROWS];
-        for (s = 0; s < X_GEMV_ROWS; ++s)
-            xs[s] = _mm512_set1_ps(s < steps ? x[p + s] : 0.0f);
-        j = 0;
-        if (steps == X_GEMV_ROWS)
-            for (; j + 16 <= n; j += 16) {
-                __m512 v = p == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(c + j);
-                for (s = 0; s < X_GEMV_ROWS; ++s)
-                    v = _mm512_fmadd_ps(xs[s], _mm512_loadu_ps(wr + s * ldw + j), v);
-                _mm512_storeu_ps(c + j, v);
-            }
-        for (; j < n; j += 16) {
-            const __mmask16 mk = mask_n(n - j);
-            __m512 v = p == 0 ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(mk, c + j);
-            for (s = 0; s < steps; ++s)
-                v = _mm512_fmadd_ps(xs[s], _mm512_maskz_loadu_ps(mk, wr + s * ldw + j),
-                                    v);
-            _mm512_mask_storeu_ps(c + j, mk, v);
-        }
-    }
-    if (ch != NULL)
-        tb_chain_block(ch, c, n, 1, n, ci, cj);
-}
-
 static void small_cols(tb_wlayout layout, int64_t m, int64_t n, int64_t k,
                   const float *restrict a, int64_t lda,
                   const float *restrict w, int64_t ldw, float *restrict c,
@@ -840,7 +797,9 @@ static void small_cols(tb_wlayout layout, int64_t m, int64_t n, int64_t k,
                 dots_one[mm](k, ai, lda, w + j * ldw, ldw, c_i + j, ldc, ch,
                              ci + i0, cj + j);
         } else if (layout == TB_W_NN && mm == 1) {
-            gemv_nn(n, k, ai, w, ldw, c_i, ch, ci + i0, cj);
+            tb_gemv_nn(n, k, ai, w, ldw, c_i);
+            if (ch != NULL)
+                tb_chain_block(ch, c_i, ldc, 1, n, ci + i0, cj);
         } else if (layout == TB_W_NN) {
             rows_nn(mm, n, k, ai, lda, w, ldw, c_i, ldc, ch, ci + i0, cj);
         } else {
