@@ -515,7 +515,7 @@ static void direct_out16(const conv_job_t *j, const float *s, int64_t ldc,
 {
     const int64_t ow = j->g.ow;
     int64_t q = qa, rest;
-    ops = tb_ops16_split(ops, &rest);
+    ops = tb_ops16_split(ops, &rest, j->isa->sigmoid16);
     while (q < qb) {
         const int64_t oh = j->runs ? 0 : q / j->wv, vw = j->runs ? q : q % j->wv;
         const int64_t end = j->runs ? qb : min_i64(qb, (oh + 1) * j->wv);
@@ -580,7 +580,7 @@ static void direct_unit(const conv_job_t *j, int64_t n, int64_t gi,
      * store after the unit) */
     const int tile_out16 = j->yb && !fused && !tiley && kblocks == 1 && !j->inplace;
     int64_t rest16; /* the chain after what the blocked stores apply */
-    const int64_t light16 = tb_ops16_split(j->chain.ops, &rest16);
+    const int64_t light16 = tb_ops16_split(j->chain.ops, &rest16, j->isa->sigmoid16);
     const float *res16; /* an NCHW16c residual at the unit's first channel */
     int64_t kb, c0, t, q, b16;
     if (ch.residual != NULL)

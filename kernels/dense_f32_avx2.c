@@ -915,5 +915,5 @@ const tb_isa tb_isa_avx2 = {
     nt_direct, Y_DJ, Y_DROWS,
     tb_chain_block, tb_unary_row, tb_softmax_row, tb_attn_row, tb_conv_gather,
     conv_tile, conv_out, tb_wino_in, tb_wino_out, conv_tile16, conv_out16,
-    conv_tile16y, conv_tiley, NULL, tb_unblock16_avx2, 128,
+    conv_tile16y, conv_tiley, NULL, tb_unblock16_avx2, 128, 0,
 };

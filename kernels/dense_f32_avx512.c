@@ -96,8 +96,9 @@ ALWAYS_INLINE int64_t lead_ops(const int N, const tb_chain *ch, __m512 *r,
 /* ---- micro-kernel ---- */
 
 /* One vector of an NCHW16c y (a pixel's 16 channels of a block) through the
- * chain ops (RESIDUAL, RELU and RELU6 only; the residual's vector at res),
- * stored at y: conv_out16's and the Y16 tiles' store. */
+ * chain ops (RESIDUAL, RELU, RELU6, SILU and SIGMOID only: sigmoid16; the
+ * residual's vector at res), stored at y: conv_out16's and the Y16 tiles'
+ * store. A SiLU or sigmoid is ch_unary's, as every other path computes it. */
 ALWAYS_INLINE void put16(float *y, __m512 v, const float *res, int64_t ops)
 {
     int64_t o;
@@ -105,6 +106,8 @@ ALWAYS_INLINE void put16(float *y, __m512 v, const float *res, int64_t ops)
         const int op = (int)(o & 15);
         if (op == TIRBYOC_EPI_RESIDUAL)
             v = _mm512_add_ps(v, _mm512_loadu_ps(res));
+        else if (op == TIRBYOC_EPI_SILU || op == TIRBYOC_EPI_SIGMOID)
+            v = (__m512)ch_unary((ch_vf)v, op);
         else {
             v = _mm512_max_ps(_mm512_setzero_ps(), v);
             if (op == TIRBYOC_EPI_RELU6)
@@ -1063,6 +1066,6 @@ const tb_isa tb_isa_avx512 = {
     nt_direct, X_DJ, 16 * X_DV,
     tb_chain_block, tb_unary_row, tb_softmax_row, tb_attn_row, tb_conv_gather,
     conv_tile, conv_out, tb_wino_in, tb_wino_out, conv_tile16, conv_out16,
-    conv_tile16y, conv_tiley, strided_copy, tb_unblock16_avx2, 256,
+    conv_tile16y, conv_tiley, strided_copy, tb_unblock16_avx2, 256, 1,
 };
 #endif /* TIRBYOC_NO_AVX512 */

@@ -212,16 +212,18 @@ static inline int tb_op_unary(int op)
            op == TIRBYOC_EPI_HARDSWISH || op == TIRBYOC_EPI_HARDSIGMOID;
 }
 /* The NCHW16c stores' part of a chain: its leading RESIDUAL, RELU and RELU6
- * steps, which the stores apply in registers (returned); *rest: the
- * operations after them, which the caller applies to the stored block
- * (conv_f32.c, the depthwise channels-in-lanes path). */
-static inline int64_t tb_ops16_split(int64_t ops, int64_t *rest)
+ * steps, and SILU and SIGMOID where `sigmoid` (the ISA's sigmoid16), which
+ * the stores apply in registers (returned); *rest: the operations after
+ * them, which the caller applies to the stored block (conv_f32.c). */
+static inline int64_t tb_ops16_split(int64_t ops, int64_t *rest, int sigmoid)
 {
     uint64_t o = (uint64_t)ops;
     int sh = 0;
     while (sh < 64 && ((o >> sh) & 15) != 0 &&
            (((o >> sh) & 15) == TIRBYOC_EPI_RESIDUAL || ((o >> sh) & 15) == TIRBYOC_EPI_RELU ||
-            ((o >> sh) & 15) == TIRBYOC_EPI_RELU6))
+            ((o >> sh) & 15) == TIRBYOC_EPI_RELU6 ||
+            (sigmoid && (((o >> sh) & 15) == TIRBYOC_EPI_SILU ||
+                         ((o >> sh) & 15) == TIRBYOC_EPI_SIGMOID))))
         sh += 4;
     *rest = sh < 64 ? (int64_t)(o >> sh) : 0;
     return sh < 64 ? (int64_t)(o & ((UINT64_C(1) << sh) - 1)) : ops;
@@ -345,6 +347,10 @@ typedef struct tb_isa {
      * WG_TILES_MIN tiles; 0: never): where it was measured faster on this
      * instruction set (conv_winograd_f32.c) */
     int wg_few_tiles_c;
+    /* 1 where the NCHW16c stores (conv_out16, the Y16 tiles) apply a SILU or
+     * SIGMOID in registers too (tb_ops16_split); else the caller applies
+     * them over the stored block, a second pass. */
+    int sigmoid16;
 } tb_isa;
 
 TB_INTERNAL extern const tb_isa tb_isa_generic;
