@@ -532,46 +532,6 @@ static void tb_unary_row(int op, int64_t n, const float *x, float *y)
     }
 }
 
-/* Rows of W per pass of tb_gemv_nn. */
-#define CH_GEMV_ROWS 8
-
-/* c[0:n] = x[0:k] @ W (k x n, row stride ldw): one row of A against a W as
- * given ("nn"), the few-rows path's matrix-vector case, the chain left to
- * the caller. CH_GEMV_ROWS whole rows of W stream through per pass and
- * c (in L1 or L2) takes their sum once per pass; each output is one FMA
- * chain over k in order. Eight whole rows: eight long streams for the
- * prefetchers and one load and store of c per eight rows (four rows in
- * 4 KiB pieces streamed a 4096 x 4096 W at 15-17 GB/s on one Zen 4 core,
- * this at 25-29; NumPy's OpenBLAS: 24-27). */
-static void tb_gemv_nn(int64_t n, int64_t k, const float *x, const float *w,
-                       int64_t ldw, float *c)
-{
-    int64_t p, j;
-    int s;
-    for (p = 0; p < k; p += CH_GEMV_ROWS) {
-        const int steps = k - p < CH_GEMV_ROWS ? (int)(k - p) : CH_GEMV_ROWS;
-        const float *wr = w + p * ldw;
-        ch_vf xs[CH_GEMV_ROWS];
-        for (s = 0; s < CH_GEMV_ROWS; ++s)
-            xs[s] = ch_splat(s < steps ? x[p + s] : 0.0f);
-        j = 0;
-        if (steps == CH_GEMV_ROWS)
-            for (; j + CH_LANES <= n; j += CH_LANES) {
-                ch_vf v = p == 0 ? ch_splat(0.0f) : ch_loadu(c + j);
-                for (s = 0; s < CH_GEMV_ROWS; ++s)
-                    v = ch_fma(xs[s], ch_loadu(wr + s * ldw + j), v);
-                ch_storeu(c + j, v);
-            }
-        for (; j < n; j += CH_LANES) { /* the last pass, and a partial vector */
-            const int lanes = n - j < CH_LANES ? (int)(n - j) : CH_LANES;
-            ch_vf v = p == 0 ? ch_splat(0.0f) : ch_loadn(c + j, lanes);
-            for (s = 0; s < steps; ++s)
-                v = ch_fma(xs[s], ch_loadn(wr + s * ldw + j, lanes), v);
-            ch_storen(c + j, v, lanes);
-        }
-    }
-}
-
 /* Floats of a row the chain goes over at a time (4 KiB: in L1 between its
  * operations). */
 #define CH_CHUNK 1024
@@ -615,6 +575,49 @@ static void tb_chain_block(const tb_chain *ch, float *c, int64_t ldc, int64_t m,
                 }
             }
         }
+}
+
+/* Rows of W per pass of tb_gemv_nn. */
+#define CH_GEMV_ROWS 8
+
+/* c[0:n] = x[0:k] @ W (k x n, row stride ldw): one row of A against a W as
+ * given ("nn"), the few-rows path's matrix-vector case, then the chain ch
+ * (NULL: none; c is row ci, columns from cj, of its matrix). CH_GEMV_ROWS whole rows of W stream through per pass and
+ * c (in L1 or L2) takes their sum once per pass; each output is one FMA
+ * chain over k in order. Eight whole rows: eight long streams for the
+ * prefetchers and one load and store of c per eight rows (four rows in
+ * 4 KiB pieces streamed a 4096 x 4096 W at 15-17 GB/s on one Zen 4 core,
+ * this at 25-29; NumPy's OpenBLAS: 24-27). */
+static void tb_gemv_nn(int64_t n, int64_t k, const float *x, const float *w,
+                       int64_t ldw, float *c, const tb_chain *ch, int64_t ci,
+                       int64_t cj)
+{
+    int64_t p, j;
+    int s;
+    for (p = 0; p < k; p += CH_GEMV_ROWS) {
+        const int steps = k - p < CH_GEMV_ROWS ? (int)(k - p) : CH_GEMV_ROWS;
+        const float *wr = w + p * ldw;
+        ch_vf xs[CH_GEMV_ROWS];
+        for (s = 0; s < CH_GEMV_ROWS; ++s)
+            xs[s] = ch_splat(s < steps ? x[p + s] : 0.0f);
+        j = 0;
+        if (steps == CH_GEMV_ROWS)
+            for (; j + CH_LANES <= n; j += CH_LANES) {
+                ch_vf v = p == 0 ? ch_splat(0.0f) : ch_loadu(c + j);
+                for (s = 0; s < CH_GEMV_ROWS; ++s)
+                    v = ch_fma(xs[s], ch_loadu(wr + s * ldw + j), v);
+                ch_storeu(c + j, v);
+            }
+        for (; j < n; j += CH_LANES) { /* the last pass, and a partial vector */
+            const int lanes = n - j < CH_LANES ? (int)(n - j) : CH_LANES;
+            ch_vf v = p == 0 ? ch_splat(0.0f) : ch_loadn(c + j, lanes);
+            for (s = 0; s < steps; ++s)
+                v = ch_fma(xs[s], ch_loadn(wr + s * ldw + j, lanes), v);
+            ch_storen(c + j, v, lanes);
+        }
+    }
+    if (ch != NULL)
+        tb_chain_block(ch, c, n, 1, n, ci, cj);
 }
 
 /* The sum and the maximum (a NaN lane never wins) of v's lanes, as a

@@ -342,8 +342,9 @@ int32_t tirbyoc_pack_conv2d_winograd_weight_f32(int64_t oc, int64_t c,
     return TIRBYOC_OK;
 }
 
-/* The checks of a call (has_weight: whether its weight pointer is given);
- * *work 0 where there is nothing to compute. */
+/* The checks of a call (has_weight: whether its weight pointer is given),
+ * sizes the unit buffers cannot hold included; *work 0 where there is
+ * nothing to compute. */
 static int32_t wg_check(int64_t batch, int64_t c, int64_t h, int64_t w,
                         const float *x, int64_t oc, int has_weight,
                         int64_t pad_top, int64_t pad_left, int64_t oh, int64_t ow,
@@ -370,33 +371,29 @@ static int32_t wg_check(int64_t batch, int64_t c, int64_t h, int64_t w,
     if (y == NULL || !has_weight || (x == NULL && c * h * w > 0) ||
         (residual == NULL && *uses_residual))
         return TIRBYOC_ENULL;
+    if (c == 0 || block_channels(c, cdiv(oc, 16) * 16) == 0)
+        return TIRBYOC_EINVAL; /* not a size tirbyoc_conv2d_winograd_suits takes */
     *work = 1;
     return TIRBYOC_OK;
 }
 
-int32_t tirbyoc_conv2d_winograd_f32(int64_t batch, int64_t c, int64_t h,
-                                    int64_t w, const float *x, int64_t oc,
-                                    const float *packed, int64_t pad_top,
-                                    int64_t pad_left, int64_t oh, int64_t ow,
-                                    int64_t epilogue, const float *residual,
-                                    float *y)
+/* The call, its arguments checked by wg_check (ops and uses_residual its
+ * findings) and its transformed weight at packed. */
+static int32_t wg_run(int64_t batch, int64_t c, int64_t h, int64_t w,
+                      const float *x, int64_t oc, const float *packed,
+                      int64_t pad_top, int64_t pad_left, int64_t oh, int64_t ow,
+                      int64_t epilogue, int64_t ops, int uses_residual,
+                      const float *residual, float *y)
 {
     wg_job j;
-    int64_t ops, units;
-    int uses_residual, want, work;
+    int64_t units;
+    int want;
     int failed = 0;
-    const int32_t st = wg_check(batch, c, h, w, x, oc, packed != NULL, pad_top,
-                                pad_left, oh, ow, epilogue, residual, y, &ops,
-                                &uses_residual, &work);
 
-    if (st != TIRBYOC_OK || !work)
-        return st;
     j.ocp = cdiv(oc, 16) * 16;
     j.ocb = block_channels(c, j.ocp);
     j.floats = unit_floats(c);
     j.failed = &failed;
-    if (c == 0 || j.ocb == 0)
-        return TIRBYOC_EINVAL; /* not a size tirbyoc_conv2d_winograd_suits takes */
     if (tb_scratch() == NULL)
         return TIRBYOC_ENOMEM;
 
@@ -442,6 +439,24 @@ int32_t tirbyoc_conv2d_winograd_f32(int64_t batch, int64_t c, int64_t h,
     units = batch * j.upi * j.nos;
     tb_units(wg_unit, &j, units, want);
     return __atomic_load_n(&failed, __ATOMIC_RELAXED) ? TIRBYOC_ENOMEM : TIRBYOC_OK;
+}
+
+int32_t tirbyoc_conv2d_winograd_f32(int64_t batch, int64_t c, int64_t h,
+                                    int64_t w, const float *x, int64_t oc,
+                                    const float *packed, int64_t pad_top,
+                                    int64_t pad_left, int64_t oh, int64_t ow,
+                                    int64_t epilogue, const float *residual,
+                                    float *y)
+{
+    int64_t ops;
+    int uses_residual, work;
+    const int32_t st = wg_check(batch, c, h, w, x, oc, packed != NULL, pad_top,
+                                pad_left, oh, ow, epilogue, residual, y, &ops,
+                                &uses_residual, &work);
+    if (st != TIRBYOC_OK || !work)
+        return st;
+    return wg_run(batch, c, h, w, x, oc, packed, pad_top, pad_left, oh, ow, epilogue,
+                  ops, uses_residual, residual, y);
 }
 
 /* ---- tirbyoc_conv2d_winograd_cached_f32: the weight transformed once ----
@@ -652,13 +667,11 @@ int32_t tirbyoc_conv2d_winograd_cached_f32(int64_t key0, int64_t key1,
                           &uses_residual, &work);
     if (st != TIRBYOC_OK || !work)
         return st;
-    if (c == 0 || block_channels(c, cdiv(oc, 16) * 16) == 0)
-        return TIRBYOC_EINVAL; /* as the call below would say */
     st = wg_acquire(key0, key1, oc, c, weight, bias, &e);
     if (st != TIRBYOC_OK)
         return st;
-    st = tirbyoc_conv2d_winograd_f32(batch, c, h, w, x, oc, e->packed, pad_top,
-                                     pad_left, oh, ow, epilogue, residual, y);
+    st = wg_run(batch, c, h, w, x, oc, e->packed, pad_top, pad_left, oh, ow, epilogue,
+                ops, uses_residual, residual, y);
     wg_release(e);
     return st;
 }

@@ -800,9 +800,7 @@ static void small_cols(tb_wlayout layout, int64_t m, int64_t n, int64_t k,
                 dots_one[mm](k, ai, lda, w + j * ldw, ldw, c_i + j, ldc, ch,
                              ci + i0, cj + j);
         } else if (layout == TB_W_NN && mm == 1) {
-            tb_gemv_nn(n, k, ai, w, ldw, c_i);
-            if (ch != NULL)
-                tb_chain_block(ch, c_i, ldc, 1, n, ci + i0, cj);
+            tb_gemv_nn(n, k, ai, w, ldw, c_i, ch, ci + i0, cj);
         } else if (layout == TB_W_NN) {
             rows_nn(mm, n, k, ai, lda, w, ldw, c_i, ldc, ch, ci + i0, cj);
         } else {

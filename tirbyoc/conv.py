@@ -607,9 +607,7 @@ def _kernel_func(plan: _Plan, x, residual, out_ty, packed_size=None):
         inputs = [b for b in (xb, wb, bb, rb) if b is not None]
     elif plan.winograd:
         symbol = WINOGRAD_SYMBOL
-        key0, key1 = kernels.winograd_key(np.asarray(plan.weight, np.float32), None if
-                                          plan.bias is None else np.asarray(plan.bias,
-                                                                            np.float32))
+        key0, key1 = kernels.winograd_key(plan.weight, plan.bias)
         args = [i64(key0), i64(key1), n, c, h, w, xptr, oc, T.buffer_pointer(wb, "r"), bptr,
                 i64(pt), i64(pl), oh, ow, i64(code), rptr, yptr]
         inputs = [b for b in (xb, wb, bb, rb) if b is not None]
