@@ -499,6 +499,36 @@ def test_lanes_avoid_a_partial_last_vector(extent, lanes):
     assert fallback._lanes(extent) == lanes
 
 
+@pytest.mark.parametrize("row", [17, 49, 58, 197])
+def test_a_row_without_a_lane_divisor_runs_whole_vectors_then_a_scalar_tail(row):
+    """A static row length that no lane count from 8 to 16 divides (Swin's 7 x 7 windows:
+    49; ViT's 197 tokens), here an attention bias broadcast over the windows: the row is
+    partitioned into whole 16-lane vectors with no lane predicate and a scalar loop over
+    the row % 16 left, instead of one predicated (so scalarized) vector loop; the values
+    are numpy's, bit for bit."""
+    windows, heads = 4, 3
+    bias = np.random.default_rng(row).standard_normal((1, heads, row, row)).astype(np.float32)
+    mod = _one_op_module((windows * heads, row, row), lambda x: relax.op.add(
+        relax.op.reshape(x, (windows, heads, row, row)), relax.const(bias)))
+    with TARGET:
+        func = next(f for _, f in _legalized(mod).functions_items()
+                    if isinstance(f, tirx.PrimFunc))
+        sch = fallback.Injective().apply(func, TARGET)
+    loops, predicated = [], []
+    tvm_ffi.structural_walk(sch.mod["main"], [(tirx.For, loops.append)])
+    tvm_ffi.structural_walk(sch.mod["main"], [(
+        tvm.s_tir.SBlockRealize,
+        lambda r: predicated.append(r) if not isinstance(r.predicate, tirx.IntImm) else None)])
+    vectorized = [int(f.extent) for f in loops if int(f.kind) == int(tirx.ForKind.VECTORIZED)]
+    serial = [int(f.extent) for f in loops if int(f.kind) == int(tirx.ForKind.SERIAL)]
+    assert vectorized == [16] and not predicated, sch.mod["main"]
+    assert row // 16 in serial and row % 16 in serial, sch.mod["main"]
+    x = np.random.default_rng(row + 1).standard_normal((windows * heads, row, row))
+    x = x.astype(np.float32)
+    np.testing.assert_array_equal(tirbyoc.run(tirbyoc.compile(mod), x),
+                                  x.reshape(windows, heads, row, row) + bias)
+
+
 def test_blocks_beside_a_kernel_call_are_scheduled():
     """Llama's SwiGLU: ``silu(x @ Wg) * up``: the kernel takes the product and the SiLU,
     the multiply by ``up`` stays in the same PrimFunc and is scheduled there (parallel,
