@@ -542,3 +542,73 @@ def test_projections_of_one_input_are_one_product(bias):
     for got, want in zip(outs, refs):
         np.testing.assert_allclose(got.numpy() if hasattr(got, "numpy") else got,
                                    want.numpy(), rtol=1e-5, atol=1e-5)
+
+
+# ---- indexing with negative constant indices ----
+
+class LastTwoHeads(torch.nn.Module):
+    """HuggingFace Falcon's multi-query split: the key and value are heads -2 and -1 of
+    the fused projection, taken with a list index (``aten.index`` with one index
+    tensor), and a head picked by a list mixing both signs."""
+
+    def forward(self, x):
+        return x[..., [-2], :] * 2.0 + x[..., [-1], :], x[:, :, [0, -3, 1]]
+
+
+def _take_indices(mod):
+    from tirbyoc import _tvm as T
+    from tirbyoc.bindings import is_op
+
+    found = []
+    for _, func in mod.functions_items():
+        if isinstance(func, T.relax_ns.Function):
+            T.structural_walk(func, [(T.relax_ns.Call, lambda c: found.append(c)
+                                      if is_op(c, "relax.take") else None)])
+    return [(T.constant_value(c.args[1]).tolist(), str(c.attrs.mode)) for c in found]
+
+
+def test_negative_constant_indices_count_from_the_end_as_in_pytorch():
+    """TVM's frontend takes them as they are (``mode="fast"``: a read before the tensor);
+    fixed, they count from the end, and the result is PyTorch's, bit for bit."""
+    x = torch.randn(2, 3, 10, 4)
+    mod = _import(LastTwoHeads(), x)
+    assert sorted(_take_indices(mod)) == [([-2], "fast"), ([-1], "fast"), ([0, -3, 1], "fast")]
+    fixed = fixups.fix_negative_take(mod)
+    assert sorted(_take_indices(fixed)) == [([0, 7, 1], "fast"), ([8], "fast"), ([9], "fast")]
+    assert fixups.fix_negative_take(fixed) is fixed
+    with torch.no_grad():
+        refs = [r.numpy() for r in LastTwoHeads()(x)]
+    got = tirbyoc.run(tirbyoc.compile(mod), x.numpy())
+    for g, r in zip(got, refs):
+        np.testing.assert_array_equal(g, r)
+
+
+def test_negative_indices_along_a_symbolic_axis_wrap_at_run_time():
+    class LastTokens(torch.nn.Module):
+        def forward(self, x):
+            return x[:, [-1, -2, 0]] + 1.0
+
+    mod = _import_dynamic(LastTokens(), torch.randn(2, 8, 4))
+    fixed = fixups.fix_negative_take(mod)
+    assert _take_indices(fixed) == [([-1, -2, 0], "wrap")]
+    ex = tirbyoc.compile(mod)
+    for seq in (3, 8, 33):
+        x = torch.randn(2, seq, 4, generator=torch.Generator().manual_seed(seq))
+        with torch.no_grad():
+            ref = LastTokens()(x).numpy()
+        got = tirbyoc.run(ex, x.numpy())
+        np.testing.assert_array_equal(got[0] if isinstance(got, list) else got, ref)
+
+
+def test_a_constant_index_out_of_range_is_an_error_naming_the_take():
+    from tvm import relax
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((4, 5), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(bb.emit(relax.op.take(
+                x, relax.const(np.array([-6, 1], np.int64)), axis=1)))
+        bb.emit_func_output(out)
+    with pytest.raises(ValueError, match=r"take .* axis 1 of extent 5: constant index \[-6, 1\]"):
+        fixups.fix_negative_take(bb.get())

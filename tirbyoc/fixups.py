@@ -17,6 +17,9 @@ separate pass over the tensor. ``fix_onnx_clip`` recognizes those PrimFuncs by w
 they compute and writes ``R.clip(x, lo, hi)`` back (``R.nn.relu(x)`` for a maximum
 with 0 alone).
 
+Indexing with constant negative indices (``x[..., [-2], :]``) becomes a ``take`` that
+reads before its tensor; ``fix_negative_take`` counts them from the start.
+
 HuggingFace Llama's RMSNorm exports as five ops; ``fuse_rms_norm`` makes them one
 ``R.nn.rms_norm`` (TVM's fusion would run the square as its own pass).
 """
@@ -332,6 +335,50 @@ def fix_broadcast_weight(mod):
     return rewrite_calls(mod, _unbroadcast_matmul)
 
 
+# ---- take: negative constant indices ----
+
+def _take_from_start(call, b):
+    """``take(x, indices)`` with constant ``indices`` that count from the end (negative),
+    written as PyTorch reads them; None for any other call."""
+    import numpy as np
+
+    from .bindings import constant_value_of, is_op, shape_of
+
+    if not is_op(call, "relax.take") or call.attrs.mode != "fast":
+        return None
+    index = constant_value_of(call.args[1], b)
+    if index is None or index.dtype.kind != "i" or not (index < 0).any():
+        return None
+    dims, axis = shape_of(call.args[0]), call.attrs.axis
+    if dims is None:
+        return None
+    axis = 0 if axis is None else int(axis) % len(dims)
+    extent = dims[axis]
+    if not isinstance(extent, T.IntImm):
+        # a symbolic extent: the index taken modulo it at run time (PyTorch's reading
+        # for every index in [-extent, extent), the only ones it accepts)
+        return R.op.take(call.args[0], call.args[1], axis=axis, mode="wrap")
+    n = int(extent)
+    if (index < -n).any() or (index >= n).any():
+        raise ValueError(f"take (PyTorch indexing) along axis {axis} of extent {n}: "
+                         f"constant index {index.ravel().tolist()[:8]} out of range")
+    fixed = np.where(index < 0, index + n, index).astype(index.dtype)
+    return R.op.take(call.args[0], R.const(fixed), axis=axis, mode="fast")
+
+
+def fix_negative_take(mod):
+    """``mod`` with every ``take`` of constant indices that count from the end read as
+    PyTorch reads them. TVM 0.27's PyTorch frontend turns ``x[..., [-2], :]`` (``aten.index``
+    with one index tensor: HuggingFace Falcon's multi-query key and value) into
+    ``R.take(x, [-2], mode="fast")``, which reads before the tensor: garbage, NaN, a
+    different answer each run. A static extent gets the index counted from the start (an
+    index out of range is an error naming it); a symbolic one takes it modulo the extent
+    (``mode="wrap"``). ``mod`` itself when there is none."""
+    from .bindings import rewrite_calls
+
+    return rewrite_calls(mod, _take_from_start)
+
+
 # ---- strided_slice: negative axes, bounds known to be inside ----
 
 def _from_start(v, dim, an):
@@ -577,5 +624,5 @@ def fuse_rms_norm(mod):
 def apply(mod):
     """Every fix-up, in order."""
     return fuse_rms_norm(fold_column_scale(fix_flattened_matmul(fix_broadcast_weight(
-        tighten_symbolic_shapes(fix_strided_slices(fix_onnx_clip(
-            fix_bool_cumsum(mod))))))))
+        tighten_symbolic_shapes(fix_strided_slices(fix_negative_take(fix_onnx_clip(
+            fix_bool_cumsum(mod)))))))))
