@@ -573,9 +573,9 @@ def test_negative_constant_indices_count_from_the_end_as_in_pytorch():
     x = torch.randn(2, 3, 10, 4)
     mod = _import(LastTwoHeads(), x)
     assert sorted(_take_indices(mod)) == [([-2], "fast"), ([-1], "fast"), ([0, -3, 1], "fast")]
-    fixed = fixups.fix_negative_take(mod)
+    fixed = fixups.fix_negative_indices(mod)
     assert sorted(_take_indices(fixed)) == [([0, 7, 1], "fast"), ([8], "fast"), ([9], "fast")]
-    assert fixups.fix_negative_take(fixed) is fixed
+    assert fixups.fix_negative_indices(fixed) is fixed
     with torch.no_grad():
         refs = [r.numpy() for r in LastTwoHeads()(x)]
     got = tirbyoc.run(tirbyoc.compile(mod), x.numpy())
@@ -589,7 +589,7 @@ def test_negative_indices_along_a_symbolic_axis_wrap_at_run_time():
             return x[:, [-1, -2, 0]] + 1.0
 
     mod = _import_dynamic(LastTokens(), torch.randn(2, 8, 4))
-    fixed = fixups.fix_negative_take(mod)
+    fixed = fixups.fix_negative_indices(mod)
     assert _take_indices(fixed) == [([-1, -2, 0], "wrap")]
     ex = tirbyoc.compile(mod)
     for seq in (3, 8, 33):
@@ -610,5 +610,46 @@ def test_a_constant_index_out_of_range_is_an_error_naming_the_take():
             out = bb.emit_output(bb.emit(relax.op.take(
                 x, relax.const(np.array([-6, 1], np.int64)), axis=1)))
         bb.emit_func_output(out)
-    with pytest.raises(ValueError, match=r"take .* axis 1 of extent 5: constant index \[-6, 1\]"):
-        fixups.fix_negative_take(bb.get())
+    with pytest.raises(ValueError, match=r"take .* axis 1: constant index \[-6, 1\] out of "
+                                         r"range for an axis of extent 5"):
+        fixups.fix_negative_indices(bb.get())
+
+
+class RunTimeIndices(torch.nn.Module):
+    """Indices that arrive at run time (``x[:, i]``: a take) and constant pairs of them
+    (``x[[0, -1], [1, -2]]``: an index_tensor), both allowed to count from the end."""
+
+    def forward(self, x, i):
+        return x[:, i] + 1.0, x[[0, -1], [1, -2]] * 2.0
+
+
+def test_run_time_and_paired_indices_count_from_the_end():
+    x, i = torch.randn(4, 6, 3), torch.tensor([-1, 2, -6, 5])
+    mod = _import(RunTimeIndices(), x, i)
+    script = fixups.fix_negative_indices(mod).script()
+    assert "R.where(" not in mod.script() and script.count("R.where(") == 1, script
+    # (the run-time index; the constant ones counted from the start at compile time)
+    with torch.no_grad():
+        refs = [r.numpy() for r in RunTimeIndices()(x, i)]
+    got = tirbyoc.run(tirbyoc.compile(mod), x.numpy(), i.numpy())
+    for g, r in zip(got, refs):
+        np.testing.assert_array_equal(g, r)
+
+
+def test_indices_known_to_be_non_negative_are_left_as_they_are():
+    """HuggingFace's mask positions (aranges from 0 and views of them, index_tensor) and
+    a constant index already from the start: unchanged, no ``where`` added."""
+    mod = _import(SequenceIds(), torch.tensor([[0, 1, 2, 0, 1]]))
+    hf = _import(_hf("llama", "sdpa"), torch.randint(0, 500, (1, 16)))
+    assert "R.index_tensor" in hf.script()
+
+    class FirstHeads(torch.nn.Module):
+        def forward(self, x):
+            return x[..., [0, 2], :]
+
+    plain = _import(FirstHeads(), torch.randn(1, 3, 4, 2))
+    for m in (mod, plain):
+        assert fixups.fix_negative_indices(m) is m
+    # (the llama's embedding takes its token ids at run time: that one take gets a where)
+    assert fixups.fix_negative_indices(hf).script().count("R.where(") == \
+        hf.script().count("R.where(") + 1

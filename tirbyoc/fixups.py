@@ -17,8 +17,9 @@ separate pass over the tensor. ``fix_onnx_clip`` recognizes those PrimFuncs by w
 they compute and writes ``R.clip(x, lo, hi)`` back (``R.nn.relu(x)`` for a maximum
 with 0 alone).
 
-Indexing with constant negative indices (``x[..., [-2], :]``) becomes a ``take`` that
-reads before its tensor; ``fix_negative_take`` counts them from the start.
+Indexing with negative indices (``x[..., [-2], :]``) becomes a ``take`` or
+``index_tensor`` that reads before its tensor; ``fix_negative_indices`` counts them from
+the start.
 
 HuggingFace Llama's RMSNorm exports as five ops; ``fuse_rms_norm`` makes them one
 ``R.nn.rms_norm`` (TVM's fusion would run the square as its own pass).
@@ -335,48 +336,122 @@ def fix_broadcast_weight(mod):
     return rewrite_calls(mod, _unbroadcast_matmul)
 
 
-# ---- take: negative constant indices ----
+# ---- indexing: indices that count from the end ----
 
-def _take_from_start(call, b):
-    """``take(x, indices)`` with constant ``indices`` that count from the end (negative),
-    written as PyTorch reads them; None for any other call."""
+# ops through which an index stays what it was elementwise (or a choice of its elements)
+_INDEX_VIEWS = ("relax.expand_dims", "relax.reshape", "relax.broadcast_to", "relax.squeeze",
+                "relax.permute_dims", "relax.strided_slice", "relax.flatten")
+
+
+def _int_value(expr):
+    """The int of an IntImm, or of a PrimValue holding one; else None."""
+    value = getattr(expr, "value", None)
+    value = value if isinstance(value, int) else getattr(value, "value", None)
+    return value if isinstance(value, int) else None
+
+
+def _non_negative(expr, b, depth=0) -> bool:
+    """Whether an integer index tensor is provably >= 0 everywhere: a constant, an arange
+    from a non-negative start by a positive step, sums and products of such, and views of
+    them (HuggingFace's mask positions); False when not known."""
+    from .bindings import constant_value_of, is_op
+
+    if depth > 16:
+        return False
+    value = constant_value_of(expr, b)
+    if value is not None:
+        return value.dtype.kind in "iub" and bool((value >= 0).all())
+    call = b.producer(expr)
+    if is_op(call, "relax.arange"):
+        start, _, step = (_int_value(a) for a in call.args)
+        return isinstance(start, int) and isinstance(step, int) and start >= 0 and step > 0
+    if is_op(call, "relax.add", "relax.multiply"):
+        return all(_non_negative(a, b, depth + 1) for a in call.args)
+    if is_op(call, *_INDEX_VIEWS):
+        return _non_negative(call.args[0], b, depth + 1)
+    return False
+
+
+def _index_from_start(index, extent, b):
+    """``index`` (into an axis of ``extent``) counted from the start as PyTorch reads it:
+    None when it already is (or is not an integer tensor), "wrap" when only a run-time
+    modulo can say (a symbolic extent), else the expression. Raises for a constant index
+    out of range."""
     import numpy as np
 
-    from .bindings import constant_value_of, is_op, shape_of
+    from .bindings import constant_value_of
 
-    if not is_op(call, "relax.take") or call.attrs.mode != "fast":
+    value = constant_value_of(index, b)
+    if value is not None:
+        if value.dtype.kind != "i" or not (value < 0).any():
+            return None
+        if not isinstance(extent, T.IntImm):
+            return "wrap"
+        n = int(extent)
+        if (value < -n).any() or (value >= n).any():
+            raise ValueError(f"constant index {value.ravel().tolist()[:8]} out of range for "
+                             f"an axis of extent {n}")
+        return R.const(np.where(value < 0, value + n, value).astype(value.dtype))
+    dtype = getattr(getattr(index, "ty", None), "dtype", "")
+    if not str(dtype).startswith("int") or _non_negative(index, b):
         return None
-    index = constant_value_of(call.args[1], b)
-    if index is None or index.dtype.kind != "i" or not (index < 0).any():
-        return None
-    dims, axis = shape_of(call.args[0]), call.attrs.axis
-    if dims is None:
-        return None
-    axis = 0 if axis is None else int(axis) % len(dims)
-    extent = dims[axis]
     if not isinstance(extent, T.IntImm):
-        # a symbolic extent: the index taken modulo it at run time (PyTorch's reading
-        # for every index in [-extent, extent), the only ones it accepts)
-        return R.op.take(call.args[0], call.args[1], axis=axis, mode="wrap")
-    n = int(extent)
-    if (index < -n).any() or (index >= n).any():
-        raise ValueError(f"take (PyTorch indexing) along axis {axis} of extent {n}: "
-                         f"constant index {index.ravel().tolist()[:8]} out of range")
-    fixed = np.where(index < 0, index + n, index).astype(index.dtype)
-    return R.op.take(call.args[0], R.const(fixed), axis=axis, mode="fast")
+        return "wrap"
+    return R.op.where(R.op.less(index, R.const(0, dtype)),
+                      R.op.add(index, R.const(int(extent), dtype)), index)
 
 
-def fix_negative_take(mod):
-    """``mod`` with every ``take`` of constant indices that count from the end read as
-    PyTorch reads them. TVM 0.27's PyTorch frontend turns ``x[..., [-2], :]`` (``aten.index``
-    with one index tensor: HuggingFace Falcon's multi-query key and value) into
-    ``R.take(x, [-2], mode="fast")``, which reads before the tensor: garbage, NaN, a
-    different answer each run. A static extent gets the index counted from the start (an
-    index out of range is an error naming it); a symbolic one takes it modulo the extent
-    (``mode="wrap"``). ``mod`` itself when there is none."""
+def _indexed_from_start(call, b):
+    """``take`` or ``index_tensor`` with its indices counted from the start; None when
+    they are already (or cannot be told apart: a tuple of indices not written out)."""
+    from .bindings import is_op, shape_of
+
+    if is_op(call, "relax.take") and call.attrs.mode == "fast":
+        dims, axis = shape_of(call.args[0]), call.attrs.axis
+        if dims is None:
+            return None
+        axis = 0 if axis is None else int(axis) % len(dims)
+        try:
+            fixed = _index_from_start(call.args[1], dims[axis], b)
+        except ValueError as exc:
+            raise ValueError(f"take (PyTorch indexing) along axis {axis}: {exc}") from None
+        if fixed is None:
+            return None
+        if isinstance(fixed, str):
+            return R.op.take(call.args[0], call.args[1], axis=axis, mode=fixed)
+        return R.op.take(call.args[0], fixed, axis=axis, mode="fast")
+    if is_op(call, "relax.index_tensor") and isinstance(call.args[1], R.Tuple):
+        dims, indices = shape_of(call.args[0]), list(call.args[1].fields)
+        if dims is None:
+            return None
+        changed = False
+        for i, index in enumerate(indices):
+            try:
+                fixed = _index_from_start(index, dims[i], b)
+            except ValueError as exc:
+                raise ValueError(f"index_tensor (PyTorch indexing) on axis {i}: {exc}") \
+                    from None
+            if fixed is not None and not isinstance(fixed, str):
+                # NOTE: a symbolic extent ("wrap") has no such mode here: left as it is
+                indices[i], changed = fixed, True
+        return R.op.index_tensor(call.args[0], R.Tuple(indices)) if changed else None
+    return None
+
+
+def fix_negative_indices(mod):
+    """``mod`` with the indices of every ``take`` and ``index_tensor`` counted from the
+    start as PyTorch counts them: a negative index counts from the end. TVM 0.27's PyTorch
+    frontend passes them as they are and its take (``mode="fast"``) and index_tensor read
+    before the tensor: garbage, NaN, a different answer each run (HuggingFace Falcon's
+    multi-query key and value are ``x[..., [-2], :]`` and ``x[..., [-1], :]``). Constant
+    indices are counted from the start at compile time (one out of range is an error
+    naming the op); others get ``where(i < 0, i + extent, i)`` unless provably
+    non-negative (an arange and its views: HuggingFace's mask positions), or for a
+    ``take`` along a symbolic extent the modulo (``mode="wrap"``). ``mod`` itself when
+    nothing changes."""
     from .bindings import rewrite_calls
 
-    return rewrite_calls(mod, _take_from_start)
+    return rewrite_calls(mod, _indexed_from_start)
 
 
 # ---- strided_slice: negative axes, bounds known to be inside ----
@@ -624,5 +699,5 @@ def fuse_rms_norm(mod):
 def apply(mod):
     """Every fix-up, in order."""
     return fuse_rms_norm(fold_column_scale(fix_flattened_matmul(fix_broadcast_weight(
-        tighten_symbolic_shapes(fix_strided_slices(fix_negative_take(fix_onnx_clip(
+        tighten_symbolic_shapes(fix_strided_slices(fix_negative_indices(fix_onnx_clip(
             fix_bool_cumsum(mod)))))))))
