@@ -117,7 +117,10 @@ def _static_shape(expr):
 
 
 def _const(expr, values):
-    """The numpy value of a constant, through variables and reshapes of constants."""
+    """The numpy value of a constant, through variables and reshapes of constants, or of
+    an expression computed from constants only (BiT's weight standardization,
+    ``(w - mean(w)) / sqrt(var(w) + eps)`` on the stored weight: an instance norm of it),
+    evaluated once here."""
     while isinstance(expr, R.Var) and expr in values:
         expr = values[expr]
     if isinstance(expr, T.RelaxConstant):
@@ -127,7 +130,45 @@ def _const(expr, values):
         shape = _static_shape(expr)
         if inner is not None and shape is not None and all(isinstance(s, int) for s in shape):
             return inner.reshape(shape)
+    tree = _of_constants(expr, values)
+    if tree is not None:
+        from .weights import folded
+
+        value = folded(tree)
+        if isinstance(value, T.RelaxConstant):
+            return T.constant_value(value)
     return None
+
+
+# operators evaluated at compile time on constants (elementwise ones, the reductions and
+# norms of a weight standardization, which PyTorch exports as an instance norm over the
+# weight's rows): nothing that could make a constant larger than its input
+_FOLDABLE = {"relax.add", "relax.subtract", "relax.multiply", "relax.divide", "relax.sqrt",
+             "relax.rsqrt", "relax.mean", "relax.variance", "relax.sum", "relax.power",
+             "relax.negative", "relax.astype", "relax.reshape", "relax.square",
+             "relax.nn.instance_norm", "relax.nn.layer_norm", "relax.nn.group_norm"}
+
+
+def _of_constants(expr, values, depth=0):
+    """``expr`` as one expression tree over constants (its variables replaced by what
+    they are bound to) when it is a call of ``_FOLDABLE`` operators on constants only,
+    else None."""
+    while isinstance(expr, R.Var) and expr in values:
+        expr = values[expr]
+    if isinstance(expr, T.RelaxConstant):
+        return expr
+    if depth > 32 or not is_op(expr, *_FOLDABLE):
+        return None
+    args = []
+    for a in expr.args:
+        if not isinstance(a, (R.Var, R.Call, T.RelaxConstant)):
+            args.append(a)  # (shapes, axes given as values)
+            continue
+        inner = _of_constants(a, values, depth + 1)
+        if inner is None:
+            return None
+        args.append(inner)
+    return R.Call(expr.op, args, expr.attrs, expr.ty_args)
 
 
 @dataclass

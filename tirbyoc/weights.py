@@ -151,7 +151,7 @@ def pack_constants(normal: NormalFunc, region, source: WeightSource):
                           region.weight.name)
 
     def argument(arg, var2val, mod):
-        return R.const(kernels.pack_weight(T.constant_value(_folded(arg)), layout))
+        return R.const(kernels.pack_weight(T.constant_value(folded(arg)), layout))
 
     return Reroute(new_w, "packed", argument,
                    f"constant weight packed at compile time from {layout.upper()}")
@@ -219,7 +219,7 @@ def _compose(routes) -> Reroute:
     return Reroute(last.param, last.layout, argument, "; ".join(r.note for r in routes))
 
 
-def _folded(expr):
+def folded(expr):
     """``expr`` evaluated at compile time when it depends on constants only, else as is."""
     if isinstance(expr, T.RelaxConstant) or R.analysis.free_vars(expr):
         return expr
@@ -251,7 +251,7 @@ def apply_reroutes(mod, rerouted: dict):
         for old, r, new in folded_cache:
             if old.same_as(arg) and r is route:
                 return new
-        new = _folded(route.argument(arg, var2val, mod))
+        new = folded(route.argument(arg, var2val, mod))
         folded_cache.append((arg, route, new))
         return new
 
