@@ -276,3 +276,15 @@ def test_float64_tolerance_follows_onnx_runtime_only_above_rtol():
     assert bench_models.float64_tolerance({"tirbyoc": 0.0, "ort": 3e-7}) == bench_models.RTOL
     assert bench_models.float64_tolerance({"ort": 1.2e-4, "torch": 9e-3}) == 2.4e-4
     assert bench_models.float64_tolerance({"tirbyoc": 1e-6}) == bench_models.RTOL
+
+
+def test_held_out_models_are_not_the_zoos_and_need_the_zoo_flags(capsys):
+    """The held-out list shares no model with the zoo the work was measured on, and
+    ``--held-out`` alone is refused with a message saying what it goes with."""
+    from tirbyoc import bench, bench_zoo
+
+    assert not set(bench_zoo.HELD_OUT) & set(bench_zoo.ZOO)
+    assert {z.name for z in bench_zoo.HELD_OUT.values()} == set(bench_zoo.HELD_OUT)
+    with pytest.raises(SystemExit):
+        bench.main(["--models", "--held-out"])
+    assert "--held-out goes with --models --zoo" in capsys.readouterr().err

@@ -268,6 +268,9 @@ def main(argv=None) -> int:
     parser.add_argument("--zoo", action="store_true",
                         help="with --models: models from HuggingFace transformers "
                              "(tirbyoc.bench_zoo), with build time and library size")
+    parser.add_argument("--held-out", action="store_true",
+                        help="with --zoo: the held-out models instead, families nothing "
+                             "was tuned on (tirbyoc.bench_zoo.HELD_OUT)")
     parser.add_argument("--batch", default="1,8",
                         help="with --zoo: batch sizes of the transformers (default 1,8)")
     parser.add_argument("--any-length", action="store_true",
@@ -285,6 +288,8 @@ def main(argv=None) -> int:
         counts = parse_counts(args.threads)
     except ValueError as exc:
         parser.error(str(exc))
+    if args.held_out and not (args.models and args.zoo):
+        parser.error("--held-out goes with --models --zoo")
     if len(counts) > 1 and not args.models:
         parser.error("several thread counts (the scaling benchmark) need --models")
     args.threads = counts[0]
@@ -302,10 +307,11 @@ def main(argv=None) -> int:
     if args.models and args.zoo:
         from . import bench_zoo
 
-        return bench_zoo.run_zoo(args.model or list(bench_zoo.ZOO),
+        zoo = bench_zoo.HELD_OUT if args.held_out else bench_zoo.ZOO
+        return bench_zoo.run_zoo(args.model or list(zoo),
                                  tuple(int(b) for b in args.batch.split(",")), args.threads,
                                  args.reps or 20, args.settle, args.out,
-                                 dynamic=args.any_length)
+                                 dynamic=args.any_length, zoo=zoo)
     if args.models:
         from . import bench_models
 
