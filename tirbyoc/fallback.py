@@ -11,11 +11,15 @@ every PrimFunc that is not scheduled yet (offloaded ones are):
     RowReduction()       row reductions with elementwise steps: softmax, masked softmax,
                          layer norm, a mask's "any" over rows, global pooling: rows in
                          parallel (from 64K elements), row sums and maxima in vector
-                         lanes (rfactor), elementwise steps vectorized
+                         lanes (rfactor), elementwise steps vectorized; sums whose
+                         rows are not the output's (a group norm) in loop nests of
+                         their own, once per row
     dl.cpu.Reduction()   other row reductions (TVM's: rows in parallel, scalar sums)
     Injective()          elementwise / layout ops: parallel outer loops, vectorized inner
-                         (a padding that several blocks read stays its own loop nest:
-                         a fill with the pad value, then a copy of the inside)
+                         (a row no lane count from 8 to 16 divides: whole vectors,
+                         then a scalar tail; a padding that several blocks read stays
+                         its own loop nest: a fill with the pad value, then a copy of
+                         the inside)
     OuterParallel()      any other function: each block's leading spatial loops in parallel
 
 Before RowReduction, dl.cpu.Reduction and Injective schedule a function, its float32
