@@ -629,6 +629,8 @@ def test_run_time_and_paired_indices_count_from_the_end():
     script = fixups.fix_negative_indices(mod).script()
     assert "R.where(" not in mod.script() and script.count("R.where(") == 1, script
     # (the run-time index; the constant ones counted from the start at compile time)
+    twice = fixups.fix_negative_indices(fixups.fix_negative_indices(mod))
+    assert twice.script().count("R.where(") == 1
     with torch.no_grad():
         refs = [r.numpy() for r in RunTimeIndices()(x, i)]
     got = tirbyoc.run(tirbyoc.compile(mod), x.numpy(), i.numpy())

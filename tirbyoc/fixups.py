@@ -367,9 +367,23 @@ def _non_negative(expr, b, depth=0) -> bool:
         return isinstance(start, int) and isinstance(step, int) and start >= 0 and step > 0
     if is_op(call, "relax.add", "relax.multiply"):
         return all(_non_negative(a, b, depth + 1) for a in call.args)
+    if is_op(call, "relax.where") and _counted_from_start(call, b):
+        return True  # (this fix-up's own: applying it again changes nothing)
     if is_op(call, *_INDEX_VIEWS):
         return _non_negative(call.args[0], b, depth + 1)
     return False
+
+
+def _counted_from_start(call, b) -> bool:
+    """Whether ``call`` is ``where(i < 0, i + c, i)``, as ``_index_from_start`` writes it."""
+    from .bindings import constant_value_of, is_op
+
+    cond, then, other = call.args
+    cond, then = (e if b.producer(e) is None else b.producer(e) for e in (cond, then))
+    return is_op(cond, "relax.less") and is_op(then, "relax.add") and \
+        cond.args[0].same_as(other) and then.args[0].same_as(other) and \
+        constant_value_of(cond.args[1], b) is not None and \
+        constant_value_of(then.args[1], b) is not None
 
 
 def _index_from_start(index, extent, b):
@@ -408,8 +422,8 @@ def _indexed_from_start(call, b):
 
     if is_op(call, "relax.take") and call.attrs.mode == "fast":
         dims, axis = shape_of(call.args[0]), call.attrs.axis
-        if dims is None:
-            return None
+        if dims is None or (axis is None and len(dims) != 1):
+            return None  # (no axis: the flattened tensor's, not PyTorch's indexing)
         axis = 0 if axis is None else int(axis) % len(dims)
         try:
             fixed = _index_from_start(call.args[1], dims[axis], b)
