@@ -147,12 +147,15 @@ ZOO = {
 _TEXT_HELD_OUT = {
     "distilbert": ("DistilBertModel", "DistilBertConfig", dict(n_layers=2)),
     "roberta": ("RobertaModel", "RobertaConfig", dict(num_hidden_layers=2, pad_token_id=1)),
-    "albert": ("AlbertModel", "AlbertConfig", dict(num_hidden_layers=2, embedding_size=128)),
+    "albert": ("AlbertModel", "AlbertConfig", dict(
+        num_hidden_layers=2, embedding_size=128, hidden_size=768, num_attention_heads=12,
+        intermediate_size=3072)),  # (the config's defaults are ALBERT-xxlarge's)
     "electra": ("ElectraModel", "ElectraConfig", dict(num_hidden_layers=2)),
     "deberta_v2": ("DebertaV2Model", "DebertaV2Config", dict(
         num_hidden_layers=2, hidden_size=384, num_attention_heads=6, intermediate_size=1536)),
     "mpnet": ("MPNetModel", "MPNetConfig", dict(num_hidden_layers=2)),
-    "clip_text": ("CLIPTextModel", "CLIPTextConfig", dict(num_hidden_layers=2)),
+    "clip_text": ("CLIPTextModel", "CLIPTextConfig", dict(num_hidden_layers=2,
+                                                          max_position_embeddings=SEQ)),
     "t5_encoder": ("T5EncoderModel", "T5Config", dict(num_layers=2, d_model=512, d_ff=2048,
                                                       num_heads=8, d_kv=64)),
     **{name: (model, config, dict(num_hidden_layers=2, hidden_size=512, num_attention_heads=8,
