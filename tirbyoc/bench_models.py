@@ -172,6 +172,10 @@ def breakdown(vm, args, runs: int = 5, traffic=None, calls=None, overhead_ms=Non
 
     if overhead_ms is None:
         overhead_ms = instrument_overhead_ms()
+    # NOTE: one run first, untimed: the cores may be idle before (a benchmark's settle),
+    # and the first parallel loop that wakes one took up to 4 ms on a VM, which the mean
+    # over the runs put on whichever function came first (0.8 ms of Falcon's 7.8)
+    vm[func](*args)
     vm.set_instrument(instrument)
     try:
         for _ in range(runs):
