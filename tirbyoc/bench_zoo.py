@@ -187,7 +187,7 @@ _VISION_HELD_OUT = {
     "dpt": ("DPTModel", "DPTConfig", dict(num_hidden_layers=2)),
     "swin": ("SwinModel", "SwinConfig", dict(depths=[1, 1, 2, 1])),
     "levit": ("LevitModel", "LevitConfig", {}),
-    "mobilevit": ("MobileViTModel", "MobileViTConfig", dict(expand_output=False)),
+    "mobilevit": ("MobileViTModel", "MobileViTConfig", {}),
     "segformer": ("SegformerModel", "SegformerConfig", {}),
     "poolformer": ("PoolFormerModel", "PoolFormerConfig", {}),
     "convnextv2": ("ConvNextV2Model", "ConvNextV2Config", dict(depths=[1, 1, 3, 1])),
