@@ -201,6 +201,8 @@ _VISION_HELD_OUT = {
 
 def _held_out(name, text, model_name, config_name, kwargs):
     def build():
+        import inspect
+
         import torch
         import transformers as tf
 
@@ -208,8 +210,8 @@ def _held_out(name, text, model_name, config_name, kwargs):
         extra = dict(vocab_size=VOCAB) if text else {}
         cfg = getattr(tf, config_name)(**kwargs, **extra)
         cls = getattr(tf, model_name)
-        model = cls(cfg, add_pooling_layer=False) if "add_pooling_layer" in \
-            __import__("inspect").signature(cls.__init__).parameters else cls(cfg)
+        pooling = "add_pooling_layer" in inspect.signature(cls.__init__).parameters
+        model = cls(cfg, add_pooling_layer=False) if pooling else cls(cfg)
         if not text:
             _trained_scale(model)
         return _hidden(model, text)

@@ -320,11 +320,7 @@ class RowReduction(_GuardedRule):
         blocks.append((last, last_kind))
         # NOTE: parallel before decompose_reduction: it checks every block under the loop
         # is a complete or reduction block, which a decomposed update block is not.
-        iters = T.dlight_extent(sch, rows)
-        elements = _static_elements(reductions[0])
-        if not isinstance(iters, int) or (iters > 1 and (
-                elements is None or elements >= PARALLEL_MIN_ELEMENTS)):
-            sch.parallel(rows)
+        self._parallel_rows(sch, rows, reductions[0])
         for block_rv, kind in blocks:
             if kind == "S":
                 self._vectorize_inner(sch, block_rv)
@@ -356,11 +352,8 @@ class RowReduction(_GuardedRule):
             block_rv = parts[0][0]
             loops = sch.get_loops(block_rv)
             rows = sch.fuse(*loops[:lead]) if lead > 1 else loops[0] if lead else None
-            iters = None if rows is None else T.dlight_extent(sch, rows)
-            elements = _static_elements(b)
-            if rows is not None and (not isinstance(iters, int) or (iters > 1 and (
-                    elements is None or elements >= PARALLEL_MIN_ELEMENTS))):
-                sch.parallel(rows)
+            if rows is not None:
+                self._parallel_rows(sch, rows, b)
             if parts[0][1] == "V":
                 sch.vectorize(sch.get_loops(block_rv)[-1])
                 # the partial sums set to zero before the first reduced loop
@@ -368,6 +361,16 @@ class RowReduction(_GuardedRule):
             else:
                 self._unroll_inner(sch, block_rv)
         return sch
+
+    @staticmethod
+    def _parallel_rows(sch, rows, reduction):
+        """``rows`` in parallel when there are several (or a symbolic count) and the
+        ``reduction`` (a dlight block) goes over PARALLEL_MIN_ELEMENTS or more."""
+        iters = T.dlight_extent(sch, rows)
+        elements = _static_elements(reduction)
+        if not isinstance(iters, int) or (iters > 1 and (
+                elements is None or elements >= PARALLEL_MIN_ELEMENTS)):
+            sch.parallel(rows)
 
     @staticmethod
     def _vector_reduce(sch, block_rv, lead, innermost=False):
