@@ -15,12 +15,16 @@ def test_layer_flops():
     assert Layer("dw", 32, 112).flops == 2 * 32 * 112 * 112 * 9
     assert Layer("pw", 256, 14).flops == 2 * 256 * 256 * 14 * 14
     assert Layer("conv", 64, 56).flops == 2 * 64 * 64 * 9 * 56 * 56
+    # the inverted residual block: expand 1x1, depthwise 3x3, project 1x1
+    assert Layer("ir", 32, 28).flops == 2 * 28 * 28 * (32 * 192 + 192 * 9 + 192 * 32)
+    assert [Layer(k, 8, 4).calls for k in bench_layers.KINDS] == [1, 1, 1, 3]
 
 
 def test_layer_names_parse_and_bad_ones_are_refused():
     assert bench_layers.parse("pw512@14") == Layer("pw", 512, 14)
     assert bench_layers.parse("conv64@56") == Layer("conv", 64, 56)
     assert bench_layers.parse("dw1024@7").name == "dw1024@7"
+    assert bench_layers.parse("ir24@56") == Layer("ir", 24, 56)
     assert [layer.name for layer in bench_layers.LAYERS][:2] == ["dw32@112", "dw128@56"]
     for bad in ("pw512", "xx8@4", "dw@7", "pw0@7", "conv8@x"):
         with pytest.raises(SystemExit, match="bad layer"):
@@ -34,14 +38,15 @@ def test_chains_that_cannot_give_a_layer_are_refused(short, chain):
                                  chain=chain, short=short, progress=lambda s: None)
 
 
-@pytest.mark.parametrize("layer", [Layer("dw", 16, 9), Layer("pw", 24, 6), Layer("conv", 8, 7)],
-                         ids=lambda layer: layer.name)
+@pytest.mark.parametrize("layer", [Layer("dw", 16, 9), Layer("pw", 24, 6), Layer("conv", 8, 7),
+                                   Layer("ir", 16, 6)], ids=lambda layer: layer.name)
 def test_a_layer_row_is_complete_and_checked(layer):
     row = bench_layers.bench_layer(layer, threads=2, reps=2, settle=0.0, chain=4,
                                    progress=lambda s: None)
     assert row["layer"] == layer.name and row["chain"] == 4 and row["short"] == 2
-    # the chains: one kernel call per layer (the batch norms folded into them)
-    assert row["kernel_calls"] == {2: 2, 4: 4}
+    # the chains: one kernel call per conv (the batch norms and the block's residual
+    # add folded into them)
+    assert row["kernel_calls"] == {n: n * layer.calls for n in (2, 4)}
     assert set(row["rel_err"]) == {"tirbyoc/2", "ort/2", "tirbyoc/4", "ort/4"}
     assert max(row["rel_err"].values()) <= bench_layers.RTOL, row["rel_err"]
     assert set(row["chain_ms"]) == {f"{p}/{n}" for p in ("tirbyoc", "ort", "torch")
@@ -60,6 +65,10 @@ def test_problems_names_a_wrong_chain():
            "kernel_calls": {1: 1, 5: 4}}
     assert bench_layers.problems([row]) == ["pw8@4 tirbyoc/5: error 3.0e-03",
                                             "pw8@4: chain of 5, 4 kernel calls"]
+    # a block of three convs must make three calls
+    assert bench_layers.problems([{"layer": "ir8@4", "rel_err": {}, "kernel_calls": {2: 6}}]) == []
+    assert bench_layers.problems([{"layer": "ir8@4", "rel_err": {}, "kernel_calls": {2: 2}}]) \
+        == ["ir8@4: chain of 2, 2 kernel calls"]
     nan_row = {"layer": "dw8@4", "rel_err": {"ort/1": float("nan")}, "kernel_calls": {}}
     assert len(bench_layers.problems([nan_row])) == 1
 
