@@ -205,6 +205,67 @@ def test_conv_shapes(kw):
     _check(_Conv(5, 7, k, **kw).eval(), (2, 5, 13, 11), [expected])
 
 
+class _Conv1d(torch.nn.Module):
+    """Two 1-D convs in a row, the second reading the first's output."""
+
+    def __init__(self, cin, mid, cout, k, **kw):
+        super().__init__()
+        torch.manual_seed(4)
+        self.a = torch.nn.Conv1d(cin, mid, k, **kw)
+        self.b = torch.nn.Conv1d(mid, cout, 1, groups=kw.get("groups", 1))
+
+    def forward(self, x):
+        return self.b(torch.nn.functional.gelu(self.a(x)))
+
+
+@pytest.mark.parametrize("cin, mid, cout, k, kw, width, expected", [
+    (16, 32, 16, 1, dict(groups=4), 9, ["conv2d_bias", "conv2d_bias"]),           # SqueezeBERT
+    (1, 24, 24, 10, dict(stride=5, bias=False), 97, ["conv2d", "conv2d_bias"]),   # wav2vec 2.0
+    (8, 16, 8, 3, dict(padding=2, dilation=2, stride=2), 23, ["conv2d_bias", "conv2d_bias"]),
+    (12, 12, 12, 5, dict(padding=2, groups=3), 16, ["conv2d_bias", "conv2d_bias"]),
+], ids=["grouped-1x1", "stride-5-no-bias", "dilated-stride-2", "grouped-k5"])
+def test_conv1d_is_a_conv2d_kernel_call(cin, mid, cout, k, kw, width, expected):
+    """``R.nn.conv1d`` becomes a conv2d over rows one pixel high, so that the conv kernel
+    takes it with its bias (TVM's own conv1d schedule was 60x slower than PyTorch):
+    every conv a kernel call, numerics against PyTorch."""
+    model = _Conv1d(cin, mid, cout, k, **kw).eval()
+    report = _check(model, (2, cin, width), expected)
+    _no_tvm_convs(report, unpacked=sum(n // g < 8 for n, g in (
+        (mid, kw.get("groups", 1)), (cout, kw.get("groups", 1)))))
+    assert not any("conv1d" in name for name in report.schedules), report.schedules
+
+
+def test_conv1d_weight_as_input_and_other_layouts():
+    """A conv1d weight passed in is read in place by the conv kernel; an NWC conv1d stays
+    TVM's. Numerics against PyTorch for both."""
+    import tvm
+    from tvm import relax
+
+    rng = np.random.default_rng(5)
+    xs = rng.standard_normal((2, 6, 15)).astype(np.float32)
+    ws = rng.standard_normal((10, 3, 3)).astype(np.float32)
+    ref = torch.nn.functional.conv1d(torch.from_numpy(xs), torch.from_numpy(ws), padding=1,
+                                     groups=2).numpy()
+    for layout in ("NCW", "NWC"):
+        bb = relax.BlockBuilder()
+        shape = (2, 6, 15) if layout == "NCW" else (2, 15, 6)
+        x = relax.Var("x", relax.TensorType(shape, "float32"))
+        w = relax.Var("w", relax.TensorType((10, 3, 3), "float32"))
+        with bb.function("main", [x, w]):
+            with bb.dataflow():
+                y = bb.emit_output(bb.emit(relax.op.nn.conv1d(
+                    x, w, padding=1, groups=2, data_layout=layout, out_layout=layout)))
+            bb.emit_func_output(y)
+        mod = bb.get()
+        offloaded = [r.intrinsic for r in tirbyoc.explain(mod).offloaded]
+        assert offloaded == (["conv2d"] if layout == "NCW" else []), (layout, offloaded)
+        vm = relax.VirtualMachine(tirbyoc.compile(mod), tvm.cpu())
+        arg = xs if layout == "NCW" else xs.transpose(0, 2, 1).copy()
+        got = vm["main"](tvm.runtime.tensor(arg), tvm.runtime.tensor(ws)).numpy()
+        got = got if layout == "NCW" else got.transpose(0, 2, 1)
+        assert float(np.abs(got - ref).max()) <= RTOL * float(np.abs(ref).max()), layout
+
+
 @pytest.mark.parametrize("cin,cout,groups,kw", [
     (6, 6, 2, dict(padding=1)),
     (32, 64, 8, dict(stride=2, padding=1)),   # ResNeXt-like
@@ -667,6 +728,34 @@ def test_zero_pads_fold_into_the_convolutions_they_feed():
                     ["conv2d_bias_relu", "depthwise_conv2d_bias_relu", "conv2d_bias",
                      "max_pool2d"])
     assert [n for n in report.schedules if n.startswith("pad")] == ["pad"]  # the pool's
+
+
+def test_zero_pad_folds_into_a_conv_without_out_dtype():
+    """A conv2d written without ``out_dtype`` (its attribute unset) after a zero pad: the
+    folded conv is built with the input's dtype (building it from the unset attribute's
+    text failed the whole compile), one kernel call, numerics against PyTorch."""
+    import tvm
+    from tvm import relax
+
+    rng = np.random.default_rng(6)
+    xs = rng.standard_normal((1, 4, 8, 8)).astype(np.float32)
+    ws = rng.standard_normal((8, 4, 3, 3)).astype(np.float32)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 4, 8, 8), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            p = bb.emit(relax.op.nn.pad(x, [0, 0, 0, 0, 1, 2, 2, 1]))
+            y = bb.emit_output(bb.emit(relax.op.nn.conv2d(p, relax.const(ws))))
+        bb.emit_func_output(y)
+    mod = bb.get()
+    assert [r.intrinsic for r in tirbyoc.explain(mod).offloaded] == ["conv2d"]
+    got = relax.VirtualMachine(tirbyoc.compile(mod), tvm.cpu())["main"](
+        tvm.runtime.tensor(xs)).numpy()
+    ref = torch.nn.functional.conv2d(torch.nn.functional.pad(torch.from_numpy(xs),
+                                                             (2, 1, 1, 2)),
+                                     torch.from_numpy(ws)).numpy()
+    assert got.shape == ref.shape == (1, 8, 9, 9)
+    assert float(np.abs(got - ref).max()) <= RTOL * float(np.abs(ref).max())
 
 
 def _stem_and_depthwise(k):
