@@ -661,3 +661,41 @@ def test_indices_known_to_be_non_negative_are_left_as_they_are():
     # (the llama's embedding takes its token ids at run time: that one take gets a where)
     assert fixups.fix_negative_indices(hf).script().count("R.where(") == \
         hf.script().count("R.where(") + 1
+
+
+class _MaxOverAxes(torch.nn.Module):
+    """PyTorch's ``max(dim)`` (values and indices, as Hiera's mask-unit pooling takes
+    them) and ``topk`` of one, largest and smallest."""
+
+    def forward(self, x):
+        v, i = x.max(dim=1)
+        w, j = torch.topk(x, 1, dim=2, largest=False)
+        return v * i.float(), w, j.float(), torch.topk(x, 1, dim=0).values
+
+
+def test_topk_of_one_is_a_max_and_its_argmax():
+    """``topk(k=1)`` (how the frontend writes ``max(dim)``) becomes max / argmax (min /
+    argmin for the smallest): no sort, the same values and indices as PyTorch; ties give
+    the first index, as ``max(dim)`` does. A topk of two stays."""
+    x = torch.randn(2, 7, 5, generator=torch.Generator().manual_seed(7))
+    x[1, :, 2] = 10.0  # a tie along dim 1 for max(dim): PyTorch takes the first index
+    mod = _import(_MaxOverAxes(), x)
+    fixed = fixups.fix_topk_one(mod)
+    assert mod.script().count("R.topk(") == 3 and "R.topk(" not in fixed.script()
+    for op in ("R.max(", "R.argmax(", "R.min(", "R.argmin("):
+        assert op in fixed.script(), op
+    # the pipeline applies it: no PrimFunc of TVM's topk (a sort) is left
+    schedules = tirbyoc.explain(mod).schedules
+    assert not [n for n in schedules if "topk" in n] and [n for n in schedules if "max" in n]
+    got = tirbyoc.run(tirbyoc.compile(mod), x.numpy())
+    with torch.no_grad():
+        ref = _MaxOverAxes()(x)
+    for g, r in zip(got, ref):
+        np.testing.assert_array_equal(g, r.numpy())
+
+    class TopTwo(torch.nn.Module):
+        def forward(self, x):
+            return torch.topk(x, 2, dim=1).values
+
+    two = _import(TopTwo(), x)
+    assert fixups.fix_topk_one(two) is two

@@ -21,6 +21,9 @@ Indexing with negative indices (``x[..., [-2], :]``) becomes a ``take`` or
 ``index_tensor`` that reads before its tensor; ``fix_negative_indices`` counts them from
 the start.
 
+PyTorch's ``x.max(dim)`` arrives as ``topk(x, k=1)``, which TVM legalizes to a sort;
+``fix_topk_one`` makes it a max and an argmax.
+
 HuggingFace Llama's RMSNorm exports as five ops; ``fuse_rms_norm`` makes them one
 ``R.nn.rms_norm`` (TVM's fusion would run the square as its own pass).
 """
@@ -710,8 +713,40 @@ def fuse_rms_norm(mod):
     return rewrite_calls(mod, _rms_norm)
 
 
+# ---- topk of one: a max (PyTorch's max(dim) and min(dim)) ----
+
+def _topk_one(call, b):  # noqa: ARG001 (rewrite_calls' signature)
+    """``topk(x, k=1, axis)`` as ``max``/``argmax`` (``min``/``argmin`` for the smallest)
+    over the axis, kept as an axis of 1 (topk's shape), in topk's return form; None for
+    any other call."""
+    from .bindings import is_op
+
+    if not is_op(call, "relax.topk") or int(call.attrs.k) != 1:
+        return None
+    x, a = call.args[0], call.attrs
+    axis, largest = int(a.axis), bool(a.largest)
+    values = (R.op.max if largest else R.op.min)(x, axis=axis, keepdims=True)
+    indices = (R.op.argmax if largest else R.op.argmin)(x, axis=axis, keepdims=True)
+    if str(a.dtype) != "int64":
+        indices = R.op.astype(indices, str(a.dtype))
+    kind = str(a.ret_type)
+    return values if kind == "values" else indices if kind == "indices" else \
+        R.Tuple([values, indices])
+
+
+def fix_topk_one(mod):
+    """``mod`` with every ``topk`` of one element a max (or min) and its argmax (argmin):
+    TVM's frontend writes PyTorch's ``x.max(dim)`` as ``topk(x, k=1)``, which TVM
+    legalizes to a sort; Hiera's four mask-unit max-pools took 29 ms of a 61 ms run so.
+    Ties give the first index, as PyTorch's ``max(dim)`` does. ``mod`` itself when there
+    is none."""
+    from .bindings import rewrite_calls
+
+    return rewrite_calls(mod, _topk_one)
+
+
 def apply(mod):
     """Every fix-up, in order."""
     return fuse_rms_norm(fold_column_scale(fix_flattened_matmul(fix_broadcast_weight(
         tighten_symbolic_shapes(fix_strided_slices(fix_negative_indices(fix_onnx_clip(
-            fix_bool_cumsum(mod)))))))))
+            fix_topk_one(fix_bool_cumsum(mod))))))))))
