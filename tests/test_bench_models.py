@@ -285,6 +285,11 @@ def test_held_out_models_are_not_the_zoos_and_need_the_zoo_flags(capsys):
 
     assert not set(bench_zoo.HELD_OUT) & set(bench_zoo.ZOO)
     assert {z.name for z in bench_zoo.HELD_OUT.values()} == set(bench_zoo.HELD_OUT)
+    # inputs: token ids, images, and audio for the speech models
+    assert bench_zoo.HELD_OUT["squeezebert"].example(2).dtype == torch.int64
+    assert tuple(bench_zoo.HELD_OUT["hiera"].example(2).shape) == (2, 3, 224, 224)
+    assert tuple(bench_zoo.HELD_OUT["wav2vec2"].example(2).shape) == (2, 16000)
+    assert tuple(bench_zoo.HELD_OUT["whisper_encoder"].example(1).shape) == (1, 80, 1000)
     with pytest.raises(SystemExit):
         bench.main(["--models", "--held-out"])
     assert "--held-out goes with --models --zoo" in capsys.readouterr().err

@@ -21,11 +21,13 @@ VOCAB = 1000
 @dataclass
 class ZooModel:
     """``build()``: the eval-mode module taking one tensor ``x``; ``example(batch, seq)``:
-    an input; ``text``: token ids (batch x seq, int64) rather than images."""
+    an input; ``text``: token ids (batch x seq, int64) rather than floats of ``shape``
+    per example (images; audio for the speech models)."""
 
     name: str
     build: Callable
     text: bool
+    shape: tuple = (3, 224, 224)
 
     def example(self, batch: int, seq: int = SEQ, seed: int = 0):
         import torch
@@ -33,11 +35,12 @@ class ZooModel:
         g = torch.Generator().manual_seed(seed)
         if self.text:
             return torch.randint(0, VOCAB, (batch, seq), generator=g)
-        return torch.randn(batch, 3, 224, 224, generator=g)
+        return torch.randn(batch, *self.shape, generator=g)
 
 
-def _hidden(model, text):
-    """The model's last hidden state from one argument ``x``."""
+def _hidden(model, text, key="pixel_values"):
+    """The model's last hidden state from one argument ``x`` (token ids, else passed as
+    ``key``)."""
     import torch
 
     class Hidden(torch.nn.Module):
@@ -49,7 +52,7 @@ def _hidden(model, text):
             if text:
                 return self.model(input_ids=x, use_cache=False).last_hidden_state \
                     if _takes_cache(self.model) else self.model(input_ids=x).last_hidden_state
-            return self.model(pixel_values=x).last_hidden_state
+            return self.model(**{key: x}).last_hidden_state
 
     return Hidden().eval()
 
@@ -144,6 +147,9 @@ ZOO = {
 # blocks. ``python -m tirbyoc.bench --models --zoo --held-out --batch 1``.
 # ConvBERT is left out: TVM's PyTorch frontend fails on its unfold (``index_tensor:
 # cannot broadcast index shapes``) before tirbyoc sees the module.
+# a small decoder's sizes
+_DECODER = dict(num_hidden_layers=2, hidden_size=512, intermediate_size=1376,
+                num_attention_heads=8, max_position_embeddings=512)
 _TEXT_HELD_OUT = {
     "distilbert": ("DistilBertModel", "DistilBertConfig", dict(n_layers=2)),
     "roberta": ("RobertaModel", "RobertaConfig", dict(num_hidden_layers=2, pad_token_id=1)),
@@ -175,6 +181,26 @@ _TEXT_HELD_OUT = {
     "falcon": ("FalconModel", "FalconConfig", dict(num_hidden_layers=2, hidden_size=512,
                                                    num_attention_heads=8)),
     "bloom": ("BloomModel", "BloomConfig", dict(n_layer=2, hidden_size=512, n_head=8)),
+    # added after the first 34: SqueezeBERT's grouped 1-D convs (243 ms a run before
+    # they became kernel calls), rotary, local-window, bottleneck and two-stream ones
+    "squeezebert": ("SqueezeBertModel", "SqueezeBertConfig", dict(num_hidden_layers=2)),
+    "mobilebert": ("MobileBertModel", "MobileBertConfig", dict(num_hidden_layers=2)),
+    "gptj": ("GPTJModel", "GPTJConfig", dict(n_layer=2, n_embd=512, n_head=8,
+                                            rotary_dim=32, n_positions=512,
+                                            bos_token_id=0, eos_token_id=0)),
+    "gpt_neo": ("GPTNeoModel", "GPTNeoConfig", dict(
+        num_layers=2, hidden_size=512, num_heads=8, window_size=16,
+        attention_types=[[["global", "local"], 1]], max_position_embeddings=512,
+        bos_token_id=0, eos_token_id=0)),
+    "codegen": ("CodeGenModel", "CodeGenConfig", dict(n_layer=2, n_embd=512, n_head=8,
+                                                     rotary_dim=32, n_positions=512,
+                                                     bos_token_id=0, eos_token_id=0)),
+    "xlnet": ("XLNetModel", "XLNetConfig", dict(n_layer=2, d_model=512, n_head=8,
+                                               d_inner=2048)),
+    "olmo": ("OlmoModel", "OlmoConfig", dict(_DECODER, eos_token_id=0)),
+    "phi3": ("Phi3Model", "Phi3Config", dict(_DECODER, pad_token_id=0, eos_token_id=0)),
+    "starcoder2": ("Starcoder2Model", "Starcoder2Config", dict(_DECODER,
+                                                               num_key_value_heads=2)),
 }
 _VISION_HELD_OUT = {
     "vit": ("ViTModel", "ViTConfig", dict(num_hidden_layers=2)),
@@ -196,10 +222,37 @@ _VISION_HELD_OUT = {
     "regnet": ("RegNetModel", "RegNetConfig", {}),
     "bit": ("BitModel", "BitConfig", {}),
     "mobilenet_v1": ("MobileNetV1Model", "MobileNetV1Config", {}),
+    # added after the first 34: Hiera's mask-unit max-pools (a sort each, 29 ms of 61,
+    # before fixups.fix_topk_one), focal modulation, spatial-reduction attention,
+    # convolutional token embeddings, depth estimation
+    "hiera": ("HieraModel", "HieraConfig", dict(depths=[1, 1, 2, 1])),
+    "focalnet": ("FocalNetModel", "FocalNetConfig", dict(depths=[1, 1, 2, 1])),
+    "pvt": ("PvtModel", "PvtConfig", {}),
+    "cvt": ("CvtModel", "CvtConfig", {}),
+    "swiftformer": ("SwiftFormerModel", "SwiftFormerConfig", {}),
+    "glpn": ("GLPNModel", "GLPNConfig", {}),
+    "data2vec_vision": ("Data2VecVisionModel", "Data2VecVisionConfig",
+                        dict(num_hidden_layers=2)),
 }
 
 
-def _held_out(name, text, model_name, config_name, kwargs):
+# Speech: (model, config, config kwargs, the input's keyword, one example's shape).
+# wav2vec 2.0 and HuBERT read one second of 16 kHz audio through 1-D convs (1.8 s a run
+# before they became kernel calls); Whisper's encoder 1000 frames of 80 mel bins.
+_AUDIO_HELD_OUT = {
+    "wav2vec2": ("Wav2Vec2Model", "Wav2Vec2Config", dict(num_hidden_layers=2),
+                 "input_values", (16000,)),
+    "hubert": ("HubertModel", "HubertConfig", dict(num_hidden_layers=2), "input_values",
+               (16000,)),
+    "whisper_encoder": ("whisper.WhisperEncoder", "WhisperConfig", dict(
+        encoder_layers=2, d_model=384, encoder_attention_heads=6, encoder_ffn_dim=1536,
+        max_source_positions=500, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+        decoder_start_token_id=1), "input_features", (80, 1000)),
+}
+
+
+def _held_out(name, text, model_name, config_name, kwargs, key="pixel_values",
+              shape=(3, 224, 224)):
     def build():
         import inspect
 
@@ -209,18 +262,26 @@ def _held_out(name, text, model_name, config_name, kwargs):
         torch.manual_seed(0)
         extra = dict(vocab_size=VOCAB) if text else {}
         cfg = getattr(tf, config_name)(**kwargs, **extra)
-        cls = getattr(tf, model_name)
+        if "." in model_name:  # a part of a model: family.Class, from its modeling file
+            import importlib
+
+            family, part = model_name.split(".")
+            cls = getattr(importlib.import_module(
+                f"transformers.models.{family}.modeling_{family}"), part)
+        else:
+            cls = getattr(tf, model_name)
         pooling = "add_pooling_layer" in inspect.signature(cls.__init__).parameters
         model = cls(cfg, add_pooling_layer=False) if pooling else cls(cfg)
         if not text:
             _trained_scale(model)
-        return _hidden(model, text)
-    return ZooModel(name, build, text)
+        return _hidden(model, text, key)
+    return ZooModel(name, build, text, shape)
 
 
 HELD_OUT = {
     **{n: _held_out(n, True, *spec) for n, spec in _TEXT_HELD_OUT.items()},
     **{n: _held_out(n, False, *spec) for n, spec in _VISION_HELD_OUT.items()},
+    **{n: _held_out(n, False, *spec) for n, spec in _AUDIO_HELD_OUT.items()},
 }
 
 
