@@ -502,13 +502,35 @@ typedef struct {
     tb_chain chain; /* residual at batch 0 */
     int64_t sr;
     int threads_per_batch;
+    int by_rows; /* see matrix_vector */
 } batch_job_t;
+
+/* Whether a batch's product is a matrix times one column (N = 1: a mixture of
+ * experts' per-token weights, gathered, times its token) that runs as its
+ * transpose, C^T = B^T A^T: one row against the rows of A, which the few-rows
+ * path streams once with dot products over K. The blocked path packed A and
+ * filled 1 of each tile's 16 or 32 columns: 128 products of 2752 x 512 by a
+ * vector read A at 6.6 GB/s. Only where the column, C and the residual are
+ * contiguous and there is no bias (a per-column bias would become per-row). */
+static int matrix_vector(tb_wlayout layout, int64_t n, int64_t ldb, int64_t ldc,
+                         int uses_bias, int uses_residual, int64_t ldr)
+{
+    return n == 1 && layout == TB_W_NN && ldb == 1 && ldc == 1 && !uses_bias &&
+           (!uses_residual || ldr == 1);
+}
 
 static void run_batch(const batch_job_t *bj, int64_t q, int max_threads)
 {
     tb_chain ch = bj->chain;
     if (ch.residual != NULL)
         ch.residual += q * bj->sr;
+    if (bj->by_rows) {
+        ch.ldr = bj->m;
+        dense_run(TB_W_NT, 0, 1, bj->m, bj->k, bj->b + q * bj->sb, bj->k,
+                  bj->a + q * bj->sa, bj->lda, bj->c + q * bj->sc, bj->m, &ch,
+                  max_threads, 0);
+        return;
+    }
     dense_run(bj->layout, 0, bj->m, bj->n, bj->k, bj->a + q * bj->sa, bj->lda,
               bj->b + q * bj->sb, bj->ldb, bj->c + q * bj->sc, bj->ldc, &ch,
               max_threads, 0);
@@ -576,6 +598,7 @@ int32_t tirbyoc_matmul_f32(int64_t batch, int64_t m, int64_t n, int64_t k,
     bj.chain.bias = bias;
     bj.chain.residual = residual;
     bj.chain.ldr = ldr;
+    bj.by_rows = matrix_vector(bj.layout, n, ldb, ldc, uses_bias, uses_residual, ldr);
 
     /* Batches go to threads whole (one launch instead of one per batch,
      * each thread on data of its own: attention's heads) where the busiest

@@ -122,6 +122,30 @@ def test_few_rows_do_not_depend_on_threads(isa, m, layout):
     assert np.all(np.abs(outs[0] - want) <= tol)
 
 
+@pytest.mark.parametrize("chain", [(), ("scale", "residual", "relu"), ("bias", "tanh")],
+                         ids=["plain", "scale-residual-relu", "bias-tanh"])
+def test_matrix_times_vector_batches(isa, chain):
+    """N = 1 in the nn layout (a mixture of experts' gathered weights times their tokens)
+    runs as its transpose, the vector against A's rows on the few-rows path (a per-column
+    bias keeps the blocked path): right against float64 numpy with A or the vector
+    broadcast over the batch, and the same bits on 1, 2, 3 and 8 threads."""
+    rng = np.random.default_rng(len(chain))
+    for batch, m, k in [(128, 300, 70), (3, 2000, 513), (1, 37, 1), (5, 1, 64)]:
+        for broadcast in ("none", "a", "b"):
+            a = rng.standard_normal((1 if broadcast == "a" else batch, m, k)).astype(np.float32)
+            b = rng.standard_normal((1 if broadcast == "b" else batch, k, 1)).astype(np.float32)
+            bias = rng.standard_normal(1).astype(np.float32)
+            res = rng.standard_normal((batch, m, 1)).astype(np.float32)
+            if broadcast == "a" and batch > 1:
+                a = np.broadcast_to(a, (batch, m, k))
+            outs = on_each_thread_count(lambda: kernels.matmul(
+                a, b, epilogue=chain, scale=0.5, bias=bias, residual=res), (1, 2, 3, 8))
+            assert all(np.array_equal(outs[0], o) for o in outs[1:]), (batch, m, k, broadcast)
+            want, tol = reference(a, b, "nn", chain, 0.5, bias, res)
+            assert outs[0].shape == (batch, m, 1)
+            assert np.all(np.abs(outs[0] - want) <= tol), (batch, m, k, broadcast)
+
+
 @pytest.mark.parametrize("batch,m", [(12, 128), (4, 256), (6, 256), (7, 256)])
 def test_matmul_results_do_not_depend_on_threads(isa, batch, m):
     """Small batches (2 MFLOP each) go to threads whole; batches above the split
