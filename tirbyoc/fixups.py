@@ -21,6 +21,9 @@ Indexing with negative indices (``x[..., [-2], :]``) becomes a ``take`` or
 ``index_tensor`` that reads before its tensor; ``fix_negative_indices`` counts them from
 the start.
 
+TVM's ONNX frontend emits ``Einsum`` as its own TE einsum (a call_tir no product kernel
+takes); ``fix_einsum`` writes a two-operand one as permutes, reshapes and a matmul.
+
 PyTorch's ``x.max(dim)`` arrives as ``topk(x, k=1)``, which TVM legalizes to a sort;
 ``fix_topk_one`` makes it a max and an argmax.
 
@@ -29,6 +32,8 @@ HuggingFace Llama's RMSNorm exports as five ops; ``fuse_rms_norm`` makes them on
 """
 
 from __future__ import annotations
+
+import numpy as np
 
 from . import _tvm as T
 
@@ -713,6 +718,150 @@ def fuse_rms_norm(mod):
     return rewrite_calls(mod, _rms_norm)
 
 
+# ---- ONNX Einsum: its frontend's TE einsum as matrix products ----
+
+def _einsum_of(func):
+    """``(a_vars, b_vars, out_vars)`` when PrimFunc ``func`` is one sum of products
+    ``out[o...] += a[i...] * b[j...]`` from zero (what ``topi.einsum`` of two operands
+    builds), each index one block iterator, every summed iterator in both operands, every
+    output iterator in one or both and none repeated within a tensor; else None."""
+    if not isinstance(func, T.PrimFunc):
+        return None
+    params = [p for p in func.params if T.is_buffer(p)]
+    blocks = []
+    T.structural_walk(func.body, [(T.SBlock, blocks.append)])
+    blocks = [blk for blk in blocks if blk.name_hint != "root"]
+    if len(params) != 3 or len(blocks) != 1:
+        return None
+    (blk,) = blocks
+    store = blk.body
+    init = blk.init
+    if not isinstance(store, T.BufferStore) or not isinstance(init, T.BufferStore) or \
+            not store.buffer.same_as(params[2]) or not isinstance(init.value, T.FloatImm) or \
+            float(init.value.value) != 0.0:
+        return None
+    value = store.value
+    if not isinstance(value, T.Add) or not isinstance(value.b, T.Mul):
+        return None
+    acc, prod = value.a, value.b
+    if not isinstance(acc, T.BufferLoad) or not acc.source.same_as(params[2]):
+        return None
+    loads = [prod.a, prod.b]
+    if not all(isinstance(x, T.BufferLoad) for x in loads):
+        return None
+    if not (loads[0].source.same_as(params[0]) and loads[1].source.same_as(params[1])):
+        loads = loads[::-1]
+        if not (loads[0].source.same_as(params[0]) and loads[1].source.same_as(params[1])):
+            return None
+    kinds = {iv.var: iv.iter_type for iv in blk.iter_vars}
+
+    def plain(indices):
+        out = []
+        for i in indices:
+            if not isinstance(i, T.Var) or i not in kinds or any(i.same_as(o) for o in out):
+                return None
+            out.append(i)
+        return out
+
+    a, b, o = plain(loads[0].indices), plain(loads[1].indices), plain(store.indices)
+    if a is None or b is None or o is None or \
+            any(not x.same_as(y) for x, y in zip(acc.indices, store.indices)):
+        return None
+
+    def has(vs, v):
+        return any(v.same_as(x) for x in vs)
+
+    for v, kind in kinds.items():
+        if kind == T.COMM_REDUCE and not (has(a, v) and has(b, v) and not has(o, v)):
+            return None
+        if kind == T.DATA_PAR and not (has(o, v) and (has(a, v) or has(b, v))):
+            return None
+        if kind not in (T.COMM_REDUCE, T.DATA_PAR):
+            return None
+    return a, b, o
+
+
+def _einsum_call(mod):
+    """The replacement (for ``bindings.rewrite_calls``) of a call_tir of a two-operand
+    einsum PrimFunc (``_einsum_of``) with static shapes: both operands permuted to
+    [batch, rows, summed] and [batch, summed, columns], reshaped to three dimensions (two
+    without a batch), one ``R.matmul``, reshaped and permuted to the output's order. A
+    constant operand is permuted at compile time."""
+    from .bindings import shape_of
+
+    def dims(expr):
+        shape = shape_of(expr)
+        if shape is None or not all(isinstance(d, T.IntImm) for d in shape):
+            return None
+        return [int(d) for d in shape]
+
+    def replacement(call, b):
+        if not isinstance(call, R.Call) or not call.op.same_as(T.call_tir_op()):
+            return None
+        gv = call.args[0]
+        found = _einsum_of(mod[gv]) if isinstance(gv, T.GlobalVar) else None
+        args = list(call.args[1].fields) if isinstance(call.args[1], R.Tuple) else []
+        if found is None or len(args) != 2:
+            return None
+        av, bv, ov = found
+        x, y = args
+        xs, ys, os_ = dims(x), dims(y), dims(call)
+        if xs is None or ys is None or os_ is None or str(getattr(call.ty, "dtype", "")) != \
+                "float32":
+            return None
+
+        def pos(vs, v):
+            return next(i for i, u in enumerate(vs) if u.same_as(v))
+
+        def within(vs, v):
+            return any(u.same_as(v) for u in vs)
+
+        batch = [v for v in ov if within(av, v) and within(bv, v)]
+        rows = [v for v in ov if within(av, v) and not within(bv, v)]
+        cols = [v for v in ov if within(bv, v) and not within(av, v)]
+        summed = [v for v in av if not within(ov, v)]
+        size = {}
+        for vs, shape in ((av, xs), (bv, ys), (ov, os_)):
+            for v, d in zip(vs, shape):
+                size[id(v)] = size.get(id(v), d)
+
+        def prod(vs):
+            n = 1
+            for v in vs:
+                n *= size[id(v)]
+            return n
+
+        lead = [prod(batch)] if batch else []
+
+        def operand(expr, vs, order, shape):
+            perm = [pos(vs, v) for v in order]
+            value = T.constant_value(expr) if isinstance(expr, T.RelaxConstant) else None
+            if value is not None:
+                return R.const(np.ascontiguousarray(value.transpose(perm)).reshape(shape))
+            if perm != list(range(len(perm))):
+                expr = R.op.permute_dims(expr, perm)
+            return R.op.reshape(expr, shape)
+
+        lhs = operand(x, av, batch + rows + summed, lead + [prod(rows), prod(summed)])
+        rhs = operand(y, bv, batch + summed + cols, lead + [prod(summed), prod(cols)])
+        out = R.op.reshape(R.op.matmul(lhs, rhs), [size[id(v)] for v in batch + rows + cols])
+        perm = [pos(batch + rows + cols, v) for v in ov]
+        return out if perm == list(range(len(perm))) else R.op.permute_dims(out, perm)
+
+    return replacement
+
+
+def fix_einsum(mod):
+    """``mod`` with every two-operand einsum the ONNX frontend emitted (a call_tir of
+    ``topi.einsum``'s PrimFunc, which stays TVM's: XLNet's attention and projections,
+    0.05x ONNX Runtime) written as permutes, reshapes and one ``R.matmul``
+    (``_einsum_call``), which the product kernels then take. ``mod`` itself when there
+    is none."""
+    from .bindings import rewrite_calls
+
+    return rewrite_calls(mod, _einsum_call(mod))
+
+
 # ---- topk of one: a max (PyTorch's max(dim) and min(dim)) ----
 
 def _topk_one(call, b):  # noqa: ARG001 (rewrite_calls' signature)
@@ -749,4 +898,4 @@ def apply(mod):
     """Every fix-up, in order."""
     return fuse_rms_norm(fold_column_scale(fix_flattened_matmul(fix_broadcast_weight(
         tighten_symbolic_shapes(fix_strided_slices(fix_negative_indices(fix_onnx_clip(
-            fix_topk_one(fix_bool_cumsum(mod))))))))))
+            fix_einsum(fix_topk_one(fix_bool_cumsum(mod)))))))))))
