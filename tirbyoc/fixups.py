@@ -787,13 +787,6 @@ def _einsum_call(mod):
     [batch, rows, summed] and [batch, summed, columns], reshaped to three dimensions (two
     without a batch), one ``R.matmul``, reshaped and permuted to the output's order. A
     constant operand is permuted at compile time."""
-    from .bindings import shape_of
-
-    def dims(expr):
-        shape = shape_of(expr)
-        if shape is None or not all(isinstance(d, T.IntImm) for d in shape):
-            return None
-        return [int(d) for d in shape]
 
     def replacement(call, b):
         if not isinstance(call, R.Call) or not call.op.same_as(T.call_tir_op()):
@@ -805,7 +798,7 @@ def _einsum_call(mod):
             return None
         av, bv, ov = found
         x, y = args
-        xs, ys, os_ = dims(x), dims(y), dims(call)
+        xs, ys, os_ = _dims(x), _dims(y), _dims(call)
         if xs is None or ys is None or os_ is None or str(getattr(call.ty, "dtype", "")) != \
                 "float32":
             return None
