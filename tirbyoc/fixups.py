@@ -721,17 +721,19 @@ def fuse_rms_norm(mod):
 # ---- ONNX Einsum: its frontend's TE einsum as matrix products ----
 
 def _einsum_of(func):
-    """``(a_vars, b_vars, out_vars)`` when PrimFunc ``func`` is one sum of products
-    ``out[o...] += a[i...] * b[j...]`` from zero (what ``topi.einsum`` of two operands
-    builds), each index one block iterator, every summed iterator in both operands, every
-    output iterator in one or both and none repeated within a tensor; else None."""
+    """``(a_vars, b_vars, out_vars)`` when PrimFunc ``func`` is ``topi.einsum``'s of two
+    operands (its block "T_einsum": other PrimFuncs, a legalized matmul among them, are
+    left to the matchers that know them): one sum of products ``out[o...] += a[i...] *
+    b[j...]`` from zero, each index one block iterator, every summed iterator in both
+    operands, every output iterator in one or both and none repeated within a tensor;
+    else None."""
     if not isinstance(func, T.PrimFunc):
         return None
     params = [p for p in func.params if T.is_buffer(p)]
     blocks = []
     T.structural_walk(func.body, [(T.SBlock, blocks.append)])
     blocks = [blk for blk in blocks if blk.name_hint != "root"]
-    if len(params) != 3 or len(blocks) != 1:
+    if len(params) != 3 or len(blocks) != 1 or blocks[0].name_hint != "T_einsum":
         return None
     (blk,) = blocks
     store = blk.body
