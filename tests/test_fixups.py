@@ -760,6 +760,16 @@ def test_an_einsum_that_is_not_a_product_of_two_stays():
                                      np.random.default_rng(3))
     mod = from_onnx(model, keep_params_in_input=False)
     assert fixups.fix_einsum(mod) is mod
+    # a legalized matmul computes a sum of products too, but is the matchers' (with the
+    # bias and activation they fuse): only topi.einsum's own PrimFunc is rewritten
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((3, 4), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit_output(bb.emit(relax.op.matmul(x, relax.const(b))))
+        bb.emit_func_output(y)
+    legalized = relax.transform.LegalizeOps()(bb.get())
+    assert "call_tir" in legalized.script() and fixups.fix_einsum(legalized) is legalized
     got = relax.VirtualMachine(tirbyoc.compile(mod), tvm.cpu())["main"](
         tvm.runtime.tensor(a), tvm.runtime.tensor(b)).numpy()
     assert float(np.abs(got - want).max()) <= 1e-5 * float(np.abs(want).max())
