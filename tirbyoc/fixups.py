@@ -720,6 +720,15 @@ def fuse_rms_norm(mod):
 
 # ---- ONNX Einsum: its frontend's TE einsum as matrix products ----
 
+def _among(vs, v) -> bool:
+    """Whether TIR variable ``v`` is one of ``vs``."""
+    return any(v.same_as(u) for u in vs)
+
+
+def _position(vs, v) -> int:
+    return next(i for i, u in enumerate(vs) if u.same_as(v))
+
+
 def _einsum_of(func):
     """``(a_vars, b_vars, out_vars)`` when PrimFunc ``func`` is ``topi.einsum``'s of two
     operands (its block "T_einsum": other PrimFuncs, a legalized matmul among them, are
@@ -760,7 +769,7 @@ def _einsum_of(func):
     def plain(indices):
         out = []
         for i in indices:
-            if not isinstance(i, T.Var) or i not in kinds or any(i.same_as(o) for o in out):
+            if not isinstance(i, T.Var) or i not in kinds or _among(out, i):
                 return None
             out.append(i)
         return out
@@ -770,13 +779,10 @@ def _einsum_of(func):
             any(not x.same_as(y) for x, y in zip(acc.indices, store.indices)):
         return None
 
-    def has(vs, v):
-        return any(v.same_as(x) for x in vs)
-
     for v, kind in kinds.items():
-        if kind == T.COMM_REDUCE and not (has(a, v) and has(b, v) and not has(o, v)):
+        if kind == T.COMM_REDUCE and not (_among(a, v) and _among(b, v) and not _among(o, v)):
             return None
-        if kind == T.DATA_PAR and not (has(o, v) and (has(a, v) or has(b, v))):
+        if kind == T.DATA_PAR and not (_among(o, v) and (_among(a, v) or _among(b, v))):
             return None
         if kind not in (T.COMM_REDUCE, T.DATA_PAR):
             return None
@@ -805,31 +811,22 @@ def _einsum_call(mod):
                 "float32":
             return None
 
-        def pos(vs, v):
-            return next(i for i, u in enumerate(vs) if u.same_as(v))
+        batch = [v for v in ov if _among(av, v) and _among(bv, v)]
+        rows = [v for v in ov if _among(av, v) and not _among(bv, v)]
+        cols = [v for v in ov if _among(bv, v) and not _among(av, v)]
+        summed = [v for v in av if not _among(ov, v)]
 
-        def within(vs, v):
-            return any(u.same_as(v) for u in vs)
-
-        batch = [v for v in ov if within(av, v) and within(bv, v)]
-        rows = [v for v in ov if within(av, v) and not within(bv, v)]
-        cols = [v for v in ov if within(bv, v) and not within(av, v)]
-        summed = [v for v in av if not within(ov, v)]
-        size = {}
-        for vs, shape in ((av, xs), (bv, ys), (ov, os_)):
-            for v, d in zip(vs, shape):
-                size[id(v)] = size.get(id(v), d)
+        def size(v):
+            vs, shape = (av, xs) if _among(av, v) else (bv, ys)
+            return shape[_position(vs, v)]
 
         def prod(vs):
-            n = 1
-            for v in vs:
-                n *= size[id(v)]
-            return n
+            return int(np.prod([size(v) for v in vs], dtype=np.int64))
 
         lead = [prod(batch)] if batch else []
 
         def operand(expr, vs, order, shape):
-            perm = [pos(vs, v) for v in order]
+            perm = [_position(vs, v) for v in order]
             value = T.constant_value(expr) if isinstance(expr, T.RelaxConstant) else None
             if value is not None:
                 return R.const(np.ascontiguousarray(value.transpose(perm)).reshape(shape))
@@ -839,8 +836,8 @@ def _einsum_call(mod):
 
         lhs = operand(x, av, batch + rows + summed, lead + [prod(rows), prod(summed)])
         rhs = operand(y, bv, batch + summed + cols, lead + [prod(summed), prod(cols)])
-        out = R.op.reshape(R.op.matmul(lhs, rhs), [size[id(v)] for v in batch + rows + cols])
-        perm = [pos(batch + rows + cols, v) for v in ov]
+        out = R.op.reshape(R.op.matmul(lhs, rhs), [size(v) for v in batch + rows + cols])
+        perm = [_position(batch + rows + cols, v) for v in ov]
         return out if perm == list(range(len(perm))) else R.op.permute_dims(out, perm)
 
     return replacement

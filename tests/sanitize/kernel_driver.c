@@ -908,8 +908,11 @@ static double unary_d(int op, double x)
 static void matmul_chain_case(uint64_t *rng, int64_t batch, int64_t m, int64_t n,
                               int64_t k, int nt, int64_t ops, int bcast_w)
 {
-    const int64_t lda = k + rng_int(rng, 0, 3), ldb = (nt ? k : n) + rng_int(rng, 0, 3);
-    const int64_t ldc = n + rng_int(rng, 0, 3), ldr = n + rng_int(rng, 0, 3);
+    /* one column (n == 1): C, the column and the residual contiguous, the matrix-vector
+     * path's condition (with a bias the blocked path still takes it) */
+    const int64_t pad = n == 1 ? 0 : 3;
+    const int64_t lda = k + rng_int(rng, 0, 3), ldb = (nt ? k : n) + rng_int(rng, 0, pad);
+    const int64_t ldc = n + rng_int(rng, 0, pad), ldr = n + rng_int(rng, 0, pad);
     const int64_t brows = nt ? n : k, bcols = nt ? k : n;
     const int64_t sa = m * lda, sb = bcast_w ? 0 : brows * ldb, sc = m * ldc, sr = m * ldr;
     const float scale = 0.35f;
@@ -2133,6 +2136,7 @@ static void matmul_chains(uint64_t *rng, int threaded)
     };
     static const int64_t shapes[][4] = {
         {12, 16, 16, 8}, {3, 17, 33, 5}, {2, 1, 40, 7}, {4, 29, 65, 0}, {1, 130, 70, 300},
+        {3, 37, 1, 19}, {2, 300, 1, 70},
     };
     size_t ci, si;
     for (ci = 0; ci < sizeof(chains) / sizeof(chains[0]); ++ci)
