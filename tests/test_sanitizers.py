@@ -192,7 +192,9 @@ def test_sanitize_environment_variable(monkeypatch):
     assert flags("") == ([], []) and flags(" , ") == ([], [])
     compile_args, link_args = flags("address, undefined")
     assert compile_args[0] == "-fsanitize=address,undefined" and link_args == [compile_args[0]]
-    assert {"-fno-sanitize-recover=all", "-fno-omit-frame-pointer", "-g1", "-O1"} <= set(compile_args)
+    assert {"-fno-sanitize-recover=all", "-fno-omit-frame-pointer", "-g1", "-O1",
+            "-fira-region=one"} <= set(compile_args)
+    assert {"-O2", "-g1"} <= set(flags("thread")[0]) and "-O1" not in flags("thread")[0]
     assert ("-DTIRBYOC_NO_AVX512" in compile_args) == (not BUILD["cpu_has_avx512"]())
     for bad in ("address -o /tmp/x", "address;true", "-O0"):
         with pytest.raises(ValueError):
