@@ -198,6 +198,27 @@ def test_fast_math_is_accurate_over_the_float_range(name):
     assert np.abs(got[sub] - ref[sub]).max() <= np.finfo(np.float32).tiny
 
 
+def test_an_expanded_call_inlined_twice_into_one_loop_builds_and_is_right():
+    """WavLM's gated position bias: two sigmoids of one tensor's halves scale a third
+    tensor, all one fused function, the sigmoid block inlined twice into a vectorized
+    loop. The exp expansion once bound its intermediates with ``Let``s, and TVM's
+    vectorizer stopped on them ("Let cannot bind the same var to two different values")."""
+    torch = pytest.importorskip("torch")
+    from tvm.relax.frontend.torch import from_exported_program
+
+    class Gate(torch.nn.Module):
+        def forward(self, a, b):
+            first, second = torch.sigmoid(a).chunk(2, dim=-1)
+            return (first * (second * 0.5 - 1.0) + 2.0) * b
+
+    gen = torch.Generator().manual_seed(3)
+    a, b = torch.randn(12, 49, 2, generator=gen) * 4, torch.randn(12, 49, 49, generator=gen)
+    mod = from_exported_program(torch.export.export(Gate(), (a, b)))
+    (got,) = tirbyoc.run(tirbyoc.compile(mod), a.numpy(), b.numpy())  # the output tuple
+    ref = Gate()(a.double(), b.double()).numpy()
+    np.testing.assert_allclose(got, ref, rtol=1e-6, atol=1e-6 * np.abs(ref).max())
+
+
 def _one_op_module(shape, build, extra=()):
     bb = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType(shape, "float32"))

@@ -237,12 +237,16 @@ _VISION_HELD_OUT = {
 
 # Speech: (model, config, config kwargs, the input's keyword, one example's shape).
 # wav2vec 2.0 and HuBERT read one second of 16 kHz audio through 1-D convs (1.8 s a run
-# before they became kernel calls); Whisper's encoder 1000 frames of 80 mel bins.
+# before they became kernel calls); WavLM as wav2vec 2.0 with a gated relative position
+# bias (two sigmoids of one tensor's halves in one fused function: a vectorizer failure
+# before fastmath stopped using Lets); Whisper's encoder 1000 frames of 80 mel bins.
 _AUDIO_HELD_OUT = {
     "wav2vec2": ("Wav2Vec2Model", "Wav2Vec2Config", dict(num_hidden_layers=2),
                  "input_values", (16000,)),
     "hubert": ("HubertModel", "HubertConfig", dict(num_hidden_layers=2), "input_values",
                (16000,)),
+    "wavlm": ("WavLMModel", "WavLMConfig", dict(num_hidden_layers=2), "input_values",
+              (16000,)),
     "whisper_encoder": ("whisper.WhisperEncoder", "WhisperConfig", dict(
         encoder_layers=2, d_model=384, encoder_attention_heads=6, encoder_ffn_dim=1536,
         max_source_positions=500, pad_token_id=0, bos_token_id=1, eos_token_id=2,

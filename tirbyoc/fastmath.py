@@ -61,11 +61,16 @@ def _horner(x, coeffs):
     return acc
 
 
-def _let(name, value, body):
-    """``body(v)`` with ``v`` bound to ``value`` once (a Let: the expression stays a DAG
-    through lowering instead of growing into a tree with ``value`` copied at every use)."""
-    var = T.Var(name, T.dtype_of(value))
-    return T.let(var, value, body(var))
+def _let(value, body):
+    """``body(value)``: ``value`` used wherever ``body`` uses its argument.
+
+    Not a TIR ``Let``: TVM's vectorizer fails on a ``Let`` it meets twice with different
+    values ("Let cannot bind the same var to two different values"), which happens when
+    a block with an expanded call is inlined into two places of one consumer (WavLM:
+    ``sigmoid(x).chunk(2)``) and when it scalarizes a loop it began to vectorize. The
+    repeated subexpressions are the same objects in the IR, and LLVM computes each once
+    (the zoo's models: the same bits, the same run and build times as with ``Let``s)."""
+    return body(value)
 
 
 def _keep_nan(x, value):
@@ -79,7 +84,7 @@ def _pow2(k):
 
 
 def exp(x):
-    return _let("exp_x", x, _exp)
+    return _let(x, _exp)
 
 
 def _exp(x):
@@ -89,8 +94,8 @@ def _exp(x):
     # x86-64 without SSE4.1, target "llvm"; TVM's simplifier folds (t + c) - c).
     bias = T.const(_EXP_BIAS, "int32")
     k = T.cast(xc * _c(_LOG2E) + _c(_EXP_BIAS + 0.5), "int32") - bias
-    return _let("exp_k", k, lambda ni: _let("exp_n", T.cast(ni, F32), lambda n: _let(
-        "exp_r", xc - n * _c(_LN2_HI) - n * _c(_LN2_LO), lambda r: _keep_nan(
+    return _let(k, lambda ni: _let(T.cast(ni, F32), lambda n: _let(
+        xc - n * _c(_LN2_HI) - n * _c(_LN2_LO), lambda r: _keep_nan(
             x, T.select(x < _c(_EXP_MIN), _c(0.0), (
                 _horner(r, _EXP_POLY) * r * r + r + _c(1.0))
                 # 2**n in two factors, so that n = 128 (overflow to inf) stays in the
@@ -100,7 +105,7 @@ def _exp(x):
 
 
 def tanh(x):
-    return _let("tanh_x", x, _tanh)
+    return _let(x, _tanh)
 
 
 def _tanh(x):
@@ -111,16 +116,16 @@ def _tanh(x):
         value = xc * _horner(z, _TANH_NUM) / _horner(z, _TANH_DEN)
         return _keep_nan(x, T.select(T.abs(x) < _c(_TANH_TINY), x, value))
 
-    return _let("tanh_z", xc * xc, body)
+    return _let(xc * xc, body)
 
 
 def erf(x):
-    return _let("erf_x", x, _erf)
+    return _let(x, _erf)
 
 
 def _erf(x):
     xc = T.min_value(T.max_value(x, _c(-_ERF_CLAMP)), _c(_ERF_CLAMP))
-    return _let("erf_c", xc, lambda c: _let("erf_z", c * c, lambda z: _keep_nan(
+    return _let(xc, lambda c: _let(c * c, lambda z: _keep_nan(
         x, c * _horner(z, _ERF_NUM) / _horner(z, _ERF_DEN))))
 
 
@@ -144,7 +149,7 @@ def _power(x, n: int):
         for _ in range(n - 1):
             acc = acc * v
         return acc
-    return _let("pow_x", x, body)
+    return _let(x, body)
 
 
 def _expansion(call):
