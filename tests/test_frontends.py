@@ -51,3 +51,49 @@ def test_seed_mlp_from_onnx():
         x = np.random.default_rng(batch).standard_normal((batch, 800), np.float32)
         ref = ReferenceEvaluator(model).run(None, {"x": x})[0]
         assert_close(_first(tirbyoc.run(ex, x)), ref)
+
+
+# PyTorch's advanced indexing, each form against PyTorch itself (gathers: bit for bit).
+# TVM's own converter gets "zip", "separated" and "middle" wrong (an outer product of
+# the indices, a result with one axis too many) and fails on ConvBERT's unfold.
+_I, _J, _COL = torch.tensor([0, 2, -1]), torch.tensor([1, 0, 3]), torch.tensor([[1], [0]])
+INDEXING = {
+    "rows_cols": lambda x: x[torch.arange(4)[:, None], _I],  # index ranks differ
+    "zip": lambda x: x[:, _I, _J],  # a whole axis first, then two paired indices
+    "broadcast": lambda x: x[:, _COL, _I],
+    "separated": lambda x: x[_I, :, _J],  # broadcast axes go first
+    "middle": lambda x: x[:, :, _I, _J],
+    "all": lambda x: x[_I, _J, _COL],
+    "one": lambda x: x[:, _I],  # one index: TVM's take
+    # ConvBERT's span convolution (nn.Unfold over [B, C, L, 1]), decomposed into indexing
+    "unfold": lambda x: torch.nn.functional.unfold(x, kernel_size=(3, 1), padding=(1, 0)),
+}
+
+
+@pytest.mark.parametrize("form", list(INDEXING))
+def test_advanced_indexing_as_pytorch(form):
+    class Index(torch.nn.Module):
+        def forward(self, x):
+            return INDEXING[form](x)
+
+    x = torch.randn(4, 5, 6, 4, generator=torch.Generator().manual_seed(1))
+    mod = examples.import_torch(Index(), x)
+    got, ref = _first(tirbyoc.run(tirbyoc.compile(mod), x.numpy())), Index()(x).numpy()
+    assert got.shape == ref.shape and np.array_equal(got, ref)
+
+
+def test_min_over_an_axis_gives_values_and_first_indices():
+    class Min(torch.nn.Module):
+        def forward(self, x):
+            low, at = x.min(dim=-1)
+            low_kept, at_kept = x.min(1, keepdim=True)
+            return low, at, low_kept, at_kept
+
+    x = torch.randn(6, 5, 7, generator=torch.Generator().manual_seed(2))
+    x[1, 2, 3] = x[1, 2, 5] = -9.0  # a tie: the first index, as PyTorch
+    x[4, 0, 0] = x[4, 3, 0] = -9.0
+    mod = examples.import_torch(Min(), x)
+    got = tirbyoc.run(tirbyoc.compile(mod), x.numpy())
+    for value, expected in zip(got, Min()(x)):
+        assert value.dtype == expected.numpy().dtype
+        assert np.array_equal(value, expected.numpy())

@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import _tvm as T
+from .torch_frontend import torch_converters
 
 SEED_SIZES = (800, 500, 10)
 
@@ -100,7 +101,7 @@ def mlp_torch(batch=64, layers=None, *, dynamic_batch=False):
     shapes = {"input": {0: torch.export.Dim("batch", min=1, max=1 << 16)}} if dynamic_batch \
         else None
     ep = torch.export.export(model, (example,), dynamic_shapes=shapes)
-    return from_exported_program(ep), model
+    return from_exported_program(ep, custom_convert_map=torch_converters()), model
 
 
 def mlp_onnx_model(layers=None):
@@ -272,7 +273,8 @@ def encoder_layer_torch(d=768, heads=12, ff=3072, seed=0):
 
 
 def import_torch(model, example, *, dynamic_seq=False):
-    """``torch.export`` + ``from_exported_program`` (weights as constants); with
+    """``torch.export`` + ``from_exported_program`` (weights as constants, tirbyoc's
+    converters for what TVM's frontend gets wrong: ``torch_frontend``); with
     ``dynamic_seq`` the second axis of the input is a symbolic sequence length."""
     import torch
     from tvm.relax.frontend.torch import from_exported_program
@@ -281,7 +283,8 @@ def import_torch(model, example, *, dynamic_seq=False):
                {1: torch.export.Dim("seq", min=2, max=512)}} if dynamic_seq else None)
     with torch.no_grad():
         ep = torch.export.export(model, (example,), dynamic_shapes=shapes)
-    return from_exported_program(ep, keep_params_as_input=False)
+    return from_exported_program(ep, keep_params_as_input=False,
+                                 custom_convert_map=torch_converters())
 
 
 def _arg_names(model):

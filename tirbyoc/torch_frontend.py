@@ -1,0 +1,98 @@
+"""Converters for ``torch.export`` programs that TVM 0.27's PyTorch frontend rejects.
+
+TVM's ``from_exported_program`` takes extra converters by ATen name
+(``custom_convert_map``); ``torch_converters()`` gives tirbyoc's::
+
+    from tvm.relax.frontend.torch import from_exported_program
+    mod = from_exported_program(ep, custom_convert_map=tirbyoc.torch_converters())
+
+* ``min.dim`` (``x.min(dim)``: values and indices) has no converter ("Unsupported
+  function types ['min.dim']"). It becomes a ``min`` and an ``argmin`` over the axis, as
+  ``fixups.fix_topk_one`` makes TVM's own ``max.dim`` (a ``topk`` of one): ties give
+  the first index, as PyTorch does.
+* ``index.Tensor`` with two or more index tensors. TVM's converter passes index tensors
+  of different shapes to Relax's ``index_tensor``, whose shape inference compares them
+  from the left ("cannot broadcast index shapes": ConvBERT's ``unfold``), and where a
+  whole axis (``None``) comes first it pairs an ``arange`` over that axis with the
+  indices instead of keeping the axis (``x[:, i, j]``), or takes the indices one after
+  the other, an outer product where PyTorch pairs them. Here the indexed axes are moved
+  to the front, the indices broadcast to their common shape (NumPy's rules, as
+  PyTorch's) and applied together, and the broadcast axes put where PyTorch puts them:
+  in place of the indexed axes where these are adjacent, else first. One index tensor
+  stays TVM's ``take``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tvm
+from tvm import relax
+
+
+def torch_converters() -> dict:
+    """ATen name -> converter, for ``from_exported_program(..., custom_convert_map=...)``."""
+    return {"min.dim": _min_dim, "index.Tensor": _index_tensor}
+
+
+def _min_dim(node, importer):
+    x = importer.env[node.args[0]]
+    dim = node.args[1]
+    keepdim = node.args[2] if len(node.args) > 2 else node.kwargs.get("keepdim", False)
+    emit = importer.block_builder.emit
+    values = emit(relax.op.min(x, axis=dim, keepdims=keepdim))
+    indices = emit(relax.op.astype(relax.op.argmin(x, axis=dim, keepdims=keepdim), "int64"))
+    return emit(relax.Tuple([values, indices]))
+
+
+def _static_shape(expr):
+    shape = getattr(expr.ty, "shape", None)
+    dims = getattr(shape, "values", None)
+    if dims is None or not all(hasattr(d, "value") for d in dims):
+        return None
+    return tuple(int(d.value) for d in dims)
+
+
+def _index_tensor(node, importer):
+    """``data[indices]`` with PyTorch's advanced indexing: the index tensors (``None``
+    for a whole axis) broadcast together into the result's leading axes, or, where
+    the indexed axes are adjacent, into the place of the first of them."""
+    args = importer.retrieve_args(node)
+    data, indices = args[0], list(args[1])
+    axes = [axis for axis, index in enumerate(indices) if index is not None]
+    if len(axes) < 2:
+        return importer._index_tensor(node)  # one index: a take, as TVM writes it
+    ndim = data.ty.ndim
+    emit = importer.block_builder.emit
+    shapes = [_static_shape(indices[axis]) for axis in axes]
+    if None in shapes or ndim < 0:
+        if len(axes) == len(indices):  # Relax's index_tensor as it is
+            return importer._index_tensor(node)
+        first = indices[axes[0]].ty.shape
+        if ndim < 0 or first is None or not all(
+                tvm.ir.structural_equal(indices[axis].ty.shape, first) for axis in axes):
+            raise NotImplementedError(
+                f"index.Tensor: index tensors of different symbolic shapes with a whole "
+                f"axis among them are not converted: {node.format_node()}")
+        picks = [indices[axis] for axis in axes]  # no broadcast needed
+        rank = len(first.values)
+    else:
+        try:
+            common = tuple(np.broadcast_shapes(*shapes))
+        except ValueError as err:
+            raise ValueError(f"index.Tensor: index shapes {shapes} do not broadcast "
+                             f"({node.format_node()})") from err
+        picks = [indices[axis] if shape == common else
+                 emit(relax.op.broadcast_to(indices[axis], common))
+                 for axis, shape in zip(axes, shapes)]
+        rank = len(common)
+    rest = [axis for axis in range(ndim) if axis not in axes]
+    if axes + rest != list(range(ndim)):  # the indexed axes first, in their order
+        data = emit(relax.op.permute_dims(data, axes + rest))
+    picked = emit(relax.op.index_tensor(data, picks))
+    adjacent = axes == list(range(axes[0], axes[-1] + 1))
+    if not adjacent or axes[0] == 0:
+        return picked
+    # adjacent after whole axes: those axes before the broadcast ones
+    k, before = rank, axes[0]
+    order = [*range(k, k + before), *range(k), *range(k + before, k + len(rest))]
+    return emit(relax.op.permute_dims(picked, order))
