@@ -97,3 +97,19 @@ def test_min_over_an_axis_gives_values_and_first_indices():
     for value, expected in zip(got, Min()(x)):
         assert value.dtype == expected.numpy().dtype
         assert np.array_equal(value, expected.numpy())
+
+
+def test_ranges_with_a_negative_step():
+    """Funnel Transformer's relative positions: Relax's arange made arange(6, -6, -1)
+    14 long (its length counted as for a positive step), and the expand after it failed
+    to import."""
+    class Ranges(torch.nn.Module):
+        def forward(self, x):
+            down = x[:, None] * torch.arange(6, -6, -1)[None].expand(4, 12)  # [4, 12]
+            return down, x[:, None] + torch.arange(1.0, -1.0, -0.25)  # [4, 8]
+
+    x = torch.randn(4, generator=torch.Generator().manual_seed(3))
+    got = tirbyoc.run(tirbyoc.compile(examples.import_torch(Ranges(), x)), x.numpy())
+    for value, expected in zip(got, Ranges()(x)):
+        assert value.shape == tuple(expected.shape)
+        np.testing.assert_allclose(value, expected.numpy(), rtol=1e-6, atol=1e-6)

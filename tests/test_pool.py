@@ -137,3 +137,46 @@ def test_symbolic_batch_is_offloaded_and_nhwc_stays_tvm():
     want = torch.nn.functional.max_pool2d(torch.from_numpy(x.transpose(0, 3, 1, 2)), 3, 2,
                                           1).numpy().transpose(0, 2, 3, 1)
     assert np.array_equal(np.asarray(tirbyoc.run(tirbyoc.compile(nhwc), x)), want)
+
+
+_CONSTANT_POOL = """
+import sys
+import numpy as np
+from tvm import relax
+import tirbyoc
+
+rng = np.random.default_rng(0)
+c = rng.standard_normal((1, 1, 126, 1)).astype(np.float32)
+bb = relax.BlockBuilder()
+x = relax.Var("x", relax.TensorType((1, 1, 64, 1), "float32"))
+with bb.function("main", [x]):
+    with bb.dataflow():
+        ones = bb.emit(relax.op.full((1, 1, 2, 1), relax.const(1.0, "float32"), "float32"))
+        made = bb.emit(relax.op.negative(relax.op.concat([ones, relax.const(c)], axis=2)))
+        pooled = bb.emit(relax.op.nn.max_pool2d(made, pool_size=[2, 1], strides=[2, 1],
+                                                ceil_mode=True))
+        out = bb.emit_output(bb.emit(relax.op.multiply(x, pooled)))
+    bb.emit_func_output(out)
+xs = rng.standard_normal((1, 1, 64, 1)).astype(np.float32)
+got = tirbyoc.run(tirbyoc.compile(bb.get()), xs)
+made = -np.concatenate([np.ones((1, 1, 2, 1), np.float32), c], axis=2)
+assert np.array_equal(got, xs * made.reshape(1, 1, 64, 2, 1).max(axis=3))
+print("right")
+"""
+
+
+def test_a_pool_of_constants_is_folded_with_the_kernel():
+    """Funnel Transformer's min-pool of a mask made from constants: the pool becomes a
+    kernel call, then TVM's FoldConstant runs it at compile time by JIT, which finds the
+    kernel only among the process's global symbols ("Symbols not found", then a
+    crash, before the registry loaded them first). A fresh process: the symbols must
+    not be global already from an earlier test."""
+    import subprocess
+    import sys
+
+    from .fresh import without_torch
+
+    run = subprocess.run([sys.executable, "-c", without_torch(_CONSTANT_POOL)],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0 and run.stdout.strip().endswith("right"), \
+        (run.returncode, (run.stdout + run.stderr)[-3000:])

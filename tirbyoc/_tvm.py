@@ -92,7 +92,6 @@ def const(value, dtype: str):
 # Scalar TIR expression builders (tirbyoc.fastmath).
 structural_map = tvm_ffi.structural_map
 select = tirx.Select
-let = tirx.Let
 isnan = tirx.isnan
 reinterpret = tirx.reinterpret
 shift_left = tirx.shift_left

@@ -131,16 +131,9 @@ def apply_tir_byoc(mod, *, fuse="auto", libraries=(), builtin=True, intrinsics=N
     if not any(r.offloaded for r in rows):
         return out
     used = offloaded_by_library(out)
-    if not relax_prep.has_relax_functions(out):
-        # NOTE: TVM's TIR-only build ignores external_mods; its in-process JIT finds the
-        # kernels among the process's global symbols instead (see tirbyoc.compile).
-        from . import kernels
-
-        if "tirbyoc" in used:
-            kernels.make_symbols_global()
-        for name in used:
-            if name != "tirbyoc" and reg.library(name) is not None:
-                reg.library(name).make_symbols_global()
+    # NOTE: TVM's TIR-only build ignores external_mods, and TVM's FoldConstant in a
+    # later pipeline may run a kernel call: both JIT in process (see tirbyoc.compile)
+    reg.make_symbols_global(out, used)
     return _attach_kernels(out, reg, used)
 
 

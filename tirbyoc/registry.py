@@ -87,6 +87,25 @@ class Registry:
             out += registry(self._intrinsics)
         return out
 
+    def make_symbols_global(self, mod, used=None):
+        """Load the libraries whose kernels ``mod`` calls (``used``: their names, when
+        known) so that code TVM JIT-compiles in this process finds them. That code
+        resolves ``call_extern`` among the process's global symbols only: a TIR-only
+        build, and Relax's ``FoldConstant``, which runs a kernel call whose inputs are
+        all constants at compile time (Funnel Transformer's max pool over a mask made
+        from constants); without them the JIT fails ("Symbols not found") and the
+        process crashes."""
+        if used is None:
+            from .normalize import normalize
+
+            used = {n.offloaded_library for _, f in mod.functions_items()
+                    if isinstance(f, T.PrimFunc) for n in normalize(f).nests
+                    if n.offloaded_kernel}
+        for name in sorted(used):
+            library = self.library(name)
+            if library is not None:
+                library.make_symbols_global()
+
     def builtin_families(self) -> set:
         """The families whose graph-level rewrite the built-in library offers (its
         declared kernels with such a matcher): none without the built-in library, or

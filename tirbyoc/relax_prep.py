@@ -132,6 +132,7 @@ def prepare(mod, fuse="auto", softmax=True, passes=None, registry=None):
                 if kernels or builtin:
                     mod = resolve(stage)(mod, kernels=kernels, builtin=builtin, passes=passes)
     if fuse:
+        registry.make_symbols_global(mod)  # (FoldConstant may run a region's kernel)
         mod = T.Sequential(T.relax_default_prepare_passes())(mod)
     elif not legalized:
         mod = R.transform.LegalizeOps()(mod)

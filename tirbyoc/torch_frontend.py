@@ -20,9 +20,15 @@ TVM's ``from_exported_program`` takes extra converters by ATen name
   PyTorch's) and applied together, and the broadcast axes put where PyTorch puts them:
   in place of the indexed axes where these are adjacent, else first. One index tensor
   stays TVM's ``take``.
+* ``arange`` with a negative step: Relax's ``arange`` counts its length as for a
+  positive one, ``arange(128, -128, -1)`` 258 long instead of 256 (Funnel Transformer's
+  relative positions). Such a range is written as ``start + step * arange(n)`` with
+  ``n`` counted here; a positive step goes to TVM's converter.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import tvm
@@ -31,7 +37,8 @@ from tvm import relax
 
 def torch_converters() -> dict:
     """ATen name -> converter, for ``from_exported_program(..., custom_convert_map=...)``."""
-    return {"min.dim": _min_dim, "index.Tensor": _index_tensor}
+    return {"min.dim": _min_dim, "index.Tensor": _index_tensor,
+            "arange.start_step": _arange_start_step}
 
 
 def _min_dim(node, importer):
@@ -96,3 +103,21 @@ def _index_tensor(node, importer):
     k, before = rank, axes[0]
     order = [*range(k, k + before), *range(k), *range(k + before, k + len(rest))]
     return emit(relax.op.permute_dims(picked, order))
+
+
+def _arange_start_step(node, importer):
+    start, end, step = (list(node.args) + [1])[:3]
+    step = node.kwargs.get("step", step)
+    if not isinstance(step, (int, float)) or step >= 0:
+        return importer._arange(node)
+    if not all(isinstance(v, (int, float)) for v in (start, end)):
+        raise NotImplementedError(f"arange with a negative step and a symbolic bound: "
+                                  f"{node.format_node()}")
+    count = max(0, math.ceil((end - start) / step))
+    dtype = (importer._convert_data_type(str(node.kwargs["dtype"]), importer.env)
+             if "dtype" in node.kwargs else
+             "float32" if any(isinstance(v, float) for v in (start, end, step)) else "int64")
+    emit = importer.block_builder.emit
+    positions = emit(relax.op.arange(0, count, 1, dtype=dtype))
+    return emit(relax.op.add(relax.op.multiply(positions, relax.const(step, dtype)),
+                             relax.const(start, dtype)))
