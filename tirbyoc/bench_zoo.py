@@ -201,6 +201,9 @@ _TEXT_HELD_OUT = {
     # span convolutions through nn.Unfold: TVM's frontend failed on its indexing
     # (``index_tensor: cannot broadcast index shapes``) before torch_frontend
     "convbert": ("ConvBertModel", "ConvBertConfig", dict(num_hidden_layers=2)),
+    # pooled query blocks: TVM's frontend made a negative-step arange too long, and the
+    # min-pool of its constant mask, run at compile time, crashed the build
+    "funnel": ("FunnelBaseModel", "FunnelConfig", dict(block_sizes=[1, 1, 1])),
 }
 _VISION_HELD_OUT = {
     "vit": ("ViTModel", "ViTConfig", dict(num_hidden_layers=2)),
