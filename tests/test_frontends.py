@@ -113,3 +113,15 @@ def test_ranges_with_a_negative_step():
     for value, expected in zip(got, Ranges()(x)):
         assert value.shape == tuple(expected.shape)
         np.testing.assert_allclose(value, expected.numpy(), rtol=1e-6, atol=1e-6)
+
+
+def test_log_of_integers_is_taken_in_float():
+    """SEW-D's relative position buckets: torch.log of an int64 tensor (Relax's log
+    takes floats only)."""
+    class Buckets(torch.nn.Module):
+        def forward(self, x):
+            return torch.log(torch.arange(1, 9)[None, :] * 3) * x
+
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(4))
+    got = _first(tirbyoc.run(tirbyoc.compile(examples.import_torch(Buckets(), x)), x.numpy()))
+    np.testing.assert_allclose(got, Buckets()(x).numpy(), rtol=1e-6, atol=1e-6)

@@ -251,6 +251,9 @@ _AUDIO_HELD_OUT = {
                (16000,)),
     "wavlm": ("WavLMModel", "WavLMConfig", dict(num_hidden_layers=2), "input_values",
               (16000,)),
+    # disentangled attention over log-spaced position buckets (a log of integers)
+    "sew_d": ("SEWDModel", "SEWDConfig", dict(num_hidden_layers=2), "input_values",
+              (16000,)),
     "whisper_encoder": ("whisper.WhisperEncoder", "WhisperConfig", dict(
         encoder_layers=2, d_model=384, encoder_attention_heads=6, encoder_ffn_dim=1536,
         max_source_positions=500, pad_token_id=0, bos_token_id=1, eos_token_id=2,

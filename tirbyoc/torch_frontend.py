@@ -24,6 +24,8 @@ TVM's ``from_exported_program`` takes extra converters by ATen name
   positive one, ``arange(128, -128, -1)`` 258 long instead of 256 (Funnel Transformer's
   relative positions). Such a range is written as ``start + step * arange(n)`` with
   ``n`` counted here; a positive step goes to TVM's converter.
+* ``log`` of an integer tensor (SEW-D's relative position buckets): PyTorch computes it
+  in the default float type; Relax's ``log`` rejects integers. The input is cast first.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from tvm import relax
 def torch_converters() -> dict:
     """ATen name -> converter, for ``from_exported_program(..., custom_convert_map=...)``."""
     return {"min.dim": _min_dim, "index.Tensor": _index_tensor,
-            "arange.start_step": _arange_start_step}
+            "arange.start_step": _arange_start_step, "log.default": _log}
 
 
 def _min_dim(node, importer):
@@ -121,3 +123,10 @@ def _arange_start_step(node, importer):
     positions = emit(relax.op.arange(0, count, 1, dtype=dtype))
     return emit(relax.op.add(relax.op.multiply(positions, relax.const(step, dtype)),
                              relax.const(start, dtype)))
+
+
+def _log(node, importer):
+    x = importer.env[node.args[0]]
+    if str(x.ty.dtype).startswith(("int", "uint", "bool")):
+        x = importer.block_builder.emit(relax.op.astype(x, "float32"))
+    return importer.block_builder.emit(relax.op.log(x))
