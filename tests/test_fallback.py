@@ -347,6 +347,26 @@ def test_describe_schedules_says_how_every_prim_func_runs():
     assert "how each PrimFunc runs:" in str(tirbyoc.explain(mod, target=TARGET))
 
 
+def test_a_sum_of_products_along_rows_is_a_row_reduction():
+    """MobileViT V2's linear attention, (key * scores).sum(-1) with the scores broadcast
+    over the channels: dlight's GEMV rule took it first, put the 128 channels in vector
+    lanes (each lane loading from another row) and unrolled the sum inside, and LLVM
+    took 582 s to compile it. As a row reduction: sums in lanes along each row."""
+    rng = np.random.default_rng(6)
+    key = rng.standard_normal((1, 128, 4, 196)).astype(np.float32)
+    scores = rng.standard_normal((1, 1, 4, 196)).astype(np.float32)
+    mod = _one_op_module((1, 128, 4, 196), lambda x, s: relax.op.sum(
+        relax.op.multiply(x, s), axis=[-1], keepdims=True),
+        extra=(("s", (1, 1, 4, 196), "float32"),))
+    with TARGET:
+        fused = tirbyoc.apply_tir_byoc(mod, fuse=True)  # one PrimFunc: multiply + sum
+    how = fallback.describe_schedules(fused, TARGET)
+    assert list(how.values()) == ["schedule: tirbyoc RowReduction"], how
+    got = tirbyoc.run(tirbyoc.compile(mod, TARGET), key, scores)
+    ref = (key.astype(np.float64) * scores).sum(-1, keepdims=True)
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+
+
 def _causal_mask(x):
     """GPT-2's mask on a symbolic sequence: where(j - i <= 0, x, -inf)."""
     n = x.ty.shape[-1]

@@ -5,15 +5,20 @@ runs as its naive, single-threaded loop nest. ``tirbyoc.pipeline`` (and so
 ``tirbyoc.compile``) applies, after offloading, these ``s_tir.dlight`` rules in order to
 every PrimFunc that is not scheduled yet (offloaded ones are):
 
-    dl.cpu.GEMV()        matrix-vector products (TVM's)
     WindowReduction()    pooling (max / average over a window): output rows in parallel,
                          outputs along the row in vector lanes, the window outside them
     RowReduction()       row reductions with elementwise steps: softmax, masked softmax,
-                         layer norm, a mask's "any" over rows, global pooling: rows in
-                         parallel (from 64K elements), row sums and maxima in vector
-                         lanes (rfactor), elementwise steps vectorized; sums whose
-                         rows are not the output's (a group norm) in loop nests of
-                         their own, once per row
+                         layer norm, a mask's "any" over rows, global pooling, a sum of
+                         products along rows: rows in parallel (from 64K elements), row
+                         sums and maxima in vector lanes (rfactor), elementwise steps
+                         vectorized; sums whose rows are not the output's (a group norm)
+                         in loop nests of their own, once per row
+    dl.cpu.GEMV()        matrix-vector products (TVM's) whose sum is not along rows.
+                         Not first: it puts output rows in vector lanes, so over a sum
+                         along rows each lane loads from another row, and it unrolls
+                         the sum inside; LLVM took 582 s to compile MobileViT V2's
+                         (key * scores).sum(-1) over [1, 128, 4, 196] so (0.02 s as a
+                         row reduction)
     dl.cpu.Reduction()   other row reductions (TVM's: rows in parallel, scalar sums)
     Injective()          elementwise / layout ops: parallel outer loops, vectorized inner
                          (a row no lane count from 8 to 16 divides: whole vectors,
@@ -645,7 +650,7 @@ def _rest_scheduled(func) -> bool:
 
 def schedule_rules() -> list:
     """The rules ``tirbyoc.pipeline`` applies after offloading, in order."""
-    return [T.dlight_cpu_gemv(), WindowReduction(), RowReduction(),
+    return [WindowReduction(), RowReduction(), T.dlight_cpu_gemv(),
             WithFastMath(T.dlight_cpu_reduction()),
             Injective(), OuterParallel()]
 
