@@ -676,9 +676,10 @@ class _MaxOverAxes(torch.nn.Module):
 def test_topk_of_one_is_a_max_and_its_argmax():
     """``topk(k=1)`` (how the frontend writes ``max(dim)``) becomes max / argmax (min /
     argmin for the smallest): no sort, the same values and indices as PyTorch; ties give
-    the first index, as ``max(dim)`` does. A topk of two stays."""
+    the first index and a NaN wins, as ``max(dim)`` does. A topk of two stays."""
     x = torch.randn(2, 7, 5, generator=torch.Generator().manual_seed(7))
     x[1, :, 2] = 10.0  # a tie along dim 1 for max(dim): PyTorch takes the first index
+    x[0, 3, 1] = x[0, 5, 1] = float("nan")  # NaN wins, the first one's index
     mod = _import(_MaxOverAxes(), x)
     fixed = fixups.fix_topk_one(mod)
     assert mod.script().count("R.topk(") == 3 and "R.topk(" not in fixed.script()

@@ -83,6 +83,7 @@ def test_advanced_indexing_as_pytorch(form):
 
 
 def test_min_over_an_axis_gives_values_and_first_indices():
+    """Ties: the first index; a NaN in a row: NaN and its index, as PyTorch."""
     class Min(torch.nn.Module):
         def forward(self, x):
             low, at = x.min(dim=-1)
@@ -92,11 +93,12 @@ def test_min_over_an_axis_gives_values_and_first_indices():
     x = torch.randn(6, 5, 7, generator=torch.Generator().manual_seed(2))
     x[1, 2, 3] = x[1, 2, 5] = -9.0  # a tie: the first index, as PyTorch
     x[4, 0, 0] = x[4, 3, 0] = -9.0
+    x[2, 1, 4] = x[2, 1, 6] = x[5, 2, 1] = float("nan")  # NaN wins, the first one's index
     mod = examples.import_torch(Min(), x)
     got = tirbyoc.run(tirbyoc.compile(mod), x.numpy())
     for value, expected in zip(got, Min()(x)):
         assert value.dtype == expected.numpy().dtype
-        assert np.array_equal(value, expected.numpy())
+        np.testing.assert_array_equal(value, expected.numpy())  # (NaN where NaN)
 
 
 def test_ranges_with_a_negative_step():

@@ -856,6 +856,24 @@ def fix_einsum(mod):
 
 # ---- topk of one: a max (PyTorch's max(dim) and min(dim)) ----
 
+def extreme_with_index(x, axis: int, largest: bool, keepdims: bool, nan_wins=True):
+    """(values, int64 indices) of PyTorch's ``x.max(axis)`` (``x.min(axis)``) as Relax
+    expressions: the first index of the extreme; with ``nan_wins`` a row with a NaN
+    gives NaN and the first NaN's index, as ``max(dim)`` and ``min(dim)`` do (a max or
+    min alone skips NaN: its compare-selects keep the other operand). ``topk`` of the
+    smallest takes NaN for the largest value, so there NaN does not win."""
+    values = (R.op.max if largest else R.op.min)(x, axis=axis, keepdims=keepdims)
+    indices = (R.op.argmax if largest else R.op.argmin)(x, axis=axis, keepdims=keepdims)
+    dtype = str(x.ty.dtype) if getattr(x, "ty", None) is not None else ""
+    if nan_wins and dtype.startswith(("float", "bfloat")):
+        nan = R.op.astype(R.op.isnan(x), "int8")
+        has_nan = R.op.greater(R.op.max(nan, axis=axis, keepdims=keepdims),
+                               R.const(0, "int8"))
+        values = R.op.where(has_nan, R.const(float("nan"), dtype), values)
+        indices = R.op.where(has_nan, R.op.argmax(nan, axis=axis, keepdims=keepdims), indices)
+    return values, indices
+
+
 def _topk_one(call, b):  # noqa: ARG001 (rewrite_calls' signature)
     """``topk(x, k=1, axis)`` as ``max``/``argmax`` (``min``/``argmin`` for the smallest)
     over the axis, kept as an axis of 1 (topk's shape), in topk's return form; None for
@@ -865,9 +883,8 @@ def _topk_one(call, b):  # noqa: ARG001 (rewrite_calls' signature)
     if not is_op(call, "relax.topk") or int(call.attrs.k) != 1:
         return None
     x, a = call.args[0], call.attrs
-    axis, largest = int(a.axis), bool(a.largest)
-    values = (R.op.max if largest else R.op.min)(x, axis=axis, keepdims=True)
-    indices = (R.op.argmax if largest else R.op.argmin)(x, axis=axis, keepdims=True)
+    values, indices = extreme_with_index(x, int(a.axis), bool(a.largest), keepdims=True,
+                                         nan_wins=bool(a.largest))
     if str(a.dtype) != "int64":
         indices = R.op.astype(indices, str(a.dtype))
     kind = str(a.ret_type)
@@ -879,8 +896,8 @@ def fix_topk_one(mod):
     """``mod`` with every ``topk`` of one element a max (or min) and its argmax (argmin):
     TVM's frontend writes PyTorch's ``x.max(dim)`` as ``topk(x, k=1)``, which TVM
     legalizes to a sort; Hiera's four mask-unit max-pools took 29 ms of a 61 ms run so.
-    Ties give the first index, as PyTorch's ``max(dim)`` does. ``mod`` itself when there
-    is none."""
+    Ties give the first index and a NaN wins, as in PyTorch's ``max(dim)``
+    (``extreme_with_index``). ``mod`` itself when there is none."""
     from .bindings import rewrite_calls
 
     return rewrite_calls(mod, _topk_one)

@@ -1,4 +1,4 @@
-"""Converters for ``torch.export`` programs that TVM 0.27's PyTorch frontend rejects.
+"""Converters for ``torch.export`` programs that TVM 0.27's PyTorch frontend rejects or gets wrong.
 
 TVM's ``from_exported_program`` takes extra converters by ATen name
 (``custom_convert_map``); ``torch_converters()`` gives tirbyoc's::
@@ -9,7 +9,7 @@ TVM's ``from_exported_program`` takes extra converters by ATen name
 * ``min.dim`` (``x.min(dim)``: values and indices) has no converter ("Unsupported
   function types ['min.dim']"). It becomes a ``min`` and an ``argmin`` over the axis, as
   ``fixups.fix_topk_one`` makes TVM's own ``max.dim`` (a ``topk`` of one): ties give
-  the first index, as PyTorch does.
+  the first index and a NaN wins, as PyTorch does (``fixups.extreme_with_index``).
 * ``index.Tensor`` with two or more index tensors. TVM's converter passes index tensors
   of different shapes to Relax's ``index_tensor``, whose shape inference compares them
   from the left ("cannot broadcast index shapes": ConvBERT's ``unfold``), and where a
@@ -36,6 +36,8 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from .fixups import extreme_with_index
+
 
 def torch_converters() -> dict:
     """ATen name -> converter, for ``from_exported_program(..., custom_convert_map=...)``."""
@@ -48,9 +50,8 @@ def _min_dim(node, importer):
     dim = node.args[1]
     keepdim = node.args[2] if len(node.args) > 2 else node.kwargs.get("keepdim", False)
     emit = importer.block_builder.emit
-    values = emit(relax.op.min(x, axis=dim, keepdims=keepdim))
-    indices = emit(relax.op.astype(relax.op.argmin(x, axis=dim, keepdims=keepdim), "int64"))
-    return emit(relax.Tuple([values, indices]))
+    values, indices = extreme_with_index(x, dim, largest=False, keepdims=bool(keepdim))
+    return emit(relax.Tuple([emit(values), emit(relax.op.astype(indices, "int64"))]))
 
 
 def _static_shape(expr):
