@@ -96,11 +96,9 @@ class Registry:
         from constants); without them the JIT fails ("Symbols not found") and the
         process crashes."""
         if used is None:
-            from .normalize import normalize
+            from .api import offloaded_by_library
 
-            used = {n.offloaded_library for _, f in mod.functions_items()
-                    if isinstance(f, T.PrimFunc) for n in normalize(f).nests
-                    if n.offloaded_kernel}
+            used = offloaded_by_library(mod)
         for name in sorted(used):
             library = self.library(name)
             if library is not None:

@@ -36,6 +36,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from .bindings import same_dims, shape_of
 from .fixups import extreme_with_index
 
 
@@ -55,11 +56,11 @@ def _min_dim(node, importer):
 
 
 def _static_shape(expr):
-    shape = getattr(expr.ty, "shape", None)
-    dims = getattr(shape, "values", None)
-    if dims is None or not all(hasattr(d, "value") for d in dims):
+    """The dimensions as ints, or None where one is symbolic or unknown."""
+    dims = shape_of(expr)
+    if dims is None or not all(isinstance(d, tvm.tirx.IntImm) for d in dims):
         return None
-    return tuple(int(d.value) for d in dims)
+    return tuple(int(d) for d in dims)
 
 
 def _index_tensor(node, importer):
@@ -77,14 +78,13 @@ def _index_tensor(node, importer):
     if None in shapes or ndim < 0:
         if len(axes) == len(indices):  # Relax's index_tensor as it is
             return importer._index_tensor(node)
-        first = indices[axes[0]].ty.shape
-        if ndim < 0 or first is None or not all(
-                tvm.ir.structural_equal(indices[axis].ty.shape, first) for axis in axes):
+        first = shape_of(indices[axes[0]])
+        if ndim < 0 or not all(same_dims(shape_of(indices[axis]), first) for axis in axes):
             raise NotImplementedError(
                 f"index.Tensor: index tensors of different symbolic shapes with a whole "
                 f"axis among them are not converted: {node.format_node()}")
         picks = [indices[axis] for axis in axes]  # no broadcast needed
-        rank = len(first.values)
+        rank = len(first)
     else:
         try:
             common = tuple(np.broadcast_shapes(*shapes))
