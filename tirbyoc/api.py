@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from . import _tvm as T
 from . import attention, conv, fallback, fixups, pool, relax_prep, softmax, weights
 from .matcher import Region
-from .normalize import INTRINSIC_ATTR, NOTES_ATTR, normalize
+from .normalize import INTRINSIC_ATTR, NOTES_ATTR, normalize, offloaded_by_library
 from .registry import Registry
 from .schedule_rule import ScheduleRule
 
@@ -375,18 +375,6 @@ def run(executable, *inputs, func: str = "main"):
     if hasattr(out, "numpy"):
         return out.numpy()
     return [o.numpy() for o in out]
-
-
-def offloaded_by_library(mod) -> dict:
-    """``{library name: {kernel symbols}}`` of every offloaded block in ``mod``."""
-    funcs = [mod] if isinstance(mod, T.PrimFunc) else \
-        [f for _, f in mod.functions_items() if isinstance(f, T.PrimFunc)]
-    out: dict = {}
-    for f in funcs:
-        for n in normalize(f).nests:
-            if n.offloaded_kernel:
-                out.setdefault(n.offloaded_library, set()).add(n.offloaded_kernel)
-    return out
 
 
 def offloaded_kernels(mod) -> list:

@@ -176,3 +176,16 @@ def normalize(func) -> NormalFunc:
             nest.reason = nest.reason or ("the function matches buffer views in its root "
                                           "block (they may alias other buffers)")
     return NormalFunc(func, root, nests, params)
+
+
+def offloaded_by_library(mod) -> dict:
+    """``{library name: {kernel symbols}}`` of every offloaded block in ``mod`` (a module
+    or a PrimFunc)."""
+    funcs = [mod] if isinstance(mod, T.PrimFunc) else \
+        [f for _, f in mod.functions_items() if isinstance(f, T.PrimFunc)]
+    out: dict = {}
+    for f in funcs:
+        for n in normalize(f).nests:
+            if n.offloaded_kernel:
+                out.setdefault(n.offloaded_library, set()).add(n.offloaded_kernel)
+    return out

@@ -96,7 +96,7 @@ class Registry:
         from constants); without them the JIT fails ("Symbols not found") and the
         process crashes."""
         if used is None:
-            from .api import offloaded_by_library
+            from .normalize import offloaded_by_library
 
             used = offloaded_by_library(mod)
         for name in sorted(used):
