@@ -122,6 +122,12 @@ def prepare(mod, fuse="auto", softmax=True, passes=None, registry=None):
         fuse = not legalized
     if scope.chosen:
         fuse = False  # the graph level already chose what goes together
+    grouped = registry.kernels("matmul")
+    if not scope.chosen and (grouped or registry.builtin):
+        # grouped products (tirbyoc.moe): calls of a PrimFunc, legalized or not
+        from .moe import offload_grouped
+
+        mod = offload_grouped(mod, kernels=grouped, builtin=registry.builtin)
     if not legalized and not scope.chosen:
         for phase in (0, 1):
             if phase == 1:

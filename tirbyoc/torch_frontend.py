@@ -26,11 +26,28 @@ TVM's ``from_exported_program`` takes extra converters by ATen name
   ``n`` counted here; a positive step goes to TVM's converter.
 * ``log`` of an integer tensor (SEW-D's relative position buckets): PyTorch computes it
   in the default float type; Relax's ``log`` rejects integers. The input is cast first.
+* ``div`` of an integer tensor by a Python number (``perm // top_k`` in
+  ``transformers``' experts): TVM's converter makes the number an int32 constant, which
+  Relax will not divide an int64 tensor by; and without a rounding mode it divides
+  integers as integers, where PyTorch's ``/`` gives floats (``arange(5) / 2`` came out
+  ``[0, 0, 1, 1, 2]``); a float tensor by an int fails the same way with a rounding
+  mode. Here the number takes the tensor's type, a float number or no
+  rounding mode makes the division a float one, as PyTorch promotes, and ``trunc`` of
+  integers rounds toward zero in integers.
+* ``histc`` (no converter): counts per bin of equal width over ``[min, max]``, values
+  outside it (and NaN) not counted, ``max`` itself in the last bin, a value's bin
+  ``floor((v - min) * bins / (max - min))`` in the input's type, as PyTorch's CPU kernel
+  computes it; ``min == max`` takes the data's range (widened by one each way when that
+  is one value), as PyTorch does. ``transformers``' experts count their rows with it.
+* ``transformers.grouped_mm_fallback`` (a custom op, and ``aten._grouped_mm`` with
+  offsets), the experts of ``transformers``' mixture-of-experts layers: the grouped
+  product ``tirbyoc.moe`` defines, which ``tirbyoc.compile`` runs as kernel calls.
 """
 
 from __future__ import annotations
 
 import math
+import operator
 
 import numpy as np
 import tvm
@@ -43,7 +60,10 @@ from .fixups import extreme_with_index
 def torch_converters() -> dict:
     """ATen name -> converter, for ``from_exported_program(..., custom_convert_map=...)``."""
     return {"min.dim": _min_dim, "index.Tensor": _index_tensor,
-            "arange.start_step": _arange_start_step, "log.default": _log}
+            "arange.start_step": _arange_start_step, "log.default": _log,
+            "histc.default": _histc, "grouped_mm_fallback.default": _grouped_mm,
+            "_grouped_mm.default": _grouped_mm, "div.Tensor_mode": _div_mode,
+            "div.Tensor": _div_mode}
 
 
 def _min_dim(node, importer):
@@ -131,3 +151,100 @@ def _log(node, importer):
     if str(x.ty.dtype).startswith(("int", "uint", "bool")):
         x = importer.block_builder.emit(relax.op.astype(x, "float32"))
     return importer.block_builder.emit(relax.op.log(x))
+
+
+def _histc(node, importer):
+    args = list(node.args) + [100, 0, 0][len(node.args) - 1:]
+    x, bins, lo, hi = importer.env[args[0]], int(args[1]), args[2], args[3]
+    bins = int(node.kwargs.get("bins", bins))
+    lo, hi = node.kwargs.get("min", lo), node.kwargs.get("max", hi)
+    dtype = str(x.ty.dtype)
+    if not dtype.startswith("float"):
+        raise NotImplementedError(f"histc of {dtype} (PyTorch's CPU kernel takes floats "
+                                  f"only): {node.format_node()}")
+    if bins < 1:
+        raise ValueError(f"histc: bins must be positive, got {bins}")
+    emit = importer.block_builder.emit
+    op = relax.op
+    flat = emit(op.reshape(x, [-1]))
+    if lo == hi:  # the data's range; a single value widened by one each way
+        lo_t, hi_t = emit(op.min(flat)), emit(op.max(flat))
+        same = emit(op.equal(lo_t, hi_t))
+        one = relax.const(1.0, dtype)
+        lo_t = emit(op.where(same, op.subtract(lo_t, one), lo_t))
+        hi_t = emit(op.where(same, op.add(hi_t, one), hi_t))
+    else:
+        if lo > hi:
+            raise ValueError(f"histc: max must be larger than min, got {lo} and {hi}")
+        lo_t, hi_t = relax.const(float(lo), dtype), relax.const(float(hi), dtype)
+    position = emit(op.floor(op.divide(
+        op.multiply(op.subtract(flat, lo_t), relax.const(float(bins), dtype)),
+        op.subtract(hi_t, lo_t))))
+    index = op.minimum(op.astype(position, "int64"), relax.const(bins - 1, "int64"))
+    # -1 outside [min, max] and for NaN (no comparison holds); no bool tensors: TVM's
+    # vectorizer mixes their lanes' types when they are combined
+    none = relax.const(-1, "int64")
+    index = emit(op.where(op.greater_equal(flat, lo_t),
+                          op.where(op.less_equal(flat, hi_t), index, none), none))
+    edges = relax.const(np.arange(bins, dtype="int64"))
+    hits = emit(op.where(op.equal(op.expand_dims(index, 1), op.expand_dims(edges, 0)),
+                         relax.const(1, "int64"), relax.const(0, "int64")))
+    return emit(op.astype(op.sum(hits, axis=[0]), dtype))
+
+
+def _grouped_mm(node, importer):
+    from .moe import emit_grouped_matmul
+
+    args = importer.retrieve_args(node)
+    x, w = args[0], args[1]
+    offsets = args[2] if len(args) > 2 else importer._retrieve_args(node.kwargs.get("offs"))
+    rest = [a for a in args[3:] if a is not None] + [
+        v for k, v in node.kwargs.items() if k in ("bias", "out_dtype") and v is not None]
+    if offsets is None or rest or x.ty.ndim != 2 or w.ty.ndim != 3:
+        raise NotImplementedError(
+            f"grouped matrix product: only a 2-D input, a 3-D weight and offsets, with no "
+            f"bias or output type, are converted: {node.format_node()}")
+    return emit_grouped_matmul(importer.block_builder, x, w, offsets)
+
+
+def _div_mode(node, importer):
+    args = importer.retrieve_args(node)
+    x, y = args[0], args[1]
+    mode = args[2] if len(args) > 2 else node.kwargs.get("rounding_mode")
+    emit = importer.block_builder.emit
+    op = relax.op
+    integer = lambda v: isinstance(v, relax.Expr) and str(v.ty.dtype).startswith(  # noqa: E731
+        ("int", "uint"))
+    if mode is None and integer(x) and integer(y):  # true division of integers
+        return emit(op.divide(op.astype(x, "float32"), op.astype(y, "float32")))
+    number = isinstance(y, (int, float)) and not isinstance(y, bool)
+    if number and isinstance(x, relax.Expr) and not integer(x):  # the number in x's type
+        divided = emit(op.divide(x, relax.const(y, str(x.ty.dtype))))
+        return divided if mode is None else emit(
+            op.floor(divided) if mode == "floor" else op.trunc(divided))
+    if not (integer(x) and number):  # TVM's own converters
+        if "Tensor_mode" in str(node.target):
+            return importer._div(node)
+        return importer._binary_op(relax.op.divide, operator.truediv)(node)
+    if isinstance(y, float):  # an integer tensor by a float: a float division
+        x = emit(op.astype(x, "float32"))
+        divided = emit(op.divide(x, relax.const(y, "float32")))
+        if mode is None:
+            return divided
+        return emit(op.floor(divided) if mode == "floor" else op.trunc(divided))
+    dtype = str(x.ty.dtype)
+    if y == 0:
+        raise ZeroDivisionError(f"integer division by zero: {node.format_node()}")
+    if mode is None:  # true division of integers gives floats
+        return emit(op.divide(op.astype(x, "float32"), relax.const(float(y), "float32")))
+    divisor = relax.const(y, dtype)
+    quotient = emit(op.floor_divide(x, divisor))
+    if mode == "floor":
+        return quotient
+    if mode != "trunc":
+        raise ValueError(f"div: unknown rounding mode {mode!r}")
+    # toward zero: one more where the floor went below a quotient with a remainder
+    rest = emit(op.subtract(x, op.multiply(quotient, divisor)))
+    below = emit(op.logical_and(op.not_equal(rest, relax.const(0, dtype)),
+                                op.less(quotient, relax.const(0, dtype))))
+    return emit(op.where(below, op.add(quotient, relax.const(1, dtype)), quotient))
