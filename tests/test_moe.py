@@ -39,17 +39,22 @@ def _as_list(out):
 
 
 class Grouped(torch.nn.Module):
-    """``y = grouped_mm(x, w, offsets)`` with the weight a parameter stored as
-    ``[E, N, K]`` and transposed (as ``transformers`` passes its experts: the kernel
-    reads it in place) or passed as an input ``[E, K, N]``."""
+    """``y = grouped_mm(x, w, offsets)``; the weight a parameter stored as ``[E, N, K]``
+    and transposed, as ``transformers`` passes its experts (packed at compile time), or
+    an input: ``[E, K, N]`` as it is ("nn"), or ``[E, N, K]`` transposed (the kernel
+    reads it in place, "nt")."""
 
-    def __init__(self, experts=4, k=24, n=40):
+    def __init__(self, experts=4, k=24, n=40, transposed_input=False):
         super().__init__()
         self.w = torch.nn.Parameter(torch.randn(experts, n, k,
                                                 generator=torch.Generator().manual_seed(0)))
+        self.transposed_input = transposed_input
 
     def forward(self, x, offsets, w=None):
-        w = self.w.transpose(1, 2) if w is None else w
+        if w is None:
+            w = self.w.transpose(1, 2)
+        elif self.transposed_input:
+            w = w.transpose(1, 2)
         return torch.ops.transformers.grouped_mm_fallback(x, w, offsets)
 
 
@@ -59,17 +64,22 @@ OFFSETS = {"uneven": [3, 3, 11, 16], "empty_first": [0, 5, 5, 16], "tail": [2, 7
            "one": [0, 0, 16, 16]}
 
 
-@pytest.mark.parametrize("weight", ["parameter", "input"])
+WEIGHTS = {"parameter": "weight packed", "input": "weight nn", "input_transposed": "weight nt"}
+
+
+@pytest.mark.parametrize("weight", list(WEIGHTS))
 @pytest.mark.parametrize("offsets", list(OFFSETS))
 def test_grouped_product_is_one_kernel_call_per_expert(offsets, weight):
-    model = Grouped()
+    model = Grouped(transposed_input=weight == "input_transposed")
     x = torch.randn(16, 24, generator=torch.Generator().manual_seed(1))
     offs = torch.tensor(OFFSETS[offsets], dtype=torch.int32)
-    extra = (model.w.detach().transpose(1, 2).contiguous(),) if weight == "input" else ()
+    w = model.w.detach()
+    extra = {"parameter": (), "input": (w.transpose(1, 2).contiguous(),),
+             "input_transposed": (w.clone(),)}[weight]
     mod = _import(model, x, offs, *extra)
     report = tirbyoc.explain(mod)
     assert [r.intrinsic for r in report.offloaded] == ["grouped_matmul"], str(report)
-    assert ("weight nt" if weight == "parameter" else "weight nn") in str(report)
+    assert WEIGHTS[weight] in str(report)
     ex = tirbyoc.compile(mod)
     inputs = [x.numpy(), offs.numpy()] + [e.numpy() for e in extra]
     got = _as_list(tirbyoc.run(ex, *inputs))[0]

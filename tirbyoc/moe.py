@@ -17,7 +17,8 @@ passes is compared with the definition rebuilt for its shapes) and makes each on
 over the experts calling a matrix kernel on each expert's rows, which the kernels
 parallelize; the weight is read in place, or through the transpose it was made from
 (``w`` as ``permute_dims(w_t, [0, 2, 1])``, which is how ``transformers`` passes its
-``[E, N, K]`` parameters). The kernel is the first declared ``matmul`` kernel of the
+``[E, N, K]`` parameters); a constant weight is packed at compile time, each expert's
+into the panels the built-in kernel reads. The kernel is the first declared ``matmul`` kernel of the
 compile's libraries that takes that weight layout with no epilogue and no constraint on
 its sizes, else the built-in ``tirbyoc_matmul_f32``. Offsets that decrease, or pass the
 rows, stop the call with an error naming them (the definition would silently assign the
@@ -94,6 +95,18 @@ def _transposed_from(expr, var2val):
     return None
 
 
+def _packed(weight, layout):
+    """A constant ``[E, N, K]`` ("nt") or ``[E, K, N]`` ("nn") weight as the built-in
+    kernels' packed panels, one row of ``[E, floats]`` per expert, packed once here."""
+    import numpy as np
+
+    from . import kernels
+
+    values = T.constant_value(weight)
+    return R.const(np.stack([kernels.pack_weight(np.ascontiguousarray(values[e]), layout)
+                             for e in range(values.shape[0])]))
+
+
 def _kernel_for(layout, kernels):
     """The declared kernel that computes one expert's rows, or None for the built-in."""
     for kernel in kernels:
@@ -122,8 +135,11 @@ def _kernel_func(x, w, offsets, out_ty, layout, declared):
     rows, k_dim = (T.cast(d, "int64") for d in xb.shape)
     experts = int(wb.shape[0])
     n_dim = T.cast(yb.shape[1], "int64")
-    per_expert = T.cast(wb.shape[1], "int64") * T.cast(wb.shape[2], "int64")
-    ldw = T.cast(wb.shape[2], "int64")
+    if layout == "packed":  # [E, floats of one packed weight]
+        per_expert, ldw = T.cast(wb.shape[1], "int64"), T.const(0, "int64")
+    else:
+        per_expert = T.cast(wb.shape[1], "int64") * T.cast(wb.shape[2], "int64")
+        ldw = T.cast(wb.shape[2], "int64")
     e = T.Var("e", "int64")
     start = T.Var("start", "int64")
     end = T.Var("end", "int64")
@@ -141,7 +157,7 @@ def _kernel_func(x, w, offsets, out_ty, layout, declared):
         call = declared.call(values)
     else:
         symbol, library = _BUILTIN_SYMBOL, "tirbyoc"
-        layout_code = {"nn": 0, "nt": 1}[layout]
+        layout_code = {"nn": 0, "nt": 1, "packed": 2}[layout]
         f32 = lambda v: T.const(v, "float32")  # noqa: E731
         call = status_checks(symbol, T.call_extern("int32", symbol, [
             values["batch"], values["m"], n_dim, k_dim, values["x"], k_dim, zero,
@@ -164,7 +180,8 @@ def _kernel_func(x, w, offsets, out_ty, layout, declared):
             n, zero, n_dim, tirx.ForKind.SERIAL,
             tirx.BufferStore(yb, T.const(0.0, "float32"), [s, n])))])
     annotations = {OFFLOADED_ATTR: symbol, INTRINSIC_ATTR: INTRINSIC, LIBRARY_ATTR: library,
-                   NOTES_ATTR: f"one call per expert ({experts}), weight {layout}"}
+                   NOTES_ATTR: f"one call per expert ({experts}), weight {layout}" + (
+                       " (constant, packed at compile time)" if layout == "packed" else "")}
     block = T.make_block(f"{library}_{NAME}", T.seq([loop, tail]),
                          reads=[T.full_region(b) for b in (xb, wb, ob)],
                          writes=[T.full_region(yb)], annotations=annotations)
@@ -202,6 +219,8 @@ def _rewrite_func(func, builder, gvars, kernels, builtin, mod):
             if declared is None and not builtin:
                 bindings.append(binding)
                 continue
+            if declared is None and isinstance(w, T.RelaxConstant):
+                w, layout = _packed(w, layout), "packed"
             kernel = _kernel_func(x, w, offsets, binding.var, layout, declared)
             key = T.structural_hash(kernel)
             if key not in gvars:
