@@ -209,3 +209,29 @@ def test_integer_division_as_pytorch():
     for value, expected in zip(got, Divide()(f)):
         assert value.dtype == expected.numpy().dtype
         np.testing.assert_allclose(value, expected.numpy(), rtol=1e-6)
+
+
+def test_the_benchmark_gives_onnx_runtime_an_exportable_copy_of_grouped_experts():
+    """ONNX export fails on the grouped custom op, and PyTorch's grouped product takes no
+    float64: the benchmark's ONNX Runtime and float64 reference get a copy with batched
+    experts; tirbyoc and PyTorch eager keep the model as built."""
+    import transformers as tf
+
+    from tirbyoc.bench_zoo import _portable
+
+    cfg = tf.MixtralConfig(num_hidden_layers=1, hidden_size=32, intermediate_size=48,
+                           num_attention_heads=4, num_key_value_heads=2, vocab_size=50,
+                           num_local_experts=4, num_experts_per_tok=2)
+    model = tf.MixtralModel(cfg).eval()
+    copy = _portable(model)
+    assert copy is not model
+    assert copy.config._experts_implementation == "batched_mm"
+    assert model.config._experts_implementation == "grouped_mm"
+    ids = torch.randint(0, 50, (1, 8), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        _close(copy(input_ids=ids).last_hidden_state.numpy(),
+               model(input_ids=ids).last_hidden_state.numpy())
+    dense = tf.MistralModel(tf.MistralConfig(num_hidden_layers=1, hidden_size=32,
+                                             intermediate_size=48, num_attention_heads=4,
+                                             num_key_value_heads=2, vocab_size=50))
+    assert _portable(dense) is dense
