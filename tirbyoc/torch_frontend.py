@@ -34,6 +34,12 @@ TVM's ``from_exported_program`` takes extra converters by ATen name
   mode. Here the number takes the tensor's type, a float number or no
   rounding mode makes the division a float one, as PyTorch promotes, and ``trunc`` of
   integers rounds toward zero in integers.
+* ``topk`` with ``sorted=False`` (DeepSeek-V3's expert groups): TVM's converter
+  refuses it. PyTorch leaves the order of such a result unspecified, so the sorted
+  result is one it may give; it is converted as ``sorted=True``.
+* ``split`` into sizes known only at run time (JetMoE's experts take their rows so): a
+  Relax tensor's shape cannot depend on data, and TVM's converter failed with a
+  ``TypeError`` about adding a ``Node``; this says what and where.
 * ``histc`` (no converter): counts per bin of equal width over ``[min, max]``, values
   outside it (and NaN) not counted, ``max`` itself in the last bin, a value's bin
   ``floor((v - min) * bins / (max - min))`` in the input's type, as PyTorch's CPU kernel
@@ -63,7 +69,8 @@ def torch_converters() -> dict:
             "arange.start_step": _arange_start_step, "log.default": _log,
             "histc.default": _histc, "grouped_mm_fallback.default": _grouped_mm,
             "_grouped_mm.default": _grouped_mm, "div.Tensor_mode": _div_mode,
-            "div.Tensor": _div_mode}
+            "div.Tensor": _div_mode, "topk.default": _topk,
+            "split.Tensor": _split, "split_with_sizes.default": _split}
 
 
 def _min_dim(node, importer):
@@ -248,3 +255,25 @@ def _div_mode(node, importer):
     below = emit(op.logical_and(op.not_equal(rest, relax.const(0, dtype)),
                                 op.less(quotient, relax.const(0, dtype))))
     return emit(op.where(below, op.add(quotient, relax.const(1, dtype)), quotient))
+
+
+def _topk(node, importer):
+    args = importer.retrieve_args(node)
+    x = args[0]
+    k = args[1] if len(args) > 1 else node.kwargs.get("k", 1)
+    dim = args[2] if len(args) > 2 else node.kwargs.get("dim", -1)
+    largest = args[3] if len(args) > 3 else node.kwargs.get("largest", True)
+    return importer.block_builder.emit(
+        relax.op.topk(x, k=k, axis=dim, largest=largest, ret_type="both", dtype="int64"))
+
+
+def _split(node, importer):
+    from torch import fx
+
+    sizes = node.args[1]
+    if isinstance(sizes, fx.Node) or (isinstance(sizes, (list, tuple)) and any(
+            isinstance(size, fx.Node) for size in sizes)):
+        raise NotImplementedError(
+            f"{node.target}: split sizes computed at run time ({node.format_node()}): the "
+            f"pieces' shapes would depend on data, which a Relax program cannot express")
+    return importer._split(node)
