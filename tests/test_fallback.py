@@ -219,6 +219,29 @@ def test_an_expanded_call_inlined_twice_into_one_loop_builds_and_is_right():
     np.testing.assert_allclose(got, ref, rtol=1e-6, atol=1e-6 * np.abs(ref).max())
 
 
+@pytest.mark.parametrize("row", [129, 50])
+def test_a_row_reduction_without_whole_vectors_carries_no_lane_predicate(row):
+    """A max over rows that no lane count divides (GPT-OSS's scores beside their sink:
+    129) was split into 16-element steps, unrolled, with a predicate tested at every
+    element: 1.37 ms for [8192, 129] against 0.20 as one plain loop. It stays one plain
+    loop now; numpy's values bit for bit."""
+    mod = _one_op_module((64, row), lambda x: relax.op.subtract(
+        x, relax.op.max(x, axis=-1, keepdims=True)))
+    with TARGET:
+        func = next(f for _, f in _legalized(mod).functions_items()
+                    if isinstance(f, tirx.PrimFunc))
+        sch = fallback.RowReduction().apply(func, TARGET)
+    assert sch is not None
+    predicated = []
+    tvm_ffi.structural_walk(sch.mod["main"], [(
+        tvm.s_tir.SBlockRealize,
+        lambda r: predicated.append(r) if not isinstance(r.predicate, tirx.IntImm) else None)])
+    assert not predicated, sch.mod["main"]
+    x = np.random.default_rng(row).standard_normal((64, row)).astype(np.float32)
+    np.testing.assert_array_equal(tirbyoc.run(tirbyoc.compile(mod), x),
+                                  x - x.max(-1, keepdims=True))
+
+
 def _one_op_module(shape, build, extra=()):
     bb = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType(shape, "float32"))
