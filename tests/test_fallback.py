@@ -242,6 +242,51 @@ def test_a_row_reduction_without_whole_vectors_carries_no_lane_predicate(row):
                                   x - x.max(-1, keepdims=True))
 
 
+def _recurrence(x, steps=9):
+    """x <- x * x + x - 0.5, ``steps`` times: each step reads the last one three times (an
+    unrolled recurrence, RWKV's state over its tokens), so inlining every step into the
+    next makes an expression of 3 ** steps loads."""
+    for _ in range(steps):
+        x = relax.op.subtract(relax.op.add(relax.op.multiply(x, x), x),
+                              relax.const(0.5, "float32"))
+    return x
+
+
+def test_a_recurrence_is_not_inlined_past_the_expression_budget():
+    """Inlined step into step, RWKV's unrolled recurrence took more than 20 GB and did not
+    finish building; a block past ``INLINE_NODES`` stays a block its consumers read.
+    The values are numpy's."""
+    mod = _one_op_module((4, 64), _recurrence)
+    with TARGET:
+        func = next(f for _, f in _legalized(mod).functions_items()
+                    if isinstance(f, tirx.PrimFunc))
+        sch = fallback.Injective().apply(func, TARGET)
+    blocks = []
+    tvm_ffi.structural_walk(sch.mod["main"], [(tvm.s_tir.SBlock, blocks.append)])
+    sizes = [fallback._expr_nodes(b) for b in blocks if b.name_hint != "root"]
+    assert len(sizes) > 1 and max(sizes) <= 4 * fallback.INLINE_NODES, sizes
+    x = np.random.default_rng(0).uniform(-0.6, 0.6, (4, 64)).astype(np.float32)
+    want = x.astype(np.float64)
+    for _ in range(9):
+        want = want * want + want - 0.5
+    np.testing.assert_allclose(tirbyoc.run(tirbyoc.compile(mod), x), want, rtol=1e-5,
+                               atol=1e-6)
+
+
+def test_fusion_stops_at_the_depth_bound():
+    """A chain of more elementwise operators than ``relax_prep.FUSE_DEPTH`` fuses into
+    several functions (TVM's bound, 256, let RWKV's unrolled recurrence fuse into
+    functions whose scheduling took 585 s); a caller's own bound is kept."""
+    from tirbyoc import relax_prep
+
+    mod = _one_op_module((4, 64), lambda x: _recurrence(x, steps=12))  # 36 operators
+    fused, _ = relax_prep.prepare(mod, fuse=True)
+    count = lambda m: sum(isinstance(f, tirx.PrimFunc) for _, f in m.functions_items())  # noqa: E731
+    assert count(fused) == 2
+    with tvm.transform.PassContext(config={"relax.FuseOps.max_depth": 256}):
+        assert count(relax_prep.prepare(mod, fuse=True)[0]) == 1
+
+
 def _one_op_module(shape, build, extra=()):
     bb = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType(shape, "float32"))

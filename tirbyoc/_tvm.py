@@ -8,6 +8,8 @@ rename is a change to this file only.
 
 from __future__ import annotations
 
+import contextlib
+
 import tvm
 import tvm_ffi
 from tvm import ir, relax, s_tir, tirx
@@ -182,6 +184,26 @@ def relax_default_prepare_passes():
     from tvm.relax.backend.cpu_generic import pipeline as cpu
 
     return cpu.legalize_passes(None)
+
+
+FUSE_MAX_DEPTH = "relax.FuseOps.max_depth"
+
+
+@contextlib.contextmanager
+def fusion_depth(depth: int):
+    """Passes run inside fuse at most ``depth`` operators into one function (FuseOps's
+    ``max_depth``, 256 by default), unless the caller's PassContext sets it."""
+    ctx = tvm.transform.PassContext.current()
+    if FUSE_MAX_DEPTH in ctx.config:
+        yield
+        return
+    config = dict(ctx.config)
+    config[FUSE_MAX_DEPTH] = depth
+    with tvm.transform.PassContext(opt_level=ctx.opt_level,
+                                   required_pass=list(ctx.required_pass),
+                                   disabled_pass=list(ctx.disabled_pass),
+                                   instruments=list(ctx.instruments), config=config):
+        yield
 
 
 def relax_default_lowering_passes(target):

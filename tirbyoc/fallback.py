@@ -91,7 +91,7 @@ class Injective(T.DlightScheduleRule):
         if not blocks or not all(b.is_injective() for b in blocks):
             return None
         shared = _shared_pads(sch, blocks)
-        rest = T.dlight_try_inline(sch, [b for b in blocks if b not in shared])
+        rest = _try_inline(sch, [b for b in blocks if b not in shared])
         for block in sorted(shared + rest, key=lambda b: blocks.index(b)):
             if block in shared:
                 _schedule_pad(sch, block.block_rv)
@@ -523,12 +523,69 @@ def _is_one(extent) -> bool:
     return isinstance(extent, T.IntImm) and extent.value == 1
 
 
+# The most expression nodes a block may have and still be inlined into its consumers. A
+# value read several times by the next step, step after step, grows exponentially when
+# each step is inlined into the next: RWKV's recurrence over 64 tokens, unrolled by
+# torch.export and fused into functions of hundreds of steps (its state read three to
+# four times by each), took more than 20 GB and did not finish. Past this size a block
+# is computed once into its buffer and read from there. The largest block the zoo's
+# seven models inline has 143 nodes (Llama), so they are scheduled as before.
+INLINE_NODES = 2000
+
+
+def _expr_nodes(block) -> int:
+    """Expression nodes in a block's body (each load and operation one)."""
+    count = 0
+
+    def one(_):
+        nonlocal count
+        count += 1
+
+    T.structural_walk(block.body, [(T.Expr, one)])
+    return count
+
+
+def _try_inline(sch, blocks) -> list:
+    """dlight's ``try_inline`` (each block into its consumers, else its consumer into it,
+    until nothing changes) with two bounds: a block past ``INLINE_NODES`` stays a block,
+    and each pass walks the blocks once (dlight restarts from the first after every
+    inline: quadratic in a fused function's hundreds of blocks). The blocks left."""
+    blocks = list(blocks)
+    while True:
+        left = []
+        for b in blocks:
+            if _expr_nodes(sch.get(b.block_rv)) <= INLINE_NODES:
+                try:
+                    sch.compute_inline(b.block_rv)
+                    continue
+                except Exception:  # noqa: BLE001 (not inlinable: kept, or reverse-inlined)
+                    pass
+            left.append(b)
+        changed = len(left) < len(blocks)
+        blocks = []
+        for b in left:
+            # (a consumer inlined into its producer copies the producer's expression into
+            # each of its reads of it: both must be within the bound)
+            if not changed and all(_expr_nodes(sch.get(rv)) <= INLINE_NODES for rv in [
+                    b.block_rv, *sch.get_producers(b.block_rv)]):
+                try:
+                    sch.reverse_compute_inline(b.block_rv)
+                    changed = True
+                    continue
+                except Exception:  # noqa: BLE001 (its producers are not one block)
+                    pass
+            blocks.append(b)
+        if not changed:
+            return blocks
+
+
 def _inline_where(sch, blocks, wanted) -> list:
-    """Inlines each block that ``wanted(block)`` picks into its consumers, where it can be;
-    the blocks left (not picked, or not inlinable, such as a consumer), in order."""
+    """Inlines each block that ``wanted(block)`` picks into its consumers, where it can be
+    and is at most ``INLINE_NODES``; the blocks left (not picked, not inlinable such as a
+    consumer, or too large), in order."""
     kept = []
     for b in blocks:
-        if wanted(b):
+        if wanted(b) and _expr_nodes(sch.get(b.block_rv)) <= INLINE_NODES:
             try:
                 sch.compute_inline(b.block_rv)
                 continue
@@ -610,7 +667,8 @@ class WithFastMath(T.DlightScheduleRule):
 
 
 class Guarded(T.DlightScheduleRule):
-    """``rule`` (one of dlight's), where an analysis it cannot do is "not mine": dlight's
+    """``rule`` (one of dlight's reduction rules), offered functions with a reduction
+    only, and where an analysis it cannot do is "not mine": dlight's
     CPU GEMV rule asserts on a sum over the outer axis of a matrix (``histc``'s count
     per bin over [rows, bins]) instead of declining it, which stopped the build. A
     schedule only reorders a function's loops, so the next rule taking the function
@@ -620,6 +678,11 @@ class Guarded(T.DlightScheduleRule):
         self.rule = rule
 
     def apply(self, func, target, tunable=False):
+        if isinstance(func, T.PrimFunc) and not _has_reduction(func):
+            # NOTE: both take reductions only, but inline every block of the function
+            # before they look (dlight's try_inline, quadratic in the blocks): most of the
+            # build time of RWKV's unrolled recurrence, hundreds of elementwise steps
+            return None
         try:
             return self.rule.apply(func, target, tunable)
         except (AssertionError, ValueError, IndexError, RuntimeError):
