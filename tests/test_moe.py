@@ -268,3 +268,24 @@ def test_split_into_sizes_known_at_run_time_is_a_clear_error():
     ep = torch.export.export(Split(), (torch.randn(6, 3), torch.tensor([1, 2, 3])))
     with pytest.raises(NotImplementedError, match="split_with_sizes.*computed at run time"):
         from_exported_program(ep, custom_convert_map=tirbyoc.torch_converters())
+
+
+@pytest.mark.parametrize("weight", ["parameter", "input"])
+def test_a_users_matmul_kernel_computes_each_experts_rows(weight):
+    """A declared ``matmul`` kernel ("nn", no strides: the toy library's batched one)
+    takes each expert's rows, the built-in library left out; the transposed parameter
+    is then passed as the kernel reads it ("nn")."""
+    from .test_byo import TOY_C, TOY_H, by_library, declare_more
+
+    lib = declare_more(tirbyoc.Library("more", sources=[TOY_C], cdef=TOY_H))
+    model = Grouped()
+    x = torch.randn(16, 24, generator=torch.Generator().manual_seed(9))
+    offs = torch.tensor(OFFSETS["empty_first"], dtype=torch.int32)
+    extra = (model.w.detach().transpose(1, 2).contiguous(),) if weight == "input" else ()
+    mod = _import(model, x, offs, *extra)
+    report = tirbyoc.explain(mod, libraries=[lib], builtin=False)
+    assert by_library(report) == {"more": ["toy_bmm"]}, str(report)
+    got = _as_list(tirbyoc.run(tirbyoc.compile(mod, libraries=[lib], builtin=False),
+                               x.numpy(), offs.numpy(), *[e.numpy() for e in extra]))[0]
+    with torch.no_grad():
+        _close(got, model(x, offs, *extra).numpy())

@@ -17,10 +17,11 @@ passes is compared with the definition rebuilt for its shapes) and makes each on
 over the experts calling a matrix kernel on each expert's rows, which the kernels
 parallelize; the weight is read in place, or through the transpose it was made from
 (``w`` as ``permute_dims(w_t, [0, 2, 1])``, which is how ``transformers`` passes its
-``[E, N, K]`` parameters); a constant weight is packed at compile time, each expert's
-into the panels the built-in kernel reads. The kernel is the first declared ``matmul`` kernel of the
-compile's libraries that takes that weight layout with no epilogue and no constraint on
-its sizes, else the built-in ``tirbyoc_matmul_f32``. Offsets that decrease, or pass the
+``[E, N, K]`` parameters). The kernel is the first declared ``matmul`` kernel of the
+compile's libraries with no epilogue and no constraint on its sizes that takes the
+weight through its transpose ("nt") or as it is ("nn"), else the built-in
+``tirbyoc_matmul_f32``, for which a constant weight is packed at compile time, each
+expert's into its panels. Offsets that decrease, or pass the
 rows, stop the call with an error naming them (the definition would silently assign the
 rows otherwise).
 """
@@ -45,8 +46,8 @@ def grouped_matmul(x, w, offsets):
     j = te.reduce_axis((0, experts), "j")
     group = te.compute(
         (rows,), lambda s: te.sum(tirx.Select(
-            offsets[j].astype("int64") <= s.astype("int64"), tirx.const(1, "int32"), tirx.const(0, "int32")),
-            axis=j), name="group")
+            offsets[j].astype("int64") <= s.astype("int64"), tirx.const(1, "int32"),
+            tirx.const(0, "int32")), axis=j), name="group")
     k = te.reduce_axis((0, k_dim), "k")
     last = tirx.const(int(experts) - 1, "int32")
     prod = te.compute(
@@ -163,8 +164,8 @@ def _kernel_func(x, w, offsets, out_ty, layout, declared):
             values["batch"], values["m"], n_dim, k_dim, values["x"], k_dim, zero,
             values["weight"], ldw, zero, T.const(layout_code, "int32"), values["y"], n_dim,
             zero, zero, f32(1.0), T.null_pointer(), T.null_pointer(), zero, zero]))
-    what = f"tirbyoc: the grouped product's offsets must be nondecreasing and at most " \
-           f"the number of rows"
+    what = "tirbyoc: the grouped product's offsets must be nondecreasing and at most " \
+           "the number of rows"
     body = T.seq([
         T.bind(start, tirx.Select(e == 0, zero, ends(tirx.Max(e - 1, zero)))),
         T.bind(end, ends(e)),
@@ -211,14 +212,18 @@ def _rewrite_func(func, builder, gvars, kernels, builtin, mod):
                 bindings.append(binding)
                 continue
             x, w, offsets = args
-            layout = "nn"
+            # the weight read in place through its transpose ("nt") or as it is ("nn"):
+            # the first a declared kernel takes, else the first for the built-in one
             source = _transposed_from(w, var2val)
-            if source is not None and getattr(source.ty, "dtype", None) == "float32":
-                w, layout = source, "nt"
-            declared = _kernel_for(layout, kernels)
-            if declared is None and not builtin:
+            forms = ([(source, "nt")] if source is not None and
+                     getattr(source.ty, "dtype", None) == "float32" else []) + [(w, "nn")]
+            chosen = next(((weight, layout, _kernel_for(layout, kernels))
+                           for weight, layout in forms if _kernel_for(layout, kernels)),
+                          None)
+            if chosen is None and not builtin:
                 bindings.append(binding)
                 continue
+            w, layout, declared = chosen or (*forms[0], None)
             if declared is None and isinstance(w, T.RelaxConstant):
                 w, layout = _packed(w, layout), "packed"
             kernel = _kernel_func(x, w, offsets, binding.var, layout, declared)
