@@ -127,3 +127,20 @@ def test_log_of_integers_is_taken_in_float():
     x = torch.randn(4, 8, generator=torch.Generator().manual_seed(4))
     got = _first(tirbyoc.run(tirbyoc.compile(examples.import_torch(Buckets(), x)), x.numpy()))
     np.testing.assert_allclose(got, Buckets()(x).numpy(), rtol=1e-6, atol=1e-6)
+
+
+def test_amax_and_whole_tensor_max_propagate_nan_as_pytorch():
+    """Reformer's ``amax`` had no converter; Relax's max skips NaN, PyTorch's returns it."""
+    class Extremes(torch.nn.Module):
+        def forward(self, x):
+            return (x.amax(dim=-1), x.amin(dim=(0, 2), keepdim=True), x.amax(), x.max(),
+                    x.min(), (x > 0).amax(dim=1))
+
+    x = torch.randn(3, 4, 5, generator=torch.Generator().manual_seed(10))
+    x[1, 2, 3] = float("nan")
+    got = list(tirbyoc.run(tirbyoc.compile(examples.import_torch(Extremes(), x)),
+                               x.numpy()))
+    for value, expected in zip(got, Extremes()(x)):
+        expected = expected.numpy()
+        assert value.shape == expected.shape and value.dtype == expected.dtype
+        np.testing.assert_array_equal(value, expected)  # (NaN where NaN)

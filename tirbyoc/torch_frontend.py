@@ -40,6 +40,9 @@ TVM's ``from_exported_program`` takes extra converters by ATen name
 * ``split`` into sizes known only at run time (JetMoE's experts take their rows so): a
   Relax tensor's shape cannot depend on data, and TVM's converter failed with a
   ``TypeError`` about adding a ``Node``; this says what and where.
+* ``amax`` and ``amin`` (no converter: Reformer) and the whole-tensor ``max()`` and
+  ``min()``: Relax's max and min skip NaN (their compare-selects keep the other
+  operand), where PyTorch returns NaN; here a NaN in what is reduced gives NaN.
 * ``histc`` (no converter): counts per bin of equal width over ``[min, max]``, values
   outside it (and NaN) not counted, ``max`` itself in the last bin, a value's bin
   ``floor((v - min) * bins / (max - min))`` in the input's type, as PyTorch's CPU kernel
@@ -70,7 +73,9 @@ def torch_converters() -> dict:
             "histc.default": _histc, "grouped_mm_fallback.default": _grouped_mm,
             "_grouped_mm.default": _grouped_mm, "div.Tensor_mode": _div_mode,
             "div.Tensor": _div_mode, "topk.default": _topk,
-            "split.Tensor": _split, "split_with_sizes.default": _split}
+            "split.Tensor": _split, "split_with_sizes.default": _split,
+            "amax.default": _extreme(True), "amin.default": _extreme(False),
+            "max.default": _extreme(True), "min.default": _extreme(False)}
 
 
 def _min_dim(node, importer):
@@ -277,3 +282,28 @@ def _split(node, importer):
             f"{node.target}: split sizes computed at run time ({node.format_node()}): the "
             f"pieces' shapes would depend on data, which a Relax program cannot express")
     return importer._split(node)
+
+
+def _extreme(largest: bool):
+    """``amax``/``amin`` (``dim`` a list, empty for all) and whole-tensor ``max``/``min``,
+    NaN propagating as in PyTorch."""
+    def convert(node, importer):
+        args = importer.retrieve_args(node)
+        x = args[0]
+        dims = args[1] if len(args) > 1 else node.kwargs.get("dim", [])
+        keepdim = bool(args[2] if len(args) > 2 else node.kwargs.get("keepdim", False))
+        dims = [dims] if isinstance(dims, int) else list(dims or [])
+        axis = dims or None
+        op = relax.op
+        emit = importer.block_builder.emit
+        dtype = str(x.ty.dtype)
+        if dtype == "bool":  # (Relax reduces no bools: "any" and "all" in int8)
+            return emit(op.astype((op.max if largest else op.min)(
+                op.astype(x, "int8"), axis=axis, keepdims=keepdim), "bool"))
+        values = emit((op.max if largest else op.min)(x, axis=axis, keepdims=keepdim))
+        if not dtype.startswith(("float", "bfloat")):
+            return values
+        nan = op.astype(op.isnan(x), "int8")
+        has_nan = op.greater(op.max(nan, axis=axis, keepdims=keepdim), relax.const(0, "int8"))
+        return emit(op.where(has_nan, relax.const(float("nan"), dtype), values))
+    return convert
