@@ -48,9 +48,10 @@ TVM's ``from_exported_program`` takes extra converters by ATen name
   ``floor((v - min) * bins / (max - min))`` in the input's type, as PyTorch's CPU kernel
   computes it; ``min == max`` takes the data's range (widened by one each way when that
   is one value), as PyTorch does. ``transformers``' experts count their rows with it.
-* ``transformers.grouped_mm_fallback`` (a custom op, and ``aten._grouped_mm`` with
-  offsets), the experts of ``transformers``' mixture-of-experts layers: the grouped
-  product ``tirbyoc.moe`` defines, which ``tirbyoc.compile`` runs as kernel calls.
+* ``transformers.grouped_mm_fallback`` (a custom op), the experts of ``transformers``'
+  mixture-of-experts layers on CPU: the grouped product ``tirbyoc.moe`` defines, which
+  ``tirbyoc.compile`` runs as kernel calls. (PyTorch's own ``_grouped_mm`` takes
+  bfloat16 only on CPU and is not converted.)
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ def torch_converters() -> dict:
     return {"min.dim": _min_dim, "index.Tensor": _index_tensor,
             "arange.start_step": _arange_start_step, "log.default": _log,
             "histc.default": _histc, "grouped_mm_fallback.default": _grouped_mm,
-            "_grouped_mm.default": _grouped_mm, "div.Tensor_mode": _div_mode,
+            "div.Tensor_mode": _div_mode,
             "div.Tensor": _div_mode, "topk.default": _topk,
             "split.Tensor": _split, "split_with_sizes.default": _split,
             "amax.default": _extreme(True), "amin.default": _extreme(False),
@@ -205,17 +206,14 @@ def _histc(node, importer):
 
 
 def _grouped_mm(node, importer):
+    """``grouped_mm_fallback(input [S, K], weight [E, K, N], offs [E])``."""
     from .moe import emit_grouped_matmul
 
-    args = importer.retrieve_args(node)
-    x, w = args[0], args[1]
-    offsets = args[2] if len(args) > 2 else importer._retrieve_args(node.kwargs.get("offs"))
-    rest = [a for a in args[3:] if a is not None] + [
-        v for k, v in node.kwargs.items() if k in ("bias", "out_dtype") and v is not None]
-    if offsets is None or rest or x.ty.ndim != 2 or w.ty.ndim != 3:
+    x, w, offsets = importer.retrieve_args(node)
+    if x.ty.ndim != 2 or w.ty.ndim != 3 or offsets.ty.ndim != 1:
         raise NotImplementedError(
-            f"grouped matrix product: only a 2-D input, a 3-D weight and offsets, with no "
-            f"bias or output type, are converted: {node.format_node()}")
+            f"grouped matrix product: a 2-D input, a 3-D weight and 1-D offsets are "
+            f"converted: {node.format_node()}")
     return emit_grouped_matmul(importer.block_builder, x, w, offsets)
 
 
