@@ -235,6 +235,29 @@ def test_conv1d_is_a_conv2d_kernel_call(cin, mid, cout, k, kw, width, expected):
     assert not any("conv1d" in name for name in report.schedules), report.schedules
 
 
+# kernel, stride, padding, output padding, bias: what is offloaded
+TRANSPOSED = {"4x4_s4_bias": ((4, 4), (4, 4), 0, 0, True, ["dense_bias"]),
+              "2x3_s2x3": ((2, 3), (2, 3), 0, 0, False, ["dense"]),
+              # overlapping windows, padding: not a product per pixel, TVM's
+              "3x3_s2_pad1": ((3, 3), (2, 2), 1, 1, True, [])}
+
+
+@pytest.mark.parametrize("case", list(TRANSPOSED))
+def test_a_transposed_conv_whose_kernel_is_its_stride_is_a_dense(case):
+    """DPT's reassemble stage upsamples by ``ConvTranspose2d(k, stride=k)``: a product
+    per pixel and a depth to space, the product a dense kernel call with its bias (TVM's
+    schedule of the transposed conv took 2 of DPT's 2.4 s). Numerics against PyTorch;
+    other transposed convs stay TVM's and right."""
+    kernel, stride, pad, out_pad, bias, expected = TRANSPOSED[case]
+    torch.manual_seed(0)
+    model = torch.nn.ConvTranspose2d(24, 10, kernel, stride=stride, padding=pad,
+                                     output_padding=out_pad, bias=bias).eval()
+    report = _check(model, (2, 24, 7, 5), expected)
+    if expected:
+        assert not any("conv2d_transpose" in name for name in report.schedules), \
+            report.schedules
+
+
 def test_conv1d_weight_as_input_and_other_layouts():
     """A conv1d weight passed in is read in place by the conv kernel; an NWC conv1d stays
     TVM's. Numerics against PyTorch for both."""
