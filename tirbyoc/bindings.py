@@ -195,6 +195,28 @@ def rewrite_relax_functions(mod, rewrite):
     return out
 
 
+def rewrite_bindings(func, rewrite):
+    """``func`` with the value of each variable binding for which ``rewrite(binding)``
+    gives a new value (None: kept as it is) replaced by it; ``func`` itself when none."""
+    found = False
+    blocks = []
+    for block in func.body.blocks:
+        bindings = []
+        for binding in block.bindings:
+            value = rewrite(binding) if isinstance(binding, R.VarBinding) else None
+            if value is None:
+                bindings.append(binding)
+                continue
+            found = True
+            bindings.append(R.VarBinding(binding.var, value))
+        blocks.append(R.DataflowBlock(bindings) if isinstance(block, R.DataflowBlock)
+                      else R.BindingBlock(bindings))
+    if not found:
+        return func
+    return R.Function(func.params, R.SeqExpr(blocks, func.body.body), func.ret_ty,
+                      func.is_pure, func.attrs)
+
+
 def call_tir_sites(mod):
     """Yield ``(var2val, call, args)`` for every call_tir in every Relax function."""
     call_tir = T.call_tir_op()

@@ -997,6 +997,22 @@ def _pad_into_conv(call, values):
                           out_layout=str(a.out_layout), out_dtype=_out_dtype(a))
 
 
+def _bias_after(call, b, op: str, spatial: int):
+    """``(conv, bias)`` where ``call`` adds a constant per-channel bias (``[1, OC, 1..]``
+    or ``[OC, 1..]``, ``spatial`` ones) to a call of ``op`` used only there: the conv
+    call and the bias as a numpy [OC]; ``(call, None)`` for any other call."""
+    if not is_op(call, "relax.add"):
+        return call, None
+    for conv, other in (call.args, call.args[::-1]):
+        if b.uses.get(conv, 0) == 1 and is_op(b.producer(conv), op):
+            oc = (_static_shape(conv) or [None, None])[1]
+            value = _const(other, b.values)
+            ones = [1] * spatial
+            if value is not None and list(value.shape) in ([1, oc, *ones], [oc, *ones]):
+                return b.producer(conv), value.reshape(oc)
+    return call, None
+
+
 def _conv1d_as_conv2d(call, b):
     """``conv1d(x, W)`` (NCW, OIW) as ``conv2d`` over images one row high: ``x`` and
     ``W`` get an axis of 1 before their last one, the output loses it again, and a bias
@@ -1006,17 +1022,7 @@ def _conv1d_as_conv2d(call, b):
     2.0's feature extractor and positional conv): TVM's own conv1d schedule ran
     SqueezeBERT at 243 ms a run, wav2vec 2.0 (one second of audio) at 1.8 s. None for
     any other call."""
-    bias = None
-    if is_op(call, "relax.add"):
-        for conv, other in (call.args, call.args[::-1]):
-            if b.uses.get(conv, 0) == 1 and is_op(b.producer(conv), "relax.nn.conv1d"):
-                oc = (_static_shape(conv) or [None, None])[1]
-                value = _const(other, b.values)
-                if value is not None and list(value.shape) in ([1, oc, 1], [oc, 1]):
-                    call, bias = b.producer(conv), R.const(value.reshape(1, oc, 1, 1))
-                    break
-        if bias is None:
-            return None
+    call, bias = _bias_after(call, b, "relax.nn.conv1d", 1)
     if not is_op(call, "relax.nn.conv1d"):
         return None
     a = call.attrs
@@ -1032,7 +1038,9 @@ def _conv1d_as_conv2d(call, b):
     y = R.op.nn.conv2d(R.op.expand_dims(x, [2]), w, strides=[1, int(a.strides[0])],
                        padding=[0, left, 0, right], dilation=[1, int(a.dilation[0])],
                        groups=int(a.groups), out_dtype=_out_dtype(a))
-    return R.op.squeeze(y if bias is None else R.op.add(y, bias), [2])
+    if bias is not None:
+        y = R.op.add(y, R.const(bias.reshape(1, -1, 1, 1)))
+    return R.op.squeeze(y, [2])
 
 
 def _conv_transpose_as_matmul(call, b):
@@ -1045,17 +1053,7 @@ def _conv_transpose_as_matmul(call, b):
     three loops, took 1.56 s and 0.47 s of DPT's 2.4 s run. A bias added right after it
     ([1, O, 1, 1] or [O, 1, 1], constant) joins the product's bias. None for any other
     call."""
-    bias = None
-    if is_op(call, "relax.add"):
-        for conv, other in (call.args, call.args[::-1]):
-            if b.uses.get(conv, 0) == 1 and is_op(b.producer(conv), "relax.nn.conv2d_transpose"):
-                oc = (_static_shape(conv) or [None, None])[1]
-                value = _const(other, b.values)
-                if value is not None and list(value.shape) in ([1, oc, 1, 1], [oc, 1, 1]):
-                    call, bias = b.producer(conv), value.reshape(oc)
-                    break
-        if bias is None:
-            return None
+    call, bias = _bias_after(call, b, "relax.nn.conv2d_transpose", 2)
     if not is_op(call, "relax.nn.conv2d_transpose"):
         return None
     a = call.attrs

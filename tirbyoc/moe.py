@@ -29,7 +29,7 @@ rows otherwise).
 from __future__ import annotations
 
 from . import _tvm as T
-from .bindings import call_args, rewrite_relax_functions, shape_of, tir_dims
+from .bindings import call_args, rewrite_bindings, rewrite_relax_functions, shape_of, tir_dims
 from .normalize import INTRINSIC_ATTR, LIBRARY_ATTR, NOTES_ATTR, OFFLOADED_ATTR
 
 R = T.relax_ns
@@ -194,51 +194,38 @@ def _kernel_func(x, w, offsets, out_ty, layout, declared):
 def _rewrite_func(func, builder, gvars, kernels, builtin, mod):
     var2val = R.analysis.get_var2val(func)
     call_tir = T.call_tir_op()
-    found = False
-    blocks = []
-    for block in func.body.blocks:
-        bindings = []
-        for binding in block.bindings:
-            value = binding.value if isinstance(binding, R.VarBinding) else None
-            if not (isinstance(value, R.Call) and value.op.same_as(call_tir)):
-                bindings.append(binding)
-                continue
-            args = call_args(value)
-            callee = mod[value.args[0]] if isinstance(value.args[0], T.GlobalVar) else None
-            if len(args) != 3 or getattr(args[0].ty, "dtype", None) != "float32" or \
-                    getattr(args[1].ty, "dtype", None) != "float32" or \
-                    not str(getattr(args[2].ty, "dtype", "")).startswith("int") or \
-                    not _is_definition(callee, args):
-                bindings.append(binding)
-                continue
-            x, w, offsets = args
-            # the weight read in place through its transpose ("nt") or as it is ("nn"):
-            # the first a declared kernel takes, else the first for the built-in one
-            source = _transposed_from(w, var2val)
-            forms = ([(source, "nt")] if source is not None and
-                     getattr(source.ty, "dtype", None) == "float32" else []) + [(w, "nn")]
-            chosen = next(((weight, layout, _kernel_for(layout, kernels))
-                           for weight, layout in forms if _kernel_for(layout, kernels)),
-                          None)
-            if chosen is None and not builtin:
-                bindings.append(binding)
-                continue
-            w, layout, declared = chosen or (*forms[0], None)
-            if declared is None and isinstance(w, T.RelaxConstant):
-                w, layout = _packed(w, layout), "packed"
-            kernel = _kernel_func(x, w, offsets, binding.var, layout, declared)
-            key = T.structural_hash(kernel)
-            if key not in gvars:
-                gvars[key] = builder.add_func(kernel, f"tirbyoc_{NAME}")
-            found = True
-            bindings.append(R.VarBinding(binding.var, R.call_tir(
-                gvars[key], [x, w, offsets], binding.var.ty)))
-        blocks.append(R.DataflowBlock(bindings) if isinstance(block, R.DataflowBlock)
-                      else R.BindingBlock(bindings))
-    if not found:
-        return func
-    return R.Function(func.params, R.SeqExpr(blocks, func.body.body), func.ret_ty,
-                      func.is_pure, func.attrs)
+
+    def call(binding):
+        value = binding.value
+        if not (isinstance(value, R.Call) and value.op.same_as(call_tir)):
+            return None
+        args = call_args(value)
+        callee = mod[value.args[0]] if isinstance(value.args[0], T.GlobalVar) else None
+        if len(args) != 3 or getattr(args[0].ty, "dtype", None) != "float32" or \
+                getattr(args[1].ty, "dtype", None) != "float32" or \
+                not str(getattr(args[2].ty, "dtype", "")).startswith("int") or \
+                not _is_definition(callee, args):
+            return None
+        x, w, offsets = args
+        # the weight read in place through its transpose ("nt") or as it is ("nn"): the
+        # first a declared kernel takes, else the first for the built-in one
+        source = _transposed_from(w, var2val)
+        forms = ([(source, "nt")] if source is not None and
+                 getattr(source.ty, "dtype", None) == "float32" else []) + [(w, "nn")]
+        chosen = next(((weight, layout, _kernel_for(layout, kernels))
+                       for weight, layout in forms if _kernel_for(layout, kernels)), None)
+        if chosen is None and not builtin:
+            return None
+        w, layout, declared = chosen or (*forms[0], None)
+        if declared is None and isinstance(w, T.RelaxConstant):
+            w, layout = _packed(w, layout), "packed"
+        kernel = _kernel_func(x, w, offsets, binding.var, layout, declared)
+        key = T.structural_hash(kernel)
+        if key not in gvars:
+            gvars[key] = builder.add_func(kernel, f"tirbyoc_{NAME}")
+        return R.call_tir(gvars[key], [x, w, offsets], binding.var.ty)
+
+    return rewrite_bindings(func, call)
 
 
 def offload_grouped(mod, kernels=(), builtin=True):

@@ -12,7 +12,7 @@ size keep TVM's pooling (and its ``WindowReduction`` schedule).
 from __future__ import annotations
 
 from . import _tvm as T
-from .bindings import is_op, rewrite_relax_functions, shape_of, tir_dims
+from .bindings import is_op, rewrite_bindings, rewrite_relax_functions, shape_of, tir_dims
 from .normalize import INTRINSIC_ATTR, OFFLOADED_ATTR
 from .ops import geometry_roles, out_size
 
@@ -130,43 +130,27 @@ _POOL_OPS = {"relax.nn.max_pool2d": "max_pool2d", "relax.nn.avg_pool2d": "avg_po
 
 
 def _rewrite_func(func, builder, gvars, kernels, builtin):
-    found = False
-    blocks = []
-    for block in func.body.blocks:
-        bindings = []
-        for binding in block.bindings:
-            value = binding.value if isinstance(binding, R.VarBinding) else None
-            family = next((f for op, f in _POOL_OPS.items() if is_op(value, op)), None)
-            g = _geometry(value) if family is not None else None
-            declared = None if g is None else next(
-                (k for k in kernels if k.op.family == family and _takes(k, g)), None)
-            if declared is not None:
-                found = True
-                kernel = _declared_func(declared, value.args[0], binding.var, g)
-                key = T.structural_hash(kernel)
-                if key not in gvars:
-                    gvars[key] = builder.add_func(
-                        kernel, f"{declared.library.name}_{declared.symbol}")
-                bindings.append(R.VarBinding(binding.var, R.call_tir(
-                    gvars[key], [value.args[0]], binding.var.ty)))
-                continue
+    def call(binding):
+        value = binding.value
+        family = next((f for op, f in _POOL_OPS.items() if is_op(value, op)), None)
+        g = _geometry(value) if family is not None else None
+        declared = None if g is None else next(
+            (k for k in kernels if k.op.family == family and _takes(k, g)), None)
+        if declared is not None:
+            kernel = _declared_func(declared, value.args[0], binding.var, g)
+            name = f"{declared.library.name}_{declared.symbol}"
+        else:
             params = _params(value) if builtin and family == "max_pool2d" else None
             if params is None:
-                bindings.append(binding)
-                continue
-            found = True
+                return None
             kernel = _kernel_func(value.args[0], binding.var, params)
-            key = T.structural_hash(kernel)
-            if key not in gvars:
-                gvars[key] = builder.add_func(kernel, "tirbyoc_max_pool2d")
-            bindings.append(R.VarBinding(binding.var, R.call_tir(
-                gvars[key], [value.args[0]], binding.var.ty)))
-        blocks.append(R.DataflowBlock(bindings) if isinstance(block, R.DataflowBlock)
-                      else R.BindingBlock(bindings))
-    if not found:
-        return func
-    return R.Function(func.params, R.SeqExpr(blocks, func.body.body), func.ret_ty,
-                      func.is_pure, func.attrs)
+            name = "tirbyoc_max_pool2d"
+        key = T.structural_hash(kernel)
+        if key not in gvars:
+            gvars[key] = builder.add_func(kernel, name)
+        return R.call_tir(gvars[key], [value.args[0]], binding.var.ty)
+
+    return rewrite_bindings(func, call)
 
 
 def offload_pools(mod, kernels=(), builtin=True, passes=None):  # noqa: ARG001
