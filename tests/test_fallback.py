@@ -219,6 +219,23 @@ def test_an_expanded_call_inlined_twice_into_one_loop_builds_and_is_right():
     np.testing.assert_allclose(got, ref, rtol=1e-6, atol=1e-6 * np.abs(ref).max())
 
 
+def _schedule(mod, rule):
+    """The schedule ``rule`` makes of the first PrimFunc of ``mod`` legalized (or None)."""
+    with TARGET:
+        func = next(f for _, f in _legalized(mod).functions_items()
+                    if isinstance(f, tirx.PrimFunc))
+        return rule.apply(func, TARGET)
+
+
+def _predicated(sch) -> list:
+    """The block realizes of a schedule's function that carry a predicate."""
+    found = []
+    tvm_ffi.structural_walk(sch.mod["main"], [(
+        tvm.s_tir.SBlockRealize,
+        lambda r: found.append(r) if not isinstance(r.predicate, tirx.IntImm) else None)])
+    return found
+
+
 @pytest.mark.parametrize("row", [129, 50])
 def test_a_row_reduction_without_whole_vectors_carries_no_lane_predicate(row):
     """A max over rows that no lane count divides (GPT-OSS's scores beside their sink:
@@ -227,16 +244,9 @@ def test_a_row_reduction_without_whole_vectors_carries_no_lane_predicate(row):
     loop now; numpy's values bit for bit."""
     mod = _one_op_module((64, row), lambda x: relax.op.subtract(
         x, relax.op.max(x, axis=-1, keepdims=True)))
-    with TARGET:
-        func = next(f for _, f in _legalized(mod).functions_items()
-                    if isinstance(f, tirx.PrimFunc))
-        sch = fallback.RowReduction().apply(func, TARGET)
+    sch = _schedule(mod, fallback.RowReduction())
     assert sch is not None
-    predicated = []
-    tvm_ffi.structural_walk(sch.mod["main"], [(
-        tvm.s_tir.SBlockRealize,
-        lambda r: predicated.append(r) if not isinstance(r.predicate, tirx.IntImm) else None)])
-    assert not predicated, sch.mod["main"]
+    assert not _predicated(sch), sch.mod["main"]
     x = np.random.default_rng(row).standard_normal((64, row)).astype(np.float32)
     np.testing.assert_array_equal(tirbyoc.run(tirbyoc.compile(mod), x),
                                   x - x.max(-1, keepdims=True))
@@ -257,10 +267,7 @@ def test_a_recurrence_is_not_inlined_past_the_expression_budget():
     finish building; a block past ``INLINE_NODES`` stays a block its consumers read.
     The values are numpy's."""
     mod = _one_op_module((4, 64), _recurrence)
-    with TARGET:
-        func = next(f for _, f in _legalized(mod).functions_items()
-                    if isinstance(f, tirx.PrimFunc))
-        sch = fallback.Injective().apply(func, TARGET)
+    sch = _schedule(mod, fallback.Injective())
     blocks = []
     tvm_ffi.structural_walk(sch.mod["main"], [(tvm.s_tir.SBlock, blocks.append)])
     sizes = [fallback._expr_nodes(b) for b in blocks if b.name_hint != "root"]
@@ -530,10 +537,7 @@ def test_pooling_rules_match_tvms_unscheduled_build(op, hw):
 
 
 def _scheduled_func(mod, rule):
-    with TARGET:
-        func = next(f for _, f in _legalized(mod).functions_items()
-                    if isinstance(f, tirx.PrimFunc))
-        sch = rule.apply(func, TARGET)
+    sch = _schedule(mod, rule)
     assert sch is not None
     names, kinds = [], set()
     tvm_ffi.structural_walk(sch.mod["main"],
@@ -619,15 +623,9 @@ def test_a_row_without_a_lane_divisor_runs_whole_vectors_then_a_scalar_tail(row)
     bias = np.random.default_rng(row).standard_normal((1, heads, row, row)).astype(np.float32)
     mod = _one_op_module((windows * heads, row, row), lambda x: relax.op.add(
         relax.op.reshape(x, (windows, heads, row, row)), relax.const(bias)))
-    with TARGET:
-        func = next(f for _, f in _legalized(mod).functions_items()
-                    if isinstance(f, tirx.PrimFunc))
-        sch = fallback.Injective().apply(func, TARGET)
-    loops, predicated = [], []
+    sch = _schedule(mod, fallback.Injective())
+    loops, predicated = [], _predicated(sch)
     tvm_ffi.structural_walk(sch.mod["main"], [(tirx.For, loops.append)])
-    tvm_ffi.structural_walk(sch.mod["main"], [(
-        tvm.s_tir.SBlockRealize,
-        lambda r: predicated.append(r) if not isinstance(r.predicate, tirx.IntImm) else None)])
     vectorized = [int(f.extent) for f in loops if int(f.kind) == int(tirx.ForKind.VECTORIZED)]
     serial = [int(f.extent) for f in loops if int(f.kind) == int(tirx.ForKind.SERIAL)]
     assert vectorized == [16] and not predicated, sch.mod["main"]
@@ -679,10 +677,7 @@ def test_group_norm_sums_each_group_once(batch, groups):
     gamma, beta = (rng.standard_normal(32).astype(np.float32) for _ in range(2))
     mod = _one_op_module(shape, lambda x: relax.op.nn.group_norm(
         x, relax.const(gamma), relax.const(beta), groups, 1, [2, 3], epsilon=1e-5))
-    with TARGET:
-        func = next(f for _, f in _legalized(mod).functions_items()
-                    if isinstance(f, tirx.PrimFunc))
-        sch = fallback.RowReduction().apply(func, TARGET)
+    sch = _schedule(mod, fallback.RowReduction())
     assert sch is not None
     names = []
     tvm_ffi.structural_walk(sch.mod["main"],

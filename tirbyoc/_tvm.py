@@ -295,13 +295,6 @@ def dlight_blocks(sch):
     return normalize_prim_func(sch)
 
 
-def dlight_try_inline(sch, blocks):
-    """Inline what can be inlined; the blocks that remain."""
-    from tvm.s_tir.dlight.base import try_inline
-
-    return try_inline(sch, list(blocks))
-
-
 def dlight_extent(sch, loop):
     """A loop's extent: an int when static."""
     from tvm.s_tir.dlight.base import get_extent

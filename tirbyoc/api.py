@@ -293,8 +293,7 @@ def pipeline(target=None, *, libraries=(), builtin=True, intrinsics=None,
             # NOTE: what tirbyoc left to TVM is fused as usual (kernel calls are opaque to
             # FuseOps); for a module that was legalized and partitioned by the graph
             # level, this is where the rest gets fused.
-            with T.fusion_depth(relax_prep.FUSE_DEPTH):
-                mod = T.Sequential(T.relax_default_prepare_passes())(mod)
+            mod = relax_prep.legalize_and_fuse(mod)
             # NOTE: the rest gets CPU schedules (TVM's default pipeline leaves it naive).
             mod = T.apply_default_schedule(*fallback.schedule_rules())(mod)
             mod = T.Sequential(T.relax_default_lowering_passes(target))(mod)

@@ -361,12 +361,17 @@ def _library_bytes(ex) -> int:
         return os.path.getsize(path)
 
 
+def _experts_owner(model):
+    """The outermost ``transformers`` model in ``model`` (it sets how its experts run),
+    or None."""
+    return next((m for m in model.modules() if hasattr(m, "set_experts_implementation")),
+                None)
+
+
 def _grouped_experts(model) -> bool:
     """Whether ``model``'s experts run as grouped products (``transformers``' default)."""
-    top = next((m for m in model.modules() if hasattr(m, "set_experts_implementation")),
-               None)
-    return getattr(getattr(top, "config", None), "_experts_implementation", None) == \
-        "grouped_mm"
+    config = getattr(_experts_owner(model), "config", None)
+    return getattr(config, "_experts_implementation", None) == "grouped_mm"
 
 
 def _with_experts(model, implementation: str):
@@ -375,12 +380,11 @@ def _with_experts(model, implementation: str):
     import copy
 
     clone = copy.deepcopy(model)
-    next(m for m in clone.modules() if hasattr(m, "set_experts_implementation")) \
-        .set_experts_implementation(implementation)
+    _experts_owner(clone).set_experts_implementation(implementation)
     return clone
 
 
-# Sequence lengths a build for every length is also checked at (besides SEQ).# Sequence lengths a build for every length is also checked at (besides SEQ).
+# Sequence lengths a build for every length is also checked at (besides SEQ).
 OTHER_LENGTHS = (7, 300)
 
 

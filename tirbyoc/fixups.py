@@ -864,14 +864,26 @@ def extreme_with_index(x, axis: int, largest: bool, keepdims: bool, nan_wins=Tru
     smallest takes NaN for the largest value, so there NaN does not win."""
     values = (R.op.max if largest else R.op.min)(x, axis=axis, keepdims=keepdims)
     indices = (R.op.argmax if largest else R.op.argmin)(x, axis=axis, keepdims=keepdims)
-    dtype = str(x.ty.dtype) if getattr(x, "ty", None) is not None else ""
-    if nan_wins and dtype.startswith(("float", "bfloat")):
-        nan = R.op.astype(R.op.isnan(x), "int8")
-        has_nan = R.op.greater(R.op.max(nan, axis=axis, keepdims=keepdims),
-                               R.const(0, "int8"))
-        values = R.op.where(has_nan, R.const(float("nan"), dtype), values)
-        indices = R.op.where(has_nan, R.op.argmax(nan, axis=axis, keepdims=keepdims), indices)
+    if nan_wins:
+        values, first_nan = nan_propagating(x, values, axis, keepdims)
+        if first_nan is not None:
+            indices = first_nan(indices)
     return values, indices
+
+
+def nan_propagating(x, values, axis, keepdims):
+    """``(values', first_nan)``: ``values`` (a max or min of ``x`` over ``axis``, which
+    skips NaN) NaN where the reduced elements hold one, as PyTorch's reductions give,
+    and ``first_nan(indices)``, indices that point at the first NaN there; ``(values,
+    None)`` for a tensor that holds no NaN (not a float)."""
+    dtype = str(x.ty.dtype) if getattr(x, "ty", None) is not None else ""
+    if not dtype.startswith(("float", "bfloat")):
+        return values, None
+    nan = R.op.astype(R.op.isnan(x), "int8")
+    has_nan = R.op.greater(R.op.max(nan, axis=axis, keepdims=keepdims), R.const(0, "int8"))
+    return (R.op.where(has_nan, R.const(float("nan"), dtype), values),
+            lambda indices: R.op.where(has_nan, R.op.argmax(nan, axis=axis,
+                                                            keepdims=keepdims), indices))
 
 
 def _topk_one(call, b):  # noqa: ARG001 (rewrite_calls' signature)

@@ -212,11 +212,11 @@ def _rewrite_func(func, builder, gvars, kernels, builtin, mod):
         source = _transposed_from(w, var2val)
         forms = ([(source, "nt")] if source is not None and
                  getattr(source.ty, "dtype", None) == "float32" else []) + [(w, "nn")]
-        chosen = next(((weight, layout, _kernel_for(layout, kernels))
-                       for weight, layout in forms if _kernel_for(layout, kernels)), None)
+        offers = [(weight, layout, _kernel_for(layout, kernels)) for weight, layout in forms]
+        chosen = next((offer for offer in offers if offer[2] is not None), None)
         if chosen is None and not builtin:
             return None
-        w, layout, declared = chosen or (*forms[0], None)
+        w, layout, declared = chosen or offers[0]
         if declared is None and isinstance(w, T.RelaxConstant):
             w, layout = _packed(w, layout), "packed"
         kernel = _kernel_func(x, w, offsets, binding.var, layout, declared)

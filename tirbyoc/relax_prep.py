@@ -85,6 +85,13 @@ def is_legalized(mod) -> bool:
 FUSE_DEPTH = 32
 
 
+def legalize_and_fuse(mod):
+    """TVM's default legalization and fusion, at most ``FUSE_DEPTH`` operators a fused
+    function (unless the caller's PassContext sets FuseOps's bound)."""
+    with T.fusion_depth(FUSE_DEPTH):
+        return T.Sequential(T.relax_default_prepare_passes())(mod)
+
+
 def prepare(mod, fuse="auto", softmax=True, passes=None, registry=None):
     """Legalize and fuse a Relax module like the default CPU pipeline: ``(module, Scope)``.
 
@@ -146,8 +153,7 @@ def prepare(mod, fuse="auto", softmax=True, passes=None, registry=None):
                     mod = resolve(stage)(mod, kernels=kernels, builtin=builtin, passes=passes)
     if fuse:
         registry.make_symbols_global(mod)  # (FoldConstant may run a region's kernel)
-        with T.fusion_depth(FUSE_DEPTH):
-            mod = T.Sequential(T.relax_default_prepare_passes())(mod)
+        mod = legalize_and_fuse(mod)
     elif not legalized:
         mod = R.transform.LegalizeOps()(mod)
     if scope.chosen or scope.foreign:

@@ -64,7 +64,7 @@ import tvm
 from tvm import relax
 
 from .bindings import same_dims, shape_of
-from .fixups import extreme_with_index
+from .fixups import extreme_with_index, nan_propagating
 
 
 def torch_converters() -> dict:
@@ -298,10 +298,6 @@ def _extreme(largest: bool):
         if dtype == "bool":  # (Relax reduces no bools: "any" and "all" in int8)
             return emit(op.astype((op.max if largest else op.min)(
                 op.astype(x, "int8"), axis=axis, keepdims=keepdim), "bool"))
-        values = emit((op.max if largest else op.min)(x, axis=axis, keepdims=keepdim))
-        if not dtype.startswith(("float", "bfloat")):
-            return values
-        nan = op.astype(op.isnan(x), "int8")
-        has_nan = op.greater(op.max(nan, axis=axis, keepdims=keepdim), relax.const(0, "int8"))
-        return emit(op.where(has_nan, relax.const(float("nan"), dtype), values))
+        values = (op.max if largest else op.min)(x, axis=axis, keepdims=keepdim)
+        return emit(nan_propagating(x, values, axis, keepdim)[0])
     return convert
