@@ -144,3 +144,40 @@ def test_amax_and_whole_tensor_max_propagate_nan_as_pytorch():
         expected = expected.numpy()
         assert value.shape == expected.shape and value.dtype == expected.dtype
         np.testing.assert_array_equal(value, expected)  # (NaN where NaN)
+
+
+class _PaddedByBuffers(torch.nn.Module):
+    """Mimi's convolutions: the padding read out of registered buffers with ``.item()``
+    and computed from them and the length, then a scale read out of the input."""
+
+    def __init__(self, scale_from_input=False):
+        super().__init__()
+        torch.manual_seed(6)
+        self.conv = torch.nn.Conv1d(4, 5, 5, stride=2)
+        self.register_buffer("padding_total", torch.tensor(3), persistent=False)
+        self.register_buffer("stride", torch.tensor(2), persistent=False)
+        self.scale_from_input = scale_from_input
+
+    def forward(self, x):
+        extra = (self.stride - (x.shape[-1] + self.padding_total) % self.stride) % self.stride
+        y = self.conv(torch.nn.functional.pad(x, (self.padding_total.item(), extra.item())))
+        return y * x.abs().amax().item() if self.scale_from_input else y
+
+
+@pytest.mark.parametrize("length", [17, 18])
+def test_scalars_read_out_of_buffers_are_folded_at_import(length):
+    """``.item()`` of what buffers and static shapes give is a number at import
+    (``fold_constant_items``): TVM's frontend made each a shape read at run time, and a
+    pad's widths cannot be one (Mimi's decoder did not import). A scalar read out of
+    the input stays a run-time value. Numerics against PyTorch."""
+    for from_input in (False, True):
+        model = _PaddedByBuffers(from_input).eval()
+        x = torch.randn(2, 4, length, generator=torch.Generator().manual_seed(length))
+        with torch.no_grad():
+            ep = torch.export.export(model, (x,))
+            ref = model(x).numpy()
+        assert tirbyoc.fold_constant_items(ep) == 2  # not the input's maximum
+        got = _first(tirbyoc.run(tirbyoc.compile(tirbyoc.from_exported_program(ep)),
+                                 x.numpy()))
+        assert got.shape == ref.shape
+        np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())

@@ -152,7 +152,42 @@ class _CallRewriter(R.PyExprMutator):
 
     def visit_call_(self, call):  # noqa: N802 (TVM's visitor naming)
         new = self.replacement(call, self.b)
-        return super().visit_call_(call if new is None else new)
+        return super().visit_call_(call if new is None else self._bind_shared(new))
+
+    def _bind_shared(self, expr):
+        """``expr`` with each call that it reads more than once bound to a variable, once:
+        the normalizer would bind every use of it apart, and compute it again (a
+        transposed conv's product, read once per group of taps, ran twice)."""
+        seen, shared = set(), set()
+
+        def count(e):
+            for arg in e.fields if isinstance(e, R.Tuple) else \
+                    e.args if isinstance(e, R.Call) else ():
+                key = arg.__chandle__()
+                if isinstance(arg, R.Call) and key in seen:
+                    shared.add(key)
+                    continue
+                seen.add(key)
+                count(arg)
+
+        count(expr)
+        if not shared:
+            return expr
+        done = {}
+
+        def rebuild(e):
+            if isinstance(e, R.Tuple):
+                return R.Tuple([rebuild(f) for f in e.fields])
+            if not isinstance(e, R.Call):
+                return e
+            key = e.__chandle__()
+            if key not in done:
+                out = R.Call(e.op, [rebuild(a) for a in e.args], e.attrs, e.ty_args)
+                done[key] = self.builder_.emit(self.visit_expr(out)) if key in shared \
+                    else out
+            return done[key]
+
+        return rebuild(expr)
 
 
 def rewrite_calls(mod, replacement):

@@ -975,22 +975,31 @@ def _out_dtype(attrs):
     return None if dtype in ("None", "void", "") else dtype
 
 
+def _spatial_zero_pad(pad, rank):
+    """``(x, widths)`` where ``pad`` is a zero padding of ``x`` (rank ``rank``) on its
+    axes after the first two only, ``widths`` (before, after) per such axis; None for
+    anything else."""
+    if not is_op(pad, "relax.nn.pad") or str(pad.attrs.pad_mode) != "constant" or \
+            float(pad.attrs.pad_value) != 0.0:
+        return None
+    width = [int(v) for v in pad.attrs.pad_width]
+    if len(width) != 2 * rank or any(width[:4]) or min(width) < 0:
+        return None
+    return pad.args[0], width[4:]
+
+
 def _pad_into_conv(call, values):
     """``conv2d(pad(x), padding=p)`` as ``conv2d(x, padding=p + the pad)`` when the pad is
     a zero pad of the spatial axes only (NCHW), else None."""
     if not is_op(call, "relax.nn.conv2d") or str(call.attrs.data_layout) != "NCHW":
         return None
-    pad = values.get(call.args[0])
-    if not is_op(pad, "relax.nn.pad") or str(pad.attrs.pad_mode) != "constant" or \
-            float(pad.attrs.pad_value) != 0.0:
+    padded = _spatial_zero_pad(values.get(call.args[0]), 4)
+    if padded is None:
         return None
-    width = [int(v) for v in pad.attrs.pad_width]
-    if len(width) != 8 or any(width[:4]) or min(width) < 0:
-        return None
-    top, bottom, left, right = width[4:]
+    x, (top, bottom, left, right) = padded
     p = [int(v) for v in call.attrs.padding]
     a = call.attrs
-    return R.op.nn.conv2d(pad.args[0], call.args[1], strides=a.strides,
+    return R.op.nn.conv2d(x, call.args[1], strides=a.strides,
                           padding=[p[0] + top, p[1] + left, p[2] + bottom, p[3] + right],
                           dilation=a.dilation, groups=int(a.groups),
                           data_layout=str(a.data_layout), kernel_layout=str(a.kernel_layout),
@@ -1020,8 +1029,9 @@ def _conv1d_as_conv2d(call, b):
     is added before the axis goes, so that the conv's call takes it too. The conv
     kernels then take these like any conv2d (SqueezeBERT's grouped 1x1 convs, wav2vec
     2.0's feature extractor and positional conv): TVM's own conv1d schedule ran
-    SqueezeBERT at 243 ms a run, wav2vec 2.0 (one second of audio) at 1.8 s. None for
-    any other call."""
+    SqueezeBERT at 243 ms a run, wav2vec 2.0 (one second of audio) at 1.8 s. A zero pad
+    of the length before it (a causal conv's, Mimi's and EnCodec's) joins its padding,
+    as ``fold_pads`` does for 2-D ones. None for any other call."""
     call, bias = _bias_after(call, b, "relax.nn.conv1d", 1)
     if not is_op(call, "relax.nn.conv1d"):
         return None
@@ -1035,6 +1045,10 @@ def _conv1d_as_conv2d(call, b):
         return None
     w = R.op.reshape(w, [dims[0], dims[1], 1, dims[2]])
     left, right = (int(v) for v in a.padding)
+    padded = _spatial_zero_pad(b.producer(x), 3)  # a causal conv's left pad, say
+    if padded is not None:
+        x, (extra_left, extra_right) = padded
+        left, right = left + extra_left, right + extra_right
     y = R.op.nn.conv2d(R.op.expand_dims(x, [2]), w, strides=[1, int(a.strides[0])],
                        padding=[0, left, 0, right], dilation=[1, int(a.dilation[0])],
                        groups=int(a.groups), out_dtype=_out_dtype(a))
@@ -1044,39 +1058,101 @@ def _conv1d_as_conv2d(call, b):
 
 
 def _conv_transpose_as_matmul(call, b):
-    """``conv2d_transpose(x, W)`` whose kernel equals its stride (no padding, dilation or
-    groups: DPT's reassemble stage, 4 x 4 and 2 x 2 upsampling, and any patch-wise
-    "unpatchify") as what it is, a matrix product per pixel followed by a depth to space:
-    ``x`` [N, C, H, W] as [N H W, C] times ``W`` [C, O kh kw], each pixel's O x kh x kw
-    outputs then put in place. The product is a dense the kernels take (its weight
-    constant and packed); TVM's own schedule of the transposed conv, a reduction over
-    three loops, took 1.56 s and 0.47 s of DPT's 2.4 s run. A bias added right after it
-    ([1, O, 1, 1] or [O, 1, 1], constant) joins the product's bias. None for any other
+    """A transposed conv (``conv2d_transpose`` NCHW / IOHW, or ``conv1d_transpose`` NCW /
+    IOW as one a row high; one group, no dilation, any kernel, stride, padding and output
+    padding) as a matrix product per input pixel and an overlap-add: ``x`` [N, C, H, W]
+    as [N H W, C] times ``W`` [C, O kh kw] gives every pixel's O x kh x kw contributions
+    ``Z``; output pixel ``(i sh + ki - top, j sw + kj - left)`` sums ``Z[i, j, :, ki,
+    kj]`` (``_overlap_add``). The product is a dense the kernels take (its weight constant
+    and packed); the overlap-add is a few shifted adds TVM fuses into one loop over the
+    output. Where the kernel is its stride (DPT's reassemble stage, any "unpatchify")
+    windows do not overlap and the overlap-add is a depth to space. TVM's own schedule
+    of the transposed conv, a reduction over three loops, took 1.56 s and 0.47 s of
+    DPT's 2.4 s run and 58 of HiFi-GAN's 74 ms. A bias added right after it ([1, O, 1,
+    1] or [O, 1, 1], constant; [1, O, 1] or [O, 1] in 1-D) joins the product's bias
+    where windows do not overlap, and the overlap-add's otherwise. None for any other
     call."""
-    call, bias = _bias_after(call, b, "relax.nn.conv2d_transpose", 2)
-    if not is_op(call, "relax.nn.conv2d_transpose"):
+    for op, spatial in (("relax.nn.conv2d_transpose", 2), ("relax.nn.conv1d_transpose", 1)):
+        conv, bias = _bias_after(call, b, op, spatial)
+        if is_op(conv, op):
+            call = conv
+            break
+    one_d = is_op(call, "relax.nn.conv1d_transpose")
+    if not (one_d or is_op(call, "relax.nn.conv2d_transpose")):
         return None
     a = call.attrs
     x, w = call.args
     dims, xs = _static_shape(w), _static_shape(x)
-    if (str(a.data_layout), str(a.kernel_layout), str(a.out_layout)) != \
-            ("NCHW", "IOHW", "NCHW") or int(a.groups) != 1 or dims is None or \
-            xs is None or len(dims) != 4 or len(xs) != 4 or \
-            not all(isinstance(d, int) for d in dims) or not isinstance(xs[1], int) or \
+    layouts = ("NCW", "IOW", "NCW") if one_d else ("NCHW", "IOHW", "NCHW")
+    rank = 3 if one_d else 4
+    if (str(a.data_layout), str(a.kernel_layout), str(a.out_layout)) != layouts or \
+            int(a.groups) != 1 or dims is None or xs is None or len(dims) != rank or \
+            len(xs) != rank or not all(isinstance(d, int) for d in dims) or \
+            not isinstance(xs[1], int) or any(int(v) != 1 for v in a.dilation) or \
             getattr(x.ty, "dtype", None) != "float32" or \
-            getattr(w.ty, "dtype", None) != "float32":
+            getattr(w.ty, "dtype", None) != "float32" or \
+            _out_dtype(a) not in (None, "float32"):
         return None
+    pads = [int(v) for v in a.padding]
+    strides = [int(v) for v in a.strides]
+    out_pads = [int(v) for v in a.output_padding]
+    if one_d:  # as a conv2d_transpose one row high
+        dims = [dims[0], dims[1], 1, dims[2]]
+        xs = [xs[0], xs[1], 1, xs[2]]
+        pads, strides, out_pads = [0, pads[0], 0, pads[1]], [1, *strides], [0, *out_pads]
     c, o, kh, kw = dims
-    if [int(v) for v in a.strides] != [kh, kw] or any(int(v) for v in a.padding) or \
-            any(int(v) for v in a.output_padding) or any(int(v) != 1 for v in a.dilation):
-        return None
     n, _, h, wd = xs
-    rows = R.op.reshape(R.op.permute_dims(x, [0, 2, 3, 1]), [n * h * wd, c])
-    y = R.op.matmul(rows, R.op.reshape(w, [c, o * kh * kw]))
-    if bias is not None:
-        y = R.op.add(y, R.const(np.repeat(bias.astype("float32"), kh * kw)))
-    y = R.op.permute_dims(R.op.reshape(y, [n, h, wd, o, kh, kw]), [0, 3, 1, 4, 2, 5])
-    return R.op.reshape(y, [n, o, h * kh, wd * kw])
+    if min(pads) < 0 or any(p >= s for p, s in zip(out_pads, strides)):
+        return None
+    rows = R.op.reshape(R.op.permute_dims(x, [0, 2, 3, 1]) if not one_d else
+                        R.op.permute_dims(x, [0, 2, 1]), [n * h * wd, c])
+    z = R.op.matmul(rows, R.op.reshape(w, [c, o * kh * kw]))
+    disjoint = [kh, kw] == strides and not any(pads) and not any(out_pads)
+    if bias is not None and disjoint:
+        z = R.op.add(z, R.const(np.repeat(bias.astype("float32"), kh * kw)))
+    z = R.op.reshape(z, [n, h, wd, o, kh, kw])
+    y = _overlap_add(z, (n, o, h, wd), (kh, kw), strides, pads, out_pads)
+    if bias is not None and not disjoint:
+        y = R.op.add(y, R.const(bias.astype("float32").reshape(1, o, 1, 1)))
+    return R.op.squeeze(y, [2]) if one_d else y
+
+
+def _overlap_add(z, size, kernel, strides, pads, out_pads):
+    """The output [N, O, OH, OW] of a transposed conv from each input pixel's
+    contributions ``z`` [N, H, W, O, kh, kw]: tap ``ki`` of row ``i`` lands on row ``i sh
+    + ki - top``. Split the taps into groups of ``sh`` (the last one zero-padded to
+    ``sh``); group ``a`` lands on the coarse rows ``i + a``, each of ``sh`` fine rows: so
+    the output on the grid of ``H + Th - 1`` coarse rows is the sum over the groups of
+    ``z``'s slices shifted by ``a`` coarse rows (zero-padded), then depth to space, then
+    the rows from ``top`` on, ``OH`` of them (with zeros past the grid where output
+    padding asks for more). Every op is injective: TVM fuses them into one loop."""
+    (n, o, h, wd), (kh, kw), (sh, sw) = size, kernel, strides
+    top, left, bottom, right = pads
+    oh = (h - 1) * sh - top - bottom + kh + out_pads[0]
+    ow = (wd - 1) * sw - left - right + kw + out_pads[1]
+    # coarse groups: enough for the taps and for the last output row asked for
+    gh = max(-(-kh // sh), -(-(kh - bottom + out_pads[0]) // sh))
+    gw = max(-(-kw // sw), -(-(kw - right + out_pads[1]) // sw))
+    total = None
+    for ga in range(-(-kh // sh)):
+        for gb in range(-(-kw // sw)):
+            th, tw = min(sh, kh - ga * sh), min(sw, kw - gb * sw)
+            part = z
+            if (th, tw) != (kh, kw):
+                part = R.op.strided_slice(z, axes=[4, 5], begin=[ga * sh, gb * sw],
+                                          end=[ga * sh + th, gb * sw + tw])
+            width = [0, 0, ga, gh - 1 - ga, gb, gw - 1 - gb, 0, 0, 0, sh - th, 0, sw - tw]
+            if any(width):
+                part = R.op.nn.pad(part, width)
+            total = part if total is None else R.op.add(total, part)
+    grid = R.op.reshape(R.op.permute_dims(total, [0, 3, 1, 4, 2, 5]),
+                        [n, o, (h + gh - 1) * sh, (wd + gw - 1) * sw])
+    # rows of the grid past the output's last (a static count, whatever H is)
+    past = (gh * sh + bottom - kh - out_pads[0], gw * sw + right - kw - out_pads[1])
+    if not top and not left and past == (0, 0):
+        return grid
+    return R.op.strided_slice(grid, axes=[2, 3], begin=[top, left],
+                              end=[top + oh, left + ow])
 
 
 def conv_transpose_as_matmul(mod):

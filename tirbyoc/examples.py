@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import _tvm as T
-from .torch_frontend import torch_converters
+from .torch_frontend import from_exported_program
 
 SEED_SIZES = (800, 500, 10)
 
@@ -94,14 +94,13 @@ def mlp_torch_module(layers=None):
 def mlp_torch(batch=64, layers=None, *, dynamic_batch=False):
     """(Relax module, torch module) via ``torch.export`` + ``from_exported_program``."""
     import torch
-    from tvm.relax.frontend.torch import from_exported_program
 
     model = mlp_torch_module(layers)
     example = torch.zeros(batch, model[0].in_features)
     shapes = {"input": {0: torch.export.Dim("batch", min=1, max=1 << 16)}} if dynamic_batch \
         else None
     ep = torch.export.export(model, (example,), dynamic_shapes=shapes)
-    return from_exported_program(ep, custom_convert_map=torch_converters()), model
+    return from_exported_program(ep), model
 
 
 def mlp_onnx_model(layers=None):
@@ -277,14 +276,12 @@ def import_torch(model, example, *, dynamic_seq=False):
     converters for what TVM's frontend gets wrong: ``torch_frontend``); with
     ``dynamic_seq`` the second axis of the input is a symbolic sequence length."""
     import torch
-    from tvm.relax.frontend.torch import from_exported_program
 
     shapes = ({"x" if "x" in _arg_names(model) else _arg_names(model)[0]:
                {1: torch.export.Dim("seq", min=2, max=512)}} if dynamic_seq else None)
     with torch.no_grad():
         ep = torch.export.export(model, (example,), dynamic_shapes=shapes)
-    return from_exported_program(ep, keep_params_as_input=False,
-                                 custom_convert_map=torch_converters())
+    return from_exported_program(ep, keep_params_as_input=False)
 
 
 def _arg_names(model):

@@ -93,7 +93,9 @@ class Injective(T.DlightScheduleRule):
         shared = _shared_pads(sch, blocks)
         rest = _try_inline(sch, [b for b in blocks if b not in shared])
         for block in sorted(shared + rest, key=lambda b: blocks.index(b)):
-            if block in shared:
+            # a padding of what was computed, the computation inlined into it (a causal
+            # conv's left pad after its input's activation): decomposed all the same
+            if block in shared or _is_pad(sch.get(block.block_rv)):
                 _schedule_pad(sch, block.block_rv)
             else:
                 self._schedule_block(sch, block.block_rv)

@@ -301,3 +301,96 @@ def _extreme(largest: bool):
         values = (op.max if largest else op.min)(x, axis=axis, keepdims=keepdim)
         return emit(nan_propagating(x, values, axis, keepdim)[0])
     return convert
+
+
+#: the most nodes one scalar's computation may take to be folded at import
+FOLD_NODES = 2000
+
+
+def fold_constant_items(ep) -> int:
+    """Fold into Python numbers the scalars that ``ep`` (a ``torch.export``
+    ``ExportedProgram``) reads out of tensors (``x.item()``, ``int(x)``) where the
+    tensor depends on the model's own parameters, buffers and constants and on static
+    shapes only, not on an input's values: the padding Mimi's and EnCodec-style
+    convolutions compute from a registered buffer and the length, for instance.
+    ``torch.export`` leaves them as data-dependent scalars; TVM's frontend then makes
+    each one a symbolic shape read from a tensor at run time, and ops that need a
+    number, a pad's widths, fail ("Expected ``Array<int>``"). The tensor is computed
+    here with PyTorch, as the program would compute it (the weights are constants of
+    the compiled model anyway). ``ep``'s graph is changed in place (each use of such a
+    scalar reads the number instead; the program computes the same); returns how many
+    were folded. Scalars read from what depends on an input stay as they are."""
+    import torch
+    from torch.export.graph_signature import InputKind
+
+    sig = ep.graph_signature
+    state = {**dict(ep.state_dict), **dict(ep.constants)}
+    known = {}
+    for spec in sig.input_specs:
+        if spec.kind in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR) \
+                and spec.target in state:
+            known[spec.arg.name] = state[spec.target]
+    reads = (torch.ops.aten.item.default, torch.ops.aten._local_scalar_dense.default)
+    graph = ep.graph
+    memo = {}
+
+    def value(node, budget):
+        """``node``'s value, or None where it depends on an input's data (or is too far
+        to compute)."""
+        if not isinstance(node, torch.fx.Node):
+            return node
+        if node in memo:
+            return memo[node]
+        budget[0] -= 1
+        out = None
+        meta = node.meta.get("val")
+        if isinstance(meta, (bool, int, float)) and not isinstance(meta, torch.SymInt):
+            out = meta
+        elif node.op == "placeholder":
+            out = known.get(node.name)
+        elif node.op == "call_function" and budget[0] > 0:
+            args = torch.fx.node.map_aggregate(
+                (node.args, node.kwargs), lambda a: value(a, budget)
+                if isinstance(a, torch.fx.Node) else a)
+            flat = []
+            torch.fx.node.map_aggregate(args, flat.append)
+            if not any(a is None for a in flat) and all(
+                    not isinstance(a, torch.fx.Node) for a in flat):
+                try:
+                    with torch.no_grad():
+                        out = node.target(*args[0], **args[1])
+                except Exception:  # noqa: BLE001 - not computable here: left as it is
+                    out = None
+        memo[node] = out
+        return out
+
+    folded = 0
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target not in reads:
+            continue
+        number = value(node.args[0], [FOLD_NODES])
+        if not isinstance(number, torch.Tensor) or number.numel() != 1:
+            continue
+        number = number.item()
+        for user in list(node.users):
+            user.args = torch.fx.node.map_arg(user.args, lambda a: number if a is node else a)
+            user.kwargs = torch.fx.node.map_arg(user.kwargs,
+                                                lambda a: number if a is node else a)
+        folded += 1
+    if folded:
+        graph.eliminate_dead_code()
+        ep.graph_module.recompile()
+    return folded
+
+
+def from_exported_program(ep, **kwargs):
+    """TVM's ``from_exported_program`` with tirbyoc's converters (``torch_converters()``,
+    under any of the caller's own in ``custom_convert_map``), after the scalars that
+    depend on the model's constants only are folded (``fold_constant_items``). The
+    weights are constants unless ``keep_params_as_input=True`` is passed."""
+    from tvm.relax.frontend.torch import from_exported_program as tvm_import
+
+    fold_constant_items(ep)
+    kwargs["custom_convert_map"] = {**torch_converters(),
+                                    **(kwargs.get("custom_convert_map") or {})}
+    return tvm_import(ep, **kwargs)
