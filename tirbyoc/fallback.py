@@ -568,8 +568,13 @@ def _try_inline(sch, blocks) -> list:
         for b in left:
             # (a consumer inlined into its producer copies the producer's expression into
             # each of its reads of it: both must be within the bound)
+            # (and only into producers it alone reads: TVM 0.27 reverse-inlines a split's
+            # first half into the concat that the other half still reads, then drops the
+            # concat's buffer: Reformer's "used before its definition")
+            producers = sch.get_producers(b.block_rv)
             if not changed and all(_expr_nodes(sch.get(rv)) <= INLINE_NODES for rv in [
-                    b.block_rv, *sch.get_producers(b.block_rv)]):
+                    b.block_rv, *producers]) and all(
+                    len(sch.get_consumers(p)) == 1 for p in producers):
                 try:
                     sch.reverse_compute_inline(b.block_rv)
                     changed = True
