@@ -53,6 +53,8 @@ def _hidden(model, text, key="pixel_values"):
                 return self.model(input_ids=x, use_cache=False).last_hidden_state \
                     if _takes_cache(self.model) else self.model(input_ids=x).last_hidden_state
             out = self.model(**{key: x})
+            if isinstance(out, torch.Tensor):  # (a vocoder's waveform)
+                return out
             hidden = getattr(out, "last_hidden_state", None)
             return hidden if hidden is not None else out[0]  # (a head's output: DPT's depth)
 
@@ -208,6 +210,11 @@ _TEXT_HELD_OUT = {
     "funnel": ("FunnelBaseModel", "FunnelConfig", dict(block_sizes=[1, 1, 1])),
     # a recurrence over the tokens, unrolled by torch.export: its build did not finish
     # (an inlined expression growing exponentially) before the inlining bound
+    # chunked local attention, axial position embeddings, reversible residual layers:
+    # a concat that two splits read (TVM's reverse inlining dropped it: no build)
+    "reformer": ("ReformerModel", "ReformerConfig", dict(
+        attn_layers=["local", "local"], axial_pos_shape=[8, 16], local_attn_chunk_length=16,
+        is_decoder=False)),
     "rwkv": ("RwkvModel", "RwkvConfig", dict(num_hidden_layers=2, hidden_size=256,
                                              attention_hidden_size=256,
                                              intermediate_size=1024)),
@@ -296,6 +303,13 @@ _AUDIO_HELD_OUT = {
         encoder_layers=2, d_model=384, encoder_attention_heads=6, encoder_ffn_dim=1536,
         max_source_positions=500, pad_token_id=0, bos_token_id=1, eos_token_id=2,
         decoder_start_token_id=1), "input_features", (80, 1000)),
+    # vocoders and codec decoders: upsampling by transposed 1-D convs of kernel twice the
+    # stride (TVM's schedule of them took 58 of HiFi-GAN's 74 ms), dilated residual convs;
+    # Mimi's causal convs pad by what they compute from buffers with .item() (it did not
+    # import) and run an ELU before each pad
+    "hifigan": ("SpeechT5HifiGan", "SpeechT5HifiGanConfig", {}, "spectrogram", (50, 80)),
+    "mimi_decoder": ("mimi.MimiDecoder", "MimiConfig", {}, "hidden_states", (512, 20)),
+    "dac_decoder": ("dac.DacDecoder", "DacConfig", {}, "hidden_state", (1024, 20)),
 }
 
 
