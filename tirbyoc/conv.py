@@ -32,8 +32,9 @@ be used only by the next one (SiLU's ``v``: by its sigmoid and the product only)
 
 A 1-D conv (``R.nn.conv1d``, NCW / OIW) is first written as a conv2d over rows one
 pixel high, its bias add with it (``conv1d_as_conv2d``), and is then one of these. A
-transposed conv whose kernel is its stride is a matrix product and a depth to space
-(``conv_transpose_as_matmul``): the product is then a dense the TIR matcher takes.
+transposed conv (2-D or 1-D, one group) is a matrix product per input pixel and an
+overlap-add of the products (``conv_transpose_as_matmul``): the product is then a dense
+the TIR matcher takes.
 
 A 3x3 conv of stride 1 and dilation 1 in one group with a constant weight, over enough
 4 x 4 tiles of output pixels (``tirbyoc_conv2d_winograd_suits``: ResNet-18's 56 x 56 and

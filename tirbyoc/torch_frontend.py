@@ -52,6 +52,10 @@ TVM's ``from_exported_program`` takes extra converters by ATen name
   mixture-of-experts layers on CPU: the grouped product ``tirbyoc.moe`` defines, which
   ``tirbyoc.compile`` runs as kernel calls. (PyTorch's own ``_grouped_mm`` takes
   bfloat16 only on CPU and is not converted.)
+
+``from_exported_program(ep)`` is TVM's importer with these converters, after
+``fold_constant_items(ep)``: scalars read with ``.item()`` out of tensors made from the
+model's own constants and static shapes only become numbers (Mimi's padding).
 """
 
 from __future__ import annotations
