@@ -181,3 +181,18 @@ def test_scalars_read_out_of_buffers_are_folded_at_import(length):
                                  x.numpy()))
         assert got.shape == ref.shape
         np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+
+
+@pytest.mark.parametrize("dim, size, step", [(1, 4, 2), (-1, 3, 3), (2, 5, 1), (0, 2, 1)])
+def test_unfold_gives_pytorchs_windows(dim, size, step):
+    """``Tensor.unfold`` (PatchTST's patches; TVM has no converter): overlapping,
+    touching and single windows, bit for bit with PyTorch."""
+    class Windows(torch.nn.Module):
+        def forward(self, x):
+            return x.unfold(dim, size, step) * 2
+
+    x = torch.randn(3, 10, 7, generator=torch.Generator().manual_seed(size))
+    got = _first(tirbyoc.run(tirbyoc.compile(examples.import_torch(Windows(), x)), x.numpy()))
+    expected = Windows()(x).numpy()
+    assert got.shape == expected.shape
+    np.testing.assert_array_equal(got, expected)

@@ -278,6 +278,10 @@ _VISION_HELD_OUT = {
                         dict(num_hidden_layers=2)),
     # with its neck and head: upsampling by transposed convs whose kernel is their stride
     # (2.0 s of a 2.4 s run as TVM's schedule, before they became a dense each)
+    # a clip of 8 frames in 2 x 16 x 16 tubelets: a conv3d whose kernel is its stride
+    # (TVM's conv3d took 582 of 855 ms before it became a dense)
+    "videomae": ("VideoMAEModel", "VideoMAEConfig", dict(num_hidden_layers=2, num_frames=8),
+                 "pixel_values", (8, 3, 224, 224)),
     "dpt_depth": ("DPTForDepthEstimation", "DPTConfig",
                   dict(num_hidden_layers=4, backbone_out_indices=[0, 1, 2, 3]),
                   "pixel_values", (3, 384, 384)),
@@ -307,6 +311,11 @@ _AUDIO_HELD_OUT = {
     # stride (TVM's schedule of them took 58 of HiFi-GAN's 74 ms), dilated residual convs;
     # Mimi's causal convs pad by what they compute from buffers with .item() (it did not
     # import) and run an ELU before each pad
+    # a time series (512 steps of 7 channels) cut into patches by Tensor.unfold (no
+    # converter in TVM)
+    "patchtst": ("PatchTSTModel", "PatchTSTConfig", dict(
+        num_input_channels=7, context_length=512, num_hidden_layers=2), "past_values",
+        (512, 7)),
     "hifigan": ("SpeechT5HifiGan", "SpeechT5HifiGanConfig", {}, "spectrogram", (50, 80)),
     "mimi_decoder": ("mimi.MimiDecoder", "MimiConfig", {}, "hidden_states", (512, 20)),
     "dac_decoder": ("dac.DacDecoder", "DacConfig", {}, "hidden_state", (1024, 20)),

@@ -53,6 +53,9 @@ TVM's ``from_exported_program`` takes extra converters by ATen name
   ``tirbyoc.compile`` runs as kernel calls. (PyTorch's own ``_grouped_mm`` takes
   bfloat16 only on CPU and is not converted.)
 
+* ``unfold`` (``x.unfold(dim, size, step)``, no converter: PatchTST's patches, UnivNet):
+  the windows' indices taken along the axis, the window's axis moved last.
+
 ``from_exported_program(ep)`` is TVM's importer with these converters, after
 ``fold_constant_items(ep)``: scalars read with ``.item()`` out of tensors made from the
 model's own constants and static shapes only become numbers (Mimi's padding).
@@ -80,7 +83,8 @@ def torch_converters() -> dict:
             "div.Tensor": _div_mode, "topk.default": _topk,
             "split.Tensor": _split, "split_with_sizes.default": _split,
             "amax.default": _extreme(True), "amin.default": _extreme(False),
-            "max.default": _extreme(True), "min.default": _extreme(False)}
+            "max.default": _extreme(True), "min.default": _extreme(False),
+            "unfold.default": _unfold}
 
 
 def _min_dim(node, importer):
@@ -284,6 +288,30 @@ def _split(node, importer):
             f"{node.target}: split sizes computed at run time ({node.format_node()}): the "
             f"pieces' shapes would depend on data, which a Relax program cannot express")
     return importer._split(node)
+
+
+def _unfold(node, importer):
+    """``x.unfold(dim, size, step)``: the windows of ``size`` elements every ``step``
+    along ``dim``, ``dim`` becoming the windows' axis and the window a new last axis:
+    a ``take`` of the windows' indices, then the window's axis moved last."""
+    args = importer.retrieve_args(node)
+    x, dim, size, step = args[0], int(args[1]), int(args[2]), int(args[3])
+    shape = _static_shape(x)
+    if shape is None:
+        raise NotImplementedError(
+            f"{node.target}: windows of an axis whose length is known only at run time "
+            f"({node.format_node()})")
+    rank = len(shape)
+    dim %= max(rank, 1)
+    if rank == 0 or size < 0 or step <= 0 or size > shape[dim]:
+        raise ValueError(f"{node.target}: no window of {size} every {step} along axis {dim} "
+                         f"of a tensor of shape {list(shape)}")
+    count = (shape[dim] - size) // step + 1
+    index = np.arange(count)[:, None] * step + np.arange(size)[None, :]
+    emit = importer.block_builder.emit
+    windows = emit(relax.op.take(x, relax.const(index.astype("int64")), axis=dim))
+    order = [*range(dim + 1), *range(dim + 2, rank + 1), dim + 1]
+    return emit(relax.op.permute_dims(windows, order))
 
 
 def _extreme(largest: bool):
