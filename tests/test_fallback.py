@@ -712,6 +712,36 @@ def test_blocks_beside_a_kernel_call_are_scheduled():
     assert_close(tirbyoc.run(tirbyoc.compile(mod), xs, us), ref)
 
 
+def test_steps_beside_a_kernel_call_run_as_one_loop():
+    """ImageGPT's quick GELU after a dense, ``h * sigmoid(1.702 h)``: the kernel takes the
+    product and its bias, and the three elementwise steps beside it run as one loop
+    nest (each inlined into the next), not three passes over the rows; numerics against
+    numpy."""
+    rng = np.random.default_rng(6)
+    w = rng.standard_normal((64, 256)).astype(np.float32) * 0.1
+    b = rng.standard_normal(256).astype(np.float32)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((96, 64), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            h = bb.emit(relax.op.add(relax.op.matmul(x, relax.const(w)), relax.const(b)))
+            gate = relax.op.sigmoid(relax.op.multiply(h, relax.const(np.float32(1.702))))
+            out = bb.emit_output(bb.emit(relax.op.multiply(h, gate)))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    offloaded = tirbyoc.apply_tir_byoc(mod, fuse=True)
+    (fused,) = [f for _, f in offloaded.functions_items()
+                if isinstance(f, tirx.PrimFunc) and tirbyoc.offloaded_kernels(f)]
+    blocks = []
+    tvm_ffi.structural_walk(fused, [(tvm.s_tir.SBlock, blocks.append)])
+    beside = [b.name_hint for b in blocks
+              if b.name_hint != "root" and "tirbyoc.offloaded" not in b.annotations]
+    assert len(beside) == 1, fused
+    xs = rng.standard_normal((96, 64)).astype(np.float32)
+    hs = xs.astype(np.float64) @ w + b
+    assert_close(tirbyoc.run(tirbyoc.compile(mod), xs), hs / (1 + np.exp(-1.702 * hs)))
+
+
 @pytest.mark.parametrize("batch, groups", [(1, 1), (2, 1), (2, 4)])
 def test_group_norm_sums_each_group_once(batch, groups):
     """A group norm's sums are per group and its output rows per channel: each sum runs in

@@ -698,8 +698,9 @@ class Guarded(T.DlightScheduleRule):
 
 def schedule_beside_kernels(func):
     """``func`` (a PrimFunc with kernel calls) with its other elementwise blocks scheduled
-    as ``Injective`` schedules them: outer loops in parallel, the inner one vectorized,
-    float32 math expanded. A kernel call leaves what it could not take in its function
+    as ``Injective`` schedules them: each inlined into the next where that is not a
+    kernel call, outer loops in parallel, the inner one vectorized, float32 math
+    expanded. A kernel call leaves what it could not take in its function
     (Llama's SwiGLU: ``silu(x @ Wg) * up`` offloads the product and the SiLU, the
     multiply by ``up`` stays; ConvNeXt's layer scale after a dense), and a function with
     a kernel call is marked scheduled, so no fallback rule sees it: these blocks would
@@ -715,8 +716,18 @@ def schedule_beside_kernels(func):
     if not rest_of(T.Schedule(func)):
         return func
     expanded = fastmath.expand_math(func)
-    done = 0
     sch = T.Schedule(expanded)
+    rest = rest_of(sch)
+
+    def feeds_only_the_rest(block):
+        # (never into a kernel call: it reads its inputs through pointers, not loads)
+        consumers = sch.get_consumers(block.block_rv)
+        return bool(consumers) and all(OFFLOADED_ATTR not in sch.get(c).annotations
+                                       for c in consumers)
+
+    # one loop over the elements, not one pass per elementwise step (ImageGPT's quick
+    # GELU after a dense: three passes)
+    done = len(rest) - len(_inline_where(sch, rest, feeds_only_the_rest))
     for block in rest_of(sch):
         if not block.is_injective() or not sch.get_loops(block.block_rv):
             continue
