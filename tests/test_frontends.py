@@ -164,12 +164,21 @@ class _PaddedByBuffers(torch.nn.Module):
         return y * x.abs().amax().item() if self.scale_from_input else y
 
 
+class _RandomScale(torch.nn.Module):
+    def forward(self, x):
+        return x * (torch.rand(()) + self.offset()).item()
+
+    def offset(self):
+        return torch.ones(())
+
+
 @pytest.mark.parametrize("length", [17, 18])
 def test_scalars_read_out_of_buffers_are_folded_at_import(length):
     """``.item()`` of what buffers and static shapes give is a number at import
     (``fold_constant_items``): TVM's frontend made each a shape read at run time, and a
     pad's widths cannot be one (Mimi's decoder did not import). A scalar read out of
-    the input stays a run-time value. Numerics against PyTorch."""
+    the input or out of a random draw stays a run-time value. Numerics against
+    PyTorch."""
     for from_input in (False, True):
         model = _PaddedByBuffers(from_input).eval()
         x = torch.randn(2, 4, length, generator=torch.Generator().manual_seed(length))
@@ -181,6 +190,9 @@ def test_scalars_read_out_of_buffers_are_folded_at_import(length):
                                  x.numpy()))
         assert got.shape == ref.shape
         np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+    # a scalar from a random draw is drawn on every run: never folded into one number
+    ep = torch.export.export(_RandomScale(), (x,))
+    assert tirbyoc.fold_constant_items(ep) == 0
 
 
 @pytest.mark.parametrize("dim, size, step", [(1, 4, 2), (-1, 3, 3), (2, 5, 1), (0, 2, 1)])

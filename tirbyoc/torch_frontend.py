@@ -351,7 +351,8 @@ def fold_constant_items(ep) -> int:
     here with PyTorch, as the program would compute it (the weights are constants of
     the compiled model anyway). ``ep``'s graph is changed in place (each use of such a
     scalar reads the number instead; the program computes the same); returns how many
-    were folded. Scalars read from what depends on an input stay as they are."""
+    were folded. Scalars read from what depends on an input, or on a random draw, stay
+    as they are."""
     import torch
     from torch.export.graph_signature import InputKind
 
@@ -380,7 +381,9 @@ def fold_constant_items(ep) -> int:
             out = meta
         elif node.op == "placeholder":
             out = known.get(node.name)
-        elif node.op == "call_function" and budget[0] > 0:
+        elif node.op == "call_function" and budget[0] > 0 and \
+                torch.Tag.nondeterministic_seeded not in getattr(node.target, "tags", ()):
+            # (a random draw stays one: each run of the program draws again)
             args = torch.fx.node.map_aggregate(
                 (node.args, node.kwargs), lambda a: value(a, budget)
                 if isinstance(a, torch.fx.Node) else a)
