@@ -50,6 +50,13 @@ def test_models_benchmark_rows_are_complete(tmp_path):
     assert rows[0]["offloaded"].count("attention") == 1  # the whole attention, one call
     text = bench_models.report(rows, 2)
     assert "vs ort" in text and "where the time goes: tiny_gpt2" in text
+    # the error column is tirbyoc's; a peer off the reference is named under the table
+    # (TVM's own build of HiFi-GAN from ONNX: 5.2e-4, tirbyoc's 8.1e-7)
+    off = dict(rows[0], rel_err={**rows[0]["rel_err"], "tvm": 5.2e-4})
+    text = bench_models.report([off], 2)
+    row = next(line for line in text.split("\n") if line.startswith("tiny_gpt2 "))
+    assert f"{rows[0]['rel_err']['tirbyoc']:9.1e}" in row and "5.2e-04" not in row
+    assert "peers' errors above 1e-04 of max|reference|: tiny_gpt2: tvm 5.2e-04" in text
     json_path, png_path = bench_models.write(rows, str(tmp_path), 2)
     assert json.load(open(json_path))["rows"][0]["model"] == "tiny_gpt2"
 

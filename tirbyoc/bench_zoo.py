@@ -531,7 +531,7 @@ def run_zoo(names, batches=(1, 8), threads=2, reps=20, settle=None, out="bench-r
             except Exception as exc:  # noqa: BLE001 (reported in the table's footer)
                 failed.append(f"{name} batch {batch}: {bm.failure(exc)}")
                 print(f"  {name} batch {batch} FAILED: {failed[-1]}", file=sys.stderr)
-    # NOTE: the peers' errors are in the table; tirbyoc's decide, against the float64
+    # NOTE: the peers' errors are said under the table; tirbyoc's decide, against the float64
     # model (MobileNetV2's random batch norms put PyTorch's, ONNX Runtime's and
     # tirbyoc's float32 at 1.1-1.3e-4 of it: the bar follows ONNX Runtime's error)
     bad = [f"{r['model']} {r['shape']}: {r['rel_err']['tirbyoc']:.1e}" for r in rows
