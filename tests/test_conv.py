@@ -343,6 +343,30 @@ def test_a_conv3d_with_overlapping_windows_stays_tvms():
     assert any("conv3d" in name for name in report.schedules), report.schedules
 
 
+def test_a_transposed_conv1d_of_any_length_is_one_build():
+    """One build for every length (``torch.export.Dim``): the overlap-add's crop has a
+    symbolic end (unchecked, the FuseOps of a strided_slice's bounds test in a shape
+    failed: "Cannot find the FInferType attribute ... prim.if_then_else"). Numerics
+    against PyTorch at three lengths."""
+    torch.manual_seed(0)
+    model = torch.nn.ConvTranspose1d(16, 6, 8, stride=4, padding=2).eval()
+    x = torch.randn(2, 16, 30)
+    with torch.no_grad():
+        ep = torch.export.export(model, (x,), dynamic_shapes={
+            "input": {2: torch.export.Dim("length", min=4, max=4096)}})
+    mod = tirbyoc.from_exported_program(ep)
+    assert [r.intrinsic for r in tirbyoc.explain(mod).offloaded] == ["dense"]
+    ex = tirbyoc.compile(mod)
+    for length in (5, 30, 301):
+        xs = torch.randn(2, 16, length, generator=torch.Generator().manual_seed(length))
+        got = tirbyoc.run(ex, xs.numpy())
+        got = got[0] if isinstance(got, (list, tuple)) else got
+        with torch.no_grad():
+            ref = model(xs).numpy()
+        assert got.shape == ref.shape
+        assert float(np.abs(got - ref).max()) <= RTOL * float(np.abs(ref).max())
+
+
 def test_grouped_and_dilated_transposed_convs_stay_tvms():
     """Grouped or dilated transposed convs are not a product per pixel of this form:
     TVM's, and right."""

@@ -1152,8 +1152,10 @@ def _overlap_add(z, size, kernel, strides, pads, out_pads):
     past = (gh * sh + bottom - kh - out_pads[0], gw * sw + right - kw - out_pads[1])
     if not top and not left and past == (0, 0):
         return grid
+    # (in bounds by construction: said so, or a symbolic length's end is an if_then_else
+    # in the output's shape, which FuseOps cannot type)
     return R.op.strided_slice(grid, axes=[2, 3], begin=[top, left],
-                              end=[top + oh, left + ow])
+                              end=[top + oh, left + ow], assume_inbound=True)
 
 
 def _conv3d_patches_as_matmul(call, b):
