@@ -208,13 +208,13 @@ _TEXT_HELD_OUT = {
     # pooled query blocks: TVM's frontend made a negative-step arange too long, and the
     # min-pool of its constant mask, run at compile time, crashed the build
     "funnel": ("FunnelBaseModel", "FunnelConfig", dict(block_sizes=[1, 1, 1])),
-    # a recurrence over the tokens, unrolled by torch.export: its build did not finish
-    # (an inlined expression growing exponentially) before the inlining bound
     # chunked local attention, axial position embeddings, reversible residual layers:
     # a concat that two splits read (TVM's reverse inlining dropped it: no build)
     "reformer": ("ReformerModel", "ReformerConfig", dict(
         attn_layers=["local", "local"], axial_pos_shape=[8, 16], local_attn_chunk_length=16,
         is_decoder=False)),
+    # a recurrence over the tokens, unrolled by torch.export: its build did not finish
+    # (an inlined expression growing exponentially) before the inlining bound
     "rwkv": ("RwkvModel", "RwkvConfig", dict(num_hidden_layers=2, hidden_size=256,
                                              attention_hidden_size=256,
                                              intermediate_size=1024)),
@@ -307,15 +307,15 @@ _AUDIO_HELD_OUT = {
         encoder_layers=2, d_model=384, encoder_attention_heads=6, encoder_ffn_dim=1536,
         max_source_positions=500, pad_token_id=0, bos_token_id=1, eos_token_id=2,
         decoder_start_token_id=1), "input_features", (80, 1000)),
-    # vocoders and codec decoders: upsampling by transposed 1-D convs of kernel twice the
-    # stride (TVM's schedule of them took 58 of HiFi-GAN's 74 ms), dilated residual convs;
-    # Mimi's causal convs pad by what they compute from buffers with .item() (it did not
-    # import) and run an ELU before each pad
     # a time series (512 steps of 7 channels) cut into patches by Tensor.unfold (no
     # converter in TVM)
     "patchtst": ("PatchTSTModel", "PatchTSTConfig", dict(
         num_input_channels=7, context_length=512, num_hidden_layers=2), "past_values",
         (512, 7)),
+    # vocoders and codec decoders: upsampling by transposed 1-D convs of kernel twice the
+    # stride (TVM's schedule of them took 58 of HiFi-GAN's 74 ms), dilated residual convs;
+    # Mimi's causal convs pad by what they compute from buffers with .item() (it did not
+    # import) and run an ELU before each pad
     "hifigan": ("SpeechT5HifiGan", "SpeechT5HifiGanConfig", {}, "spectrogram", (50, 80)),
     "mimi_decoder": ("mimi.MimiDecoder", "MimiConfig", {}, "hidden_states", (512, 20)),
     "dac_decoder": ("dac.DacDecoder", "DacConfig", {}, "hidden_state", (1024, 20)),
@@ -531,8 +531,8 @@ def run_zoo(names, batches=(1, 8), threads=2, reps=20, settle=None, out="bench-r
             except Exception as exc:  # noqa: BLE001 (reported in the table's footer)
                 failed.append(f"{name} batch {batch}: {bm.failure(exc)}")
                 print(f"  {name} batch {batch} FAILED: {failed[-1]}", file=sys.stderr)
-    # NOTE: the peers' errors are said under the table; tirbyoc's decide, against the float64
-    # model (MobileNetV2's random batch norms put PyTorch's, ONNX Runtime's and
+    # NOTE: peers' errors past RTOL are named under the table; tirbyoc's decide, against
+    # the float64 model (MobileNetV2's random batch norms put PyTorch's, ONNX Runtime's and
     # tirbyoc's float32 at 1.1-1.3e-4 of it: the bar follows ONNX Runtime's error)
     bad = [f"{r['model']} {r['shape']}: {r['rel_err']['tirbyoc']:.1e}" for r in rows
            if r["rel_err"]["tirbyoc"] > bm.float64_tolerance(r["rel_err"])]

@@ -1123,7 +1123,7 @@ def _overlap_add(z, size, kernel, strides, pads, out_pads):
     contributions ``z`` [N, H, W, O, kh, kw]: tap ``ki`` of row ``i`` lands on row ``i sh
     + ki - top``. Split the taps into groups of ``sh`` (the last one zero-padded to
     ``sh``); group ``a`` lands on the coarse rows ``i + a``, each of ``sh`` fine rows: so
-    the output on the grid of ``H + Th - 1`` coarse rows is the sum over the groups of
+    the output on the grid of ``H + gh - 1`` coarse rows is the sum over the groups of
     ``z``'s slices shifted by ``a`` coarse rows (zero-padded), then depth to space, then
     the rows from ``top`` on, ``OH`` of them (with zeros past the grid where output
     padding asks for more). Every op is injective: TVM fuses them into one loop."""

@@ -366,21 +366,22 @@ def fold_constant_items(ep) -> int:
     reads = (torch.ops.aten.item.default, torch.ops.aten._local_scalar_dense.default)
     graph = ep.graph
     memo = {}
+    unknown = object()  # (None is an argument like any other)
 
     def value(node, budget):
-        """``node``'s value, or None where it depends on an input's data (or is too far
-        to compute)."""
+        """``node``'s value, or ``unknown`` where it depends on an input's data (or is
+        too far to compute)."""
         if not isinstance(node, torch.fx.Node):
             return node
         if node in memo:
             return memo[node]
         budget[0] -= 1
-        out = None
+        out = unknown
         meta = node.meta.get("val")
         if isinstance(meta, (bool, int, float)) and not isinstance(meta, torch.SymInt):
             out = meta
         elif node.op == "placeholder":
-            out = known.get(node.name)
+            out = known.get(node.name, unknown)
         elif node.op == "call_function" and budget[0] > 0 and \
                 torch.Tag.nondeterministic_seeded not in getattr(node.target, "tags", ()):
             # (a random draw stays one: each run of the program draws again)
@@ -389,13 +390,12 @@ def fold_constant_items(ep) -> int:
                 if isinstance(a, torch.fx.Node) else a)
             flat = []
             torch.fx.node.map_aggregate(args, flat.append)
-            if not any(a is None for a in flat) and all(
-                    not isinstance(a, torch.fx.Node) for a in flat):
+            if all(a is not unknown for a in flat):
                 try:
                     with torch.no_grad():
                         out = node.target(*args[0], **args[1])
                 except Exception:  # noqa: BLE001 - not computable here: left as it is
-                    out = None
+                    out = unknown
         memo[node] = out
         return out
 
