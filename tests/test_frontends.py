@@ -208,3 +208,31 @@ def test_unfold_gives_pytorchs_windows(dim, size, step):
     expected = Windows()(x).numpy()
     assert got.shape == expected.shape
     np.testing.assert_array_equal(got, expected)
+
+
+class _Promotions(torch.nn.Module):
+    """Arithmetic of integer and bool tensors with Python numbers, and ``alpha``."""
+
+    def forward(self, x):
+        i = torch.arange(6).reshape(2, 3)  # int64
+        small = (x > 0).to(torch.int32)
+        mask = x > 0
+        return (i * 0.5, i + 1e-7, (i + 1e-7).log(), 1.5 - i, i - 2, i * 3, small + 1,
+                small * 0.25, mask + 1, mask * 1.5, mask + True, x + 2, x * i,
+                torch.add(x, x, alpha=3), torch.sub(x, i, alpha=2), torch.add(i, 2, alpha=3),
+                torch.rsub(x, 1.0, alpha=2), torch.rsub(x, i, alpha=2), mask * (x < 1))
+
+
+def test_numbers_with_integer_tensors_promote_as_pytorch():
+    """TVM's converter gave a Python number its tensor's type: ``arange(n) * 0.5`` was all
+    zeros, ``arange(n) + 1e-7`` added nothing (ZoeDepth's log-binomial took log(0), and
+    every output was NaN), and ``alpha`` was ignored. Every result against PyTorch's,
+    values and dtypes."""
+    x = torch.randn(2, 3, generator=torch.Generator().manual_seed(12))
+    got = tirbyoc.run(tirbyoc.compile(examples.import_torch(_Promotions(), x)), x.numpy())
+    expected = _Promotions()(x)
+    assert len(got) == len(expected)
+    for k, (value, want) in enumerate(zip(got, expected)):
+        want = want.numpy()
+        assert value.dtype == want.dtype, (k, value.dtype, want.dtype)
+        np.testing.assert_allclose(value, want, rtol=1e-6, atol=1e-6, err_msg=str(k))

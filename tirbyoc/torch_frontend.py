@@ -84,7 +84,14 @@ def torch_converters() -> dict:
             "split.Tensor": _split, "split_with_sizes.default": _split,
             "amax.default": _extreme(True), "amin.default": _extreme(False),
             "max.default": _extreme(True), "min.default": _extreme(False),
-            "unfold.default": _unfold}
+            "unfold.default": _unfold,
+            **{f"{name}.{form}": _arithmetic(relax_op, python_op)
+               for name, relax_op, python_op in (
+                   ("add", relax.op.add, operator.add), ("sub", relax.op.subtract, operator.sub),
+                   ("mul", relax.op.multiply, operator.mul))
+               for form in ("Tensor", "Scalar")},
+            "rsub.Tensor": _arithmetic(relax.op.subtract, operator.sub, reverse=True),
+            "rsub.Scalar": _arithmetic(relax.op.subtract, operator.sub, reverse=True)}
 
 
 def _min_dim(node, importer):
@@ -223,6 +230,63 @@ def _grouped_mm(node, importer):
             f"grouped matrix product: a 2-D input, a 3-D weight and 1-D offsets are "
             f"converted: {node.format_node()}")
     return emit_grouped_matmul(importer.block_builder, x, w, offsets)
+
+
+def _kind(dtype: str) -> int:
+    """PyTorch's promotion category of a dtype: bool 0, integers 1, floats 2."""
+    return 0 if dtype == "bool" else 1 if dtype.startswith(("int", "uint")) else 2
+
+
+def _number_kind(value) -> int:
+    return 0 if isinstance(value, bool) else 1 if isinstance(value, int) else 2
+
+
+def _arithmetic(relax_op, python_op, reverse=False):
+    """``add``, ``sub``, ``mul`` and ``rsub`` (``Tensor`` and ``Scalar``) as PyTorch types
+    them. TVM's converter made a Python number the tensor's type, so ``arange(4) * 0.5``
+    multiplied by 0 and ``arange(4) + 1e-7`` added 0 (ZoeDepth's log-binomial then took
+    ``log(0)``: every output NaN); PyTorch promotes a bool or integer tensor with a
+    number of a higher kind to int64 or float32. And it ignored ``alpha`` (``add(x, y,
+    alpha=3)`` gave ``x + y``). ``rsub(x, y, alpha)`` is ``y - alpha x``."""
+    def convert(node, importer):
+        args = importer.retrieve_args(node)
+        lhs, rhs = args[0], args[1]
+        alpha = args[2] if len(args) > 2 else node.kwargs.get("alpha", 1)
+        if reverse:
+            lhs, rhs = rhs, lhs
+        tensor = lambda v: isinstance(v, relax.Expr) and isinstance(  # noqa: E731
+            getattr(v, "ty", None), relax.TensorType)
+        number = lambda v: isinstance(v, (bool, int, float))  # noqa: E731
+        if not (tensor(lhs) or tensor(rhs)) or not all(
+                tensor(v) or number(v) for v in (lhs, rhs)):
+            if alpha != 1:  # (shape arithmetic has no alpha)
+                raise NotImplementedError(f"{node.target} with alpha on non-tensors: "
+                                          f"{node.format_node()}")
+            return importer._rsub(node) if reverse else \
+                importer._binary_op(relax_op, python_op)(node)
+        emit = importer.block_builder.emit
+        op = relax.op
+        dtypes = [str(v.ty.dtype) for v in (lhs, rhs) if tensor(v)]
+        dtype = dtypes[0] if len(dtypes) == 1 else \
+            importer._promote_common_dtype(*dtypes) or dtypes[0]
+        for v in (lhs, rhs):
+            if number(v) and _number_kind(v) > _kind(dtype):  # a number of a higher kind
+                dtype = "float32" if isinstance(v, float) else "int64"
+        if number(rhs) and alpha != 1:
+            rhs, alpha = rhs * alpha, 1
+        lhs, rhs = (relax.const(v, dtype) if number(v) else
+                    v if str(v.ty.dtype) == dtype else emit(op.astype(v, dtype))
+                    for v in (lhs, rhs))
+        if alpha != 1:
+            rhs = emit(op.multiply(rhs, relax.const(alpha, dtype)))
+        if dtype == "bool":  # (PyTorch's sum and product of bools: or, and)
+            logical = {relax.op.add: op.logical_or, relax.op.multiply: op.logical_and}
+            if relax_op not in logical:
+                raise TypeError(f"{node.target}: subtraction of bools (PyTorch refuses it "
+                                f"too): {node.format_node()}")
+            return emit(logical[relax_op](lhs, rhs))
+        return emit(relax_op(lhs, rhs))
+    return convert
 
 
 def _div_mode(node, importer):
