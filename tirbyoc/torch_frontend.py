@@ -53,6 +53,12 @@ TVM's ``from_exported_program`` takes extra converters by ATen name
   ``tirbyoc.compile`` runs as kernel calls. (PyTorch's own ``_grouped_mm`` takes
   bfloat16 only on CPU and is not converted.)
 
+* ``add``, ``sub``, ``mul`` and ``rsub`` of a bool or integer tensor and a Python number
+  of a higher kind: TVM's converter gave the number the tensor's type (``arange(n) *
+  0.5`` came out zeros, ``arange(n) + 1e-7`` unchanged: ZoeDepth's log-binomial took
+  ``log(0)``, and its depth map was all NaN), and it ignored ``alpha``. Here the tensor
+  is promoted as PyTorch promotes (to int64 or float32), ``alpha`` scales the second
+  operand, and bools add and multiply as ``or`` and ``and``.
 * ``unfold`` (``x.unfold(dim, size, step)``, no converter: PatchTST's patches, UnivNet):
   the windows' indices taken along the axis, the window's axis moved last.
 
