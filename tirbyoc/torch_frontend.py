@@ -59,6 +59,9 @@ TVM's ``from_exported_program`` takes extra converters by ATen name
   ``log(0)``, and its depth map was all NaN), and it ignored ``alpha``. Here the tensor
   is promoted as PyTorch promotes (to int64 or float32), ``alpha`` scales the second
   operand, and bools add and multiply as ``or`` and ``and``.
+* ``grid_sample``: TVM's converter passed PyTorch's [N, H, W, 2] grid to an op that
+  reads [N, 2, H, W] (wrong shape and points: RT-DETR did not import); the grid is
+  transposed first.
 * ``unfold`` (``x.unfold(dim, size, step)``, no converter: PatchTST's patches, UnivNet):
   the windows' indices taken along the axis, the window's axis moved last.
 
@@ -90,7 +93,7 @@ def torch_converters() -> dict:
             "split.Tensor": _split, "split_with_sizes.default": _split,
             "amax.default": _extreme(True), "amin.default": _extreme(False),
             "max.default": _extreme(True), "min.default": _extreme(False),
-            "unfold.default": _unfold,
+            "unfold.default": _unfold, "grid_sampler_2d.default": _grid_sample,
             **{f"{name}.{form}": _arithmetic(relax_op, python_op)
                for name, relax_op, python_op in (
                    ("add", relax.op.add, operator.add), ("sub", relax.op.subtract, operator.sub),
@@ -382,6 +385,27 @@ def _unfold(node, importer):
     windows = emit(relax.op.take(x, relax.const(index.astype("int64")), axis=dim))
     order = [*range(dim + 1), *range(dim + 2, rank + 1), dim + 1]
     return emit(relax.op.permute_dims(windows, order))
+
+
+def _grid_sample(node, importer):
+    """``grid_sample(x, grid)`` (``grid_sampler_2d``): PyTorch's grid is [N, H_out, W_out,
+    2]; TVM's converter passed it as it is to TOPI's ``grid_sample``, which reads
+    [N, 2, H_out, W_out], so the output was [N, C, W_out, 2] sampled at the wrong points
+    (RT-DETR's deformable attention then failed to import). The grid's last axis is
+    moved to the front of its pixels here."""
+    args = importer.retrieve_args(node)
+    x, grid = args[0], args[1]
+    modes = {0: "bilinear", 1: "nearest", 2: "bicubic"}
+    paddings = {0: "zeros", 1: "border", 2: "reflection"}
+    mode, padding = (int(args[2]) if len(args) > 2 else 0), (int(args[3]) if len(args) > 3
+                                                              else 0)
+    if mode not in modes or padding not in paddings:
+        raise NotImplementedError(f"{node.target}: interpolation {mode}, padding {padding}")
+    emit = importer.block_builder.emit
+    grid = emit(relax.op.permute_dims(grid, [0, 3, 1, 2]))
+    return emit(relax.op.image.grid_sample(
+        x, grid, method=modes[mode], layout="NCHW", padding_mode=paddings[padding],
+        align_corners=bool(args[4]) if len(args) > 4 else False))
 
 
 def _extreme(largest: bool):
