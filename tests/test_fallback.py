@@ -604,6 +604,25 @@ def test_a_concat_that_two_splits_read_is_not_lost():
     np.testing.assert_allclose(second, 2 * (xs[0] + xs[1])[None], rtol=1e-6)
 
 
+def _sum_upsampled_twice(x):
+    """GLPN's head: a sum, then two bilinear upsamplings by 2 in a row, fused."""
+    total = relax.op.add(x, relax.op.multiply(x, relax.const(np.float32(0.5))))
+    once = relax.op.image.resize2d(total, (24, 30), method="linear")
+    return relax.op.image.resize2d(once, (48, 60), method="linear")
+
+
+def test_a_gather_read_by_a_gather_is_not_inlined():
+    """Two bilinear upsamplings in a row: inlined, each output pixel computed the first
+    one's four taps at each of its own four (GLPN's 26 ms function); the first stays a
+    block (the sum before it inlined into it). Numerics against TVM's default build."""
+    mod = _one_op_module((1, 8, 12, 15), _sum_upsampled_twice)
+    names, _ = _scheduled_func(mod, fallback.Injective())
+    assert sum(n.startswith("resize") for n in names) == 2, names
+    xs = _inputs(mod, None, np.random.default_rng(7))
+    ref = tirbyoc.run(tvm.compile(mod, target="llvm"), *xs)
+    np.testing.assert_allclose(tirbyoc.run(tirbyoc.compile(mod), *xs), ref, rtol=1e-5, atol=1e-5)
+
+
 def _elu_then_pad(x):
     """ELU (through exp), then a zero pad of two on the left of the last axis: a causal
     conv's input (Mimi's decoder), as one fused function."""

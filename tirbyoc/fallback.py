@@ -547,16 +547,44 @@ def _expr_nodes(block) -> int:
     return count
 
 
+def _most_reads(stmt, source=None) -> int:
+    """The most points at which a block's body loads one buffer (``source`` only, if
+    given): ``x * sigmoid(x)`` reads one point, a bilinear resize four."""
+    points = {}
+
+    def one(load):
+        if source is None or load.source.same_as(source):
+            points.setdefault(load.source.name, set()).add(
+                tuple(str(i) for i in load.indices))
+
+    T.structural_walk(stmt.body, [(T.BufferLoad, one)], order="pre")
+    return max((len(p) for p in points.values()), default=0)
+
+
+def _gathers_into_gather(sch, block) -> bool:
+    """Whether ``block`` reads some input at several points (a resize's four taps) and a
+    consumer reads its output at several points too: inlined, each output would compute
+    every tap of every tap (GLPN's two bilinear upsamplings fused, each pixel sixteen
+    evaluations of the sum before them: 26 ms)."""
+    stmt = sch.get(block.block_rv)
+    if len(stmt.writes) != 1 or _most_reads(stmt) < 2:
+        return False
+    out = stmt.writes[0].source
+    return any(_most_reads(sch.get(c), out) >= 2 for c in sch.get_consumers(block.block_rv))
+
+
 def _try_inline(sch, blocks) -> list:
     """dlight's ``try_inline`` (each block into its consumers, else its consumer into it,
-    until nothing changes) with two bounds: a block past ``INLINE_NODES`` stays a block,
+    until nothing changes) with three bounds: a block past ``INLINE_NODES`` stays a
+    block, so does a gather that a gather reads (``_gathers_into_gather``),
     and each pass walks the blocks once (dlight restarts from the first after every
     inline: quadratic in a fused function's hundreds of blocks). The blocks left."""
     blocks = list(blocks)
     while True:
         left = []
         for b in blocks:
-            if _expr_nodes(sch.get(b.block_rv)) <= INLINE_NODES:
+            if _expr_nodes(sch.get(b.block_rv)) <= INLINE_NODES and \
+                    not _gathers_into_gather(sch, b):
                 try:
                     sch.compute_inline(b.block_rv)
                     continue
