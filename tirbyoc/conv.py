@@ -976,6 +976,12 @@ def _out_dtype(attrs):
     return None if dtype in ("None", "void", "") else dtype
 
 
+def _float32(call) -> bool:
+    """Whether a conv call's input, weight and output are float32."""
+    return all(getattr(v.ty, "dtype", None) == "float32" for v in call.args[:2]) and \
+        _out_dtype(call.attrs) in (None, "float32")
+
+
 def _spatial_zero_pad(pad, rank):
     """``(x, widths)`` where ``pad`` is a zero padding of ``x`` (rank ``rank``) on its
     axes after the first two only, ``widths`` (before, after) per such axis; None for
@@ -1090,9 +1096,7 @@ def _conv_transpose_as_matmul(call, b):
             int(a.groups) != 1 or dims is None or xs is None or len(dims) != rank or \
             len(xs) != rank or not all(isinstance(d, int) for d in dims) or \
             not isinstance(xs[1], int) or any(int(v) != 1 for v in a.dilation) or \
-            getattr(x.ty, "dtype", None) != "float32" or \
-            getattr(w.ty, "dtype", None) != "float32" or \
-            _out_dtype(a) not in (None, "float32"):
+            not _float32(call):
         return None
     pads = [int(v) for v in a.padding]
     strides = [int(v) for v in a.strides]
@@ -1175,10 +1179,7 @@ def _conv3d_patches_as_matmul(call, b):
     if (str(a.data_layout), str(a.kernel_layout), str(a.out_layout)) != \
             ("NCDHW", "OIDHW", "NCDHW") or int(a.groups) != 1 or dims is None or \
             xs is None or len(dims) != 5 or len(xs) != 5 or \
-            not all(isinstance(d, int) for d in dims + xs[1:]) or \
-            getattr(x.ty, "dtype", None) != "float32" or \
-            getattr(w.ty, "dtype", None) != "float32" or \
-            _out_dtype(a) not in (None, "float32"):
+            not all(isinstance(d, int) for d in dims + xs[1:]) or not _float32(call):
         return None
     o, c, *kernel = dims
     if [int(v) for v in a.strides] != kernel or any(int(v) for v in a.padding) or \

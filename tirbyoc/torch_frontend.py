@@ -304,8 +304,7 @@ def _div_mode(node, importer):
     mode = args[2] if len(args) > 2 else node.kwargs.get("rounding_mode")
     emit = importer.block_builder.emit
     op = relax.op
-    integer = lambda v: isinstance(v, relax.Expr) and str(v.ty.dtype).startswith(  # noqa: E731
-        ("int", "uint"))
+    integer = lambda v: isinstance(v, relax.Expr) and _kind(str(v.ty.dtype)) == 1  # noqa: E731
     if mode is None and integer(x) and integer(y):  # true division of integers
         return emit(op.divide(op.astype(x, "float32"), op.astype(y, "float32")))
     number = isinstance(y, (int, float)) and not isinstance(y, bool)
@@ -397,8 +396,8 @@ def _grid_sample(node, importer):
     x, grid = args[0], args[1]
     modes = {0: "bilinear", 1: "nearest", 2: "bicubic"}
     paddings = {0: "zeros", 1: "border", 2: "reflection"}
-    mode, padding = (int(args[2]) if len(args) > 2 else 0), (int(args[3]) if len(args) > 3
-                                                              else 0)
+    mode = int(args[2]) if len(args) > 2 else 0
+    padding = int(args[3]) if len(args) > 3 else 0
     if mode not in modes or padding not in paddings:
         raise NotImplementedError(f"{node.target}: interpolation {mode}, padding {padding}")
     emit = importer.block_builder.emit
@@ -515,8 +514,9 @@ def fold_constant_items(ep) -> int:
 def from_exported_program(ep, **kwargs):
     """TVM's ``from_exported_program`` with tirbyoc's converters (``torch_converters()``,
     under any of the caller's own in ``custom_convert_map``), after the scalars that
-    depend on the model's constants only are folded (``fold_constant_items``). The
-    weights are constants unless ``keep_params_as_input=True`` is passed."""
+    depend on the model's constants only are folded (``fold_constant_items``: ``ep``'s
+    graph is changed in place). The weights are constants unless
+    ``keep_params_as_input=True`` is passed."""
     from tvm.relax.frontend.torch import from_exported_program as tvm_import
 
     fold_constant_items(ep)
