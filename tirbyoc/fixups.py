@@ -29,6 +29,11 @@ PyTorch's ``x.max(dim)`` arrives as ``topk(x, k=1)``, which TVM legalizes to a s
 
 HuggingFace Llama's RMSNorm exports as five ops; ``fuse_rms_norm`` makes them one
 ``R.nn.rms_norm`` (TVM's fusion would run the square as its own pass).
+
+TVM's frontends write ``log1p``, ``expm1``, softplus, Mish, ELU and SELU with
+``log(1 + y)`` and ``exp(x) - 1``, which lose every digit below float32's 6e-8 of the
+1; ``fix_cancellation`` computes them without the cancellation (ZoeDepth's depth map
+came out within 3.6e-3 of float64 instead of PyTorch's 4.3e-4).
 """
 
 from __future__ import annotations
@@ -915,8 +920,99 @@ def fix_topk_one(mod):
     return rewrite_calls(mod, _topk_one)
 
 
+# ---- log(1 + y) and exp(x) - 1 without cancellation ----
+
+# |x| up to which exp(x) - 1 is summed as its series (terms to x^9 / 9!: the next is
+# within 5.4e-10 of x), and the range of y over which log(1 + y) is the series of
+# 2 atanh(s), s = y / (2 + y), |s| <= 1/3 (odd terms to s^15: the next within 1.4e-9).
+_EXPM1_SERIES = 0.5
+_LOG1P_SERIES = (-0.5, 1.0)
+# SELU's constants (Klambauer et al., 2017), as PyTorch and ONNX define them.
+SELU_ALPHA = 1.6732632423543772848170429916717
+SELU_SCALE = 1.0507009873554804934193349852946
+
+
+def _f32(v, dtype="float32"):
+    return R.const(v, dtype)
+
+
+def log1p(y):
+    """``log(1 + y)`` of a float32 expression, to a few float32 roundings for every y
+    (not only where ``1 + y`` is exact): near 0 as ``2 atanh(y / (2 + y))``'s series,
+    which subtracts nothing, elsewhere ``log(1 + y)``, which is as exact there. NaN, -1
+    and +inf give NaN, -inf and +inf."""
+    s = R.op.divide(y, R.op.add(_f32(2.0), y))
+    s2 = R.op.multiply(s, s)
+    poly = _f32(1.0 / 15)
+    for odd in (13, 11, 9, 7, 5, 3, 1):
+        poly = R.op.add(_f32(1.0 / odd), R.op.multiply(s2, poly))
+    series = R.op.multiply(R.op.multiply(_f32(2.0), s), poly)
+    lo, hi = _LOG1P_SERIES
+    near = R.op.logical_and(R.op.greater_equal(y, _f32(lo)), R.op.less_equal(y, _f32(hi)))
+    return R.op.where(near, series, R.op.log(R.op.add(_f32(1.0), y)))
+
+
+def expm1(x, dtype="float32"):
+    """``exp(x) - 1`` of an expression of float ``dtype``, to a few roundings for every x:
+    for |x| <= 0.5 as its series, which subtracts nothing where the result is small;
+    elsewhere ``exp(x) - 1``, which cancels at most a factor 2.6 there."""
+    poly = _f32(1.0 / 362880, dtype)
+    for n in (40320, 5040, 720, 120, 24, 6, 2, 1):
+        poly = R.op.add(_f32(1.0 / n, dtype), R.op.multiply(x, poly))
+    series = R.op.multiply(x, poly)
+    near = R.op.less_equal(R.op.abs(x), _f32(_EXPM1_SERIES, dtype))
+    return R.op.where(near, series, R.op.subtract(R.op.exp(x), _f32(1.0, dtype)))
+
+
+def _float32(expr) -> bool:
+    return getattr(getattr(expr, "ty", None), "dtype", None) == "float32"
+
+
+def _cancelling(call, b):
+    """``log1p(y)`` for ``log(1 + y)``, ``expm1(x)`` for ``exp(x) - 1``, ``-expm1(x)``
+    for ``1 - exp(x)`` (float32, 1 a scalar constant), and ``R.nn.selu`` with ``expm1``;
+    else None."""
+    from .bindings import is_op, scalar_constant
+
+    def one(expr):
+        return scalar_constant(expr, b.values, "f") == 1.0
+
+    if is_op(call, "relax.log") and _float32(call):
+        inner = b.producer(call.args[0])
+        if is_op(inner, "relax.add"):
+            for c, y in (inner.args, inner.args[::-1]):
+                if one(c) and _float32(y):
+                    return log1p(y)
+    if is_op(call, "relax.nn.selu") and _float32(call):  # (TOPI's cancels as the rest)
+        x = call.args[0]
+        return R.op.multiply(_f32(SELU_SCALE), R.op.where(
+            R.op.greater(x, _f32(0.0)), x, R.op.multiply(_f32(SELU_ALPHA), expm1(x))))
+    if is_op(call, "relax.subtract") and _float32(call):
+        a, c = call.args
+        for e, k, sign in ((a, c, 1), (c, a, -1)):
+            exp = b.producer(e)
+            if one(k) and is_op(exp, "relax.exp"):
+                m1 = expm1(exp.args[0])
+                return m1 if sign > 0 else R.op.negative(m1)
+    return None
+
+
+def fix_cancellation(mod):
+    """``mod`` with ``log(1 + y)`` and ``exp(x) - 1`` (and ``1 - exp(x)``) computed
+    without the cancellation of the 1: TVM's frontends write PyTorch's ``log1p``,
+    ``expm1``, ``softplus`` and ``elu`` and ONNX's ``Softplus``, ``Mish``, ``Elu`` and
+    ``Selu`` so, and lose every digit of y below 6e-8 (``log1p(1e-8)`` is 0; a softplus
+    of -10 had the relative error 2e-3, which ZoeDepth's temperature-scaled softmax
+    amplified to 9e-3 of its output). TVM's simplifier rewrites ``(1 + y) - 1`` to ``y``
+    in float arithmetic, so the usual correction term cannot be written: see ``log1p``
+    and ``expm1``. ``mod`` itself when there is none."""
+    from .bindings import rewrite_calls
+
+    return rewrite_calls(mod, _cancelling)
+
+
 def apply(mod):
     """Every fix-up, in order."""
-    return fuse_rms_norm(fold_column_scale(fix_flattened_matmul(fix_broadcast_weight(
-        tighten_symbolic_shapes(fix_strided_slices(fix_negative_indices(fix_onnx_clip(
-            fix_einsum(fix_topk_one(fix_bool_cumsum(mod)))))))))))
+    return fix_cancellation(fuse_rms_norm(fold_column_scale(fix_flattened_matmul(
+        fix_broadcast_weight(tighten_symbolic_shapes(fix_strided_slices(fix_negative_indices(
+            fix_onnx_clip(fix_einsum(fix_topk_one(fix_bool_cumsum(mod))))))))))))
