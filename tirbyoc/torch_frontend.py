@@ -65,6 +65,8 @@ TVM's ``from_exported_program`` takes extra converters by ATen name
 * ``unfold`` (``x.unfold(dim, size, step)``, no converter: PatchTST's patches, UnivNet):
   the windows' indices taken along the axis, the window's axis moved last.
 
+* ``group_norm`` without a weight or bias (``F.group_norm(x, groups)``): TVM's converter
+  passed None on and crashed ("Found null pointer node"); ones and zeros here.
 * ``elu`` and ``selu``: TVM's converter dropped ATen's ``scale`` and ``input_scale``
   of ``elu`` and SELU's scale (every output 4.8% small), and computed ``exp(x) - 1``
   with the cancellation of the 1; here ``scale * where(x > 0, x, alpha *
@@ -106,7 +108,8 @@ def torch_converters() -> dict:
                for form in ("Tensor", "Scalar")},
             "rsub.Tensor": _arithmetic(relax.op.subtract, operator.sub, reverse=True),
             "rsub.Scalar": _arithmetic(relax.op.subtract, operator.sub, reverse=True),
-            "elu.default": _elu, "selu.default": _elu}
+            "elu.default": _elu, "selu.default": _elu, "group_norm.default": _group_norm,
+            "native_group_norm.default": _group_norm}
 
 
 def _min_dim(node, importer):
@@ -217,6 +220,34 @@ def _elu(node, importer):
     if scale != 1.0:
         out = relax.op.multiply(relax.const(scale, dtype), out)
     return importer.block_builder.emit(out)
+
+
+def _group_norm(node, importer):
+    """``group_norm(x, groups, weight, bias, eps)`` and ``native_group_norm(x, weight,
+    bias, N, C, HxW, groups, eps)`` (the normalized tensor, as TVM's converter gives)
+    with no weight or bias (TVM's converter passed None on and crashed: "Found null
+    pointer node"): ones and zeros."""
+    x = importer.env[node.args[0]]
+    if node.target.__name__.startswith("native"):
+        args = list(node.args) + [None] * (8 - len(node.args))
+        weight, bias, groups, eps = args[1], args[2], int(args[6]), args[7]
+    else:
+        args = list(node.args) + [None] * (5 - len(node.args))
+        groups = int(node.kwargs.get("num_groups", args[1]))
+        weight, bias = (node.kwargs.get(k, args[i]) for i, k in ((2, "weight"), (3, "bias")))
+        eps = node.kwargs.get("eps", args[4])
+    eps = 1e-5 if eps is None else float(eps)
+    dims = shape_of(x)
+    dtype = str(x.ty.dtype)
+
+    def affine(arg, fill):
+        if arg is not None:
+            return importer.env[arg]
+        return relax.op.full([dims[1]], relax.const(fill, dtype), dtype)
+
+    return importer.block_builder.emit(relax.op.nn.group_norm(
+        x, affine(weight, 1.0), affine(bias, 0.0), num_groups=groups, channel_axis=1,
+        axes=list(range(2, len(dims))), epsilon=eps))
 
 
 def _histc(node, importer):
