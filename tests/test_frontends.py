@@ -146,6 +146,32 @@ def test_amax_and_whole_tensor_max_propagate_nan_as_pytorch():
         np.testing.assert_array_equal(value, expected)  # (NaN where NaN)
 
 
+def test_extremes_of_rows_at_the_limits_of_their_type_as_pytorch():
+    """TOPI starts a max at -FLT_MAX and an argmax at index -1: the max of a row of -inf
+    came out -3.4e38 and its argmax -1 (an index out of bounds), as did the argmax of a
+    row of int64's minimum. Every result against PyTorch's, exactly."""
+    class Extremes(torch.nn.Module):
+        def forward(self, x, i):
+            top, where = x.max(dim=1)
+            low, at = x.min(dim=1)
+            return (top, where, low, at, x.amax(dim=1), x.argmax(dim=1), x.argmin(dim=1),
+                    (-x).amin(dim=1), i.argmax(dim=1), i.argmin(dim=1), i.amax(dim=1))
+
+    inf = float("inf")
+    x = torch.tensor([[-inf, -inf, -inf], [inf, inf, inf], [1.0, -inf, 0.0], [2.0, 2.0, 1.0]])
+    low, high = torch.iinfo(torch.int64).min, torch.iinfo(torch.int64).max
+    i = torch.tensor([[low, low], [high, high], [-5, 3]])
+    with torch.no_grad():
+        ep = torch.export.export(Extremes(), (x, i))
+    got = tirbyoc.run(tirbyoc.compile(tirbyoc.from_exported_program(ep)), x.numpy(), i.numpy())
+    expected = Extremes()(x, i)
+    assert len(got) == len(expected)
+    for k, (value, want) in enumerate(zip(got, expected)):
+        want = want.numpy()
+        assert value.dtype == want.dtype, k
+        np.testing.assert_array_equal(value, want, err_msg=str(k))
+
+
 class _PaddedByBuffers(torch.nn.Module):
     """Mimi's convolutions: the padding read out of registered buffers with ``.item()``
     and computed from them and the length, then a scale read out of the input."""

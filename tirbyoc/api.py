@@ -294,7 +294,9 @@ def pipeline(target=None, *, libraries=(), builtin=True, intrinsics=None,
             # FuseOps); for a module that was legalized and partitioned by the graph
             # level, this is where the rest gets fused.
             mod = relax_prep.legalize_and_fuse(mod)
-            # NOTE: the rest gets CPU schedules (TVM's default pipeline leaves it naive).
+            # NOTE: the rest gets CPU schedules (TVM's default pipeline leaves it naive),
+            # its max/argmax reductions first started where PyTorch starts them
+            mod = fallback.exact_identities(mod)
             mod = T.apply_default_schedule(*fallback.schedule_rules())(mod)
             mod = T.Sequential(T.relax_default_lowering_passes(target))(mod)
             if _kernel_functions is not None:  # (compile's record, for the benchmarks)

@@ -32,6 +32,10 @@ exp/tanh/erf/sigmoid calls are expanded to vectorizable expressions (``tirbyoc.f
 makes a vector exp a scalar libm call per lane). A function no rule takes stays as it
 was; ``schedule_rules()`` is the list, ``describe_schedules`` says which rule takes what.
 
+Before any rule, ``exact_identities`` starts TOPI's max and min reductions at -inf and
++inf (not at the largest finite floats) and its argmax and argmin at index 0 (not -1),
+so that a row of -inf has the max -inf and the argmax 0, as in PyTorch.
+
 The code is as fast as the target's vector ISA: ``tirbyoc.compile`` defaults to this
 machine's CPU; a bare "llvm" target is baseline x86-64 (SSE2, no FMA).
 """
@@ -839,3 +843,75 @@ def describe_schedules(mod, target=None) -> dict:
     offloading; one line each, see ``describe``). ``tirbyoc.explain`` prints it."""
     return {gv.name_hint: describe(f, target) for gv, f in mod.functions_items()
             if isinstance(f, T.PrimFunc)}
+
+
+# ---- the identities of TOPI's max, min, argmax and argmin reductions ----
+
+_FLOAT32_MAX = 3.4028234663852886e38
+
+
+def _int_extreme(value) -> bool:
+    """Whether ``value`` is the smallest or largest of its signed integer type."""
+    dtype = T.dtype_of(value)
+    if not isinstance(value, T.IntImm) or not dtype.startswith("int"):
+        return False
+    half = 1 << (int(dtype[3:]) - 1)
+    return int(value.value) in (-half, half - 1)
+
+
+def _exact_init(init):
+    """A reduction's init with ±FLT_MAX as ±inf, and an argmax's / argmin's starting
+    index -1 (stored beside such a value or an integer type's extreme) as 0; None when
+    it has neither."""
+    stores = []
+    T.structural_walk(init, [(T.BufferStore, stores.append)])
+    extreme = [s for s in stores if isinstance(s.value, T.FloatImm) and
+               T.dtype_of(s.value) == "float32" and
+               abs(float(s.value.value)) == _FLOAT32_MAX]
+    index = [s for s in stores if isinstance(s.value, T.IntImm) and
+             int(s.value.value) == -1]
+    if not (extreme or any(_int_extreme(s.value) for s in stores)):
+        index = []
+    if not (extreme or index):
+        return None
+
+    def exact(store):
+        if any(store.same_as(s) for s in extreme):
+            value = T.const(float("inf") if float(store.value.value) > 0 else float("-inf"),
+                            "float32")
+        elif any(store.same_as(s) for s in index):
+            value = T.const(0, T.dtype_of(store.value))
+        else:
+            return store
+        return T.BufferStore(store.buffer, value, store.indices)
+
+    return T.structural_map(init, [(T.BufferStore, exact)])
+
+
+def exact_reduction_identities(func):
+    """``func`` with its max and min reductions started at -inf and +inf (TOPI starts
+    them at ∓FLT_MAX: the max of a row of -inf came out -3.4e38) and its argmax and
+    argmin at index 0 (TOPI's -1 stayed where every value equals the start: the argmax
+    of a row of -inf, or of the int64 minimum, was -1, an index out of bounds). A value
+    equal to the start now updates nothing, so the first index stands, as in PyTorch.
+    ``func`` itself when it has no such reduction."""
+    def block(b):
+        init = None if b.init is None else _exact_init(b.init)
+        if init is None:
+            return b
+        return T.make_block(b.name_hint, b.body, b.reads, b.writes, b.annotations,
+                            b.iter_vars, init, b.alloc_buffers, b.match_buffers)
+
+    return T.structural_map(func, [(T.SBlock, block)])
+
+
+def exact_identities(mod):
+    """``mod`` with ``exact_reduction_identities`` applied to each of its PrimFuncs."""
+    out = None
+    for gv, func in mod.functions_items():
+        if isinstance(func, T.PrimFunc):
+            fixed = exact_reduction_identities(func)
+            if not fixed.same_as(func):
+                out = mod.clone() if out is None else out
+                out.update_func(gv, fixed)
+    return mod if out is None else out
