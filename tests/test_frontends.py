@@ -286,3 +286,20 @@ def test_grid_sample_reads_pytorchs_grid(mode, padding, align):
     want = Sample()(x, grid).numpy()
     assert got.shape == want.shape
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("size, scale", [
+    ((4, 5), None), ((13, 25), None), (None, 1.7), (None, (0.5, 3.0)), (None, 0.3),
+    (None, 2.0), ((14, 18), None)])
+def test_nearest_interpolation_picks_pytorchs_pixels(size, scale):
+    """TVM's converter took half-pixel centres and rounded ("nearest-exact"), and the
+    sizes' ratio where a scale factor was given: 7 -> 4 rows gave [0, 2, 4, 6] for
+    PyTorch's [0, 1, 3, 5]. Whole upscales (the last two) stay TVM's resize. Exact."""
+    class Nearest(torch.nn.Module):
+        def forward(self, x):
+            return torch.nn.functional.interpolate(x, size=size, scale_factor=scale,
+                                                   mode="nearest")
+
+    x = torch.randn(1, 3, 7, 6, generator=torch.Generator().manual_seed(13))
+    got = tirbyoc.run(tirbyoc.compile(examples.import_torch(Nearest(), x)), x.numpy())
+    np.testing.assert_array_equal(_first(got), Nearest()(x).numpy())

@@ -67,6 +67,11 @@ TVM's ``from_exported_program`` takes extra converters by ATen name
 
 * ``group_norm`` without a weight or bias (``F.group_norm(x, groups)``): TVM's converter
   passed None on and crashed ("Found null pointer node"); ones and zeros here.
+* ``upsample_nearest2d`` (``interpolate(mode="nearest")``): TVM's converter took
+  half-pixel centres and rounded (PyTorch's "nearest-exact"), and computed from the
+  sizes where a scale factor was given: other pixels wherever the ratio is not a whole
+  upscale (7 -> 4 rows: [0, 2, 4, 6] for PyTorch's [0, 1, 3, 5]). Here a gather by the
+  indices PyTorch computes (in its float32 arithmetic).
 * ``elu`` and ``selu``: TVM's converter dropped ATen's ``scale`` and ``input_scale``
   of ``elu`` and SELU's scale (every output 4.8% small), and computed ``exp(x) - 1``
   with the cancellation of the 1; here ``scale * where(x > 0, x, alpha *
@@ -109,7 +114,9 @@ def torch_converters() -> dict:
             "rsub.Tensor": _arithmetic(relax.op.subtract, operator.sub, reverse=True),
             "rsub.Scalar": _arithmetic(relax.op.subtract, operator.sub, reverse=True),
             "elu.default": _elu, "selu.default": _elu, "group_norm.default": _group_norm,
-            "native_group_norm.default": _group_norm}
+            "native_group_norm.default": _group_norm,
+            "upsample_nearest2d.vec": _upsample_nearest, "upsample_nearest2d.default":
+            _upsample_nearest}
 
 
 def _min_dim(node, importer):
@@ -248,6 +255,54 @@ def _group_norm(node, importer):
     return importer.block_builder.emit(relax.op.nn.group_norm(
         x, affine(weight, 1.0), affine(bias, 0.0), num_groups=groups, channel_axis=1,
         axes=list(range(2, len(dims))), epsilon=eps))
+
+
+def _nearest_indices(size: int, out: int, scale) -> np.ndarray:
+    """The input index of each output index of PyTorch's "nearest" along one axis, in
+    its arithmetic (float32): the same, halves, else ``floor(i * s)``, ``s`` the inverse
+    of a scale factor given, else ``size / out``."""
+    i = np.arange(out, dtype=np.int64)
+    if out == size:
+        return i
+    if out == 2 * size:
+        return i >> 1
+    s = np.float32(1.0 / scale) if scale else np.float32(size) / np.float32(out)
+    return np.minimum(np.floor(i.astype(np.float32) * s).astype(np.int64), size - 1)
+
+
+def _upsample_nearest(node, importer):
+    """``upsample_nearest2d`` as PyTorch picks its pixels: TVM's converter resized with
+    half-pixel centres, rounded (PyTorch's "nearest-exact"), and from the sizes even
+    where a scale factor was given (7 -> 4: rows [0, 2, 4, 6] where PyTorch takes [0, 1,
+    3, 5]). A gather of the rows, then of the columns, by indices computed here; a
+    whole upscale (where TVM's picks the same pixels) and a tensor of run-time height or
+    width go to TVM's converter."""
+    x = importer.env[node.args[0]]
+    dims = shape_of(x)
+    static = dims is not None and len(dims) == 4 and \
+        all(isinstance(d, tvm.tirx.IntImm) for d in dims[2:])
+    if not static:
+        return importer._upsample_nearest2d(node)
+    args = list(node.args) + [None] * 4
+    size, scales = args[1], None
+    if node.target.__name__.endswith("vec"):
+        scales = args[2]
+    elif args[2] is not None or args[3] is not None:
+        scales = [args[2], args[3]]
+    in_sizes = [int(d) for d in dims[2:]]
+    if size is None:  # (PyTorch: floor(size * scale), in float64)
+        size = [int(math.floor(n * float(f))) for n, f in zip(in_sizes, scales)]
+    scales = scales or [None, None]
+    if all(int(m) % n == 0 and (f is None or float(f) == int(m) // n)
+           for n, m, f in zip(in_sizes, size, scales)):
+        # a whole upscale: TVM's rounded half-pixel centres pick PyTorch's pixels
+        return importer._upsample_nearest2d(node)
+    out = x
+    for axis, n, m, f in zip((2, 3), in_sizes, size, scales):
+        index = _nearest_indices(n, int(m), None if f is None else float(f))
+        if not np.array_equal(index, np.arange(n)) or int(m) != n:
+            out = relax.op.take(out, relax.const(index, "int64"), axis=axis)
+    return importer.block_builder.emit(out)
 
 
 def _histc(node, importer):
