@@ -303,3 +303,24 @@ def test_nearest_interpolation_picks_pytorchs_pixels(size, scale):
     x = torch.randn(1, 3, 7, 6, generator=torch.Generator().manual_seed(13))
     got = tirbyoc.run(tirbyoc.compile(examples.import_torch(Nearest(), x)), x.numpy())
     np.testing.assert_array_equal(_first(got), Nearest()(x).numpy())
+
+
+class _Comparisons(torch.nn.Module):
+    def forward(self, x):
+        i = torch.arange(-3, 4)
+        b = x[0] > 0
+        return (i == 2.5, i >= 2.5, i < 2.5, i <= -2.5, i != 2.5, i > -2.5, b > 0.5,
+                b == 1, i.int() < 2.5, i > x[:7], i.int() == i, x > 0, x != 0.25)
+
+
+def test_comparisons_with_numbers_promote_as_pytorch():
+    """TVM's converter made a Python number its tensor's type, so an int64 tensor was
+    compared with 2.5 as with 2 (``arange(-3, 4) >= 2.5`` was True at 2). Every result
+    against PyTorch's, exactly."""
+    x = torch.randn(9, generator=torch.Generator().manual_seed(14))
+    got = tirbyoc.run(tirbyoc.compile(examples.import_torch(_Comparisons(), x)), x.numpy())
+    expected = _Comparisons()(x)
+    assert len(got) == len(expected)
+    for k, (value, want) in enumerate(zip(got, expected)):
+        assert value.dtype == np.bool_, k
+        np.testing.assert_array_equal(value, want.numpy(), err_msg=str(k))

@@ -67,6 +67,10 @@ TVM's ``from_exported_program`` takes extra converters by ATen name
 
 * ``group_norm`` without a weight or bias (``F.group_norm(x, groups)``): TVM's converter
   passed None on and crashed ("Found null pointer node"); ones and zeros here.
+* ``eq``, ``ne``, ``lt``, ``le``, ``gt``, ``ge`` with a Python number: as for the
+  arithmetic, TVM's converter gave the number the tensor's type (an int64 tensor
+  compared with 2.5 was compared with 2; a bool tensor with 0.5 failed to build); here
+  both are promoted as PyTorch promotes.
 * ``upsample_nearest2d`` (``interpolate(mode="nearest")``): TVM's converter took
   half-pixel centres and rounded (PyTorch's "nearest-exact"), and computed from the
   sizes where a scale factor was given: other pixels wherever the ratio is not a whole
@@ -110,6 +114,12 @@ def torch_converters() -> dict:
                for name, relax_op, python_op in (
                    ("add", relax.op.add, operator.add), ("sub", relax.op.subtract, operator.sub),
                    ("mul", relax.op.multiply, operator.mul))
+               for form in ("Tensor", "Scalar")},
+            **{f"{name}.{form}": _comparison(relax_op)
+               for name, relax_op in (("eq", relax.op.equal), ("ne", relax.op.not_equal),
+                                      ("lt", relax.op.less), ("le", relax.op.less_equal),
+                                      ("gt", relax.op.greater),
+                                      ("ge", relax.op.greater_equal))
                for form in ("Tensor", "Scalar")},
             "rsub.Tensor": _arithmetic(relax.op.subtract, operator.sub, reverse=True),
             "rsub.Scalar": _arithmetic(relax.op.subtract, operator.sub, reverse=True),
@@ -365,6 +375,54 @@ def _number_kind(value) -> int:
     return 0 if isinstance(value, bool) else 1 if isinstance(value, int) else 2
 
 
+def _is_tensor(v) -> bool:
+    return isinstance(v, relax.Expr) and isinstance(getattr(v, "ty", None), relax.TensorType)
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (bool, int, float))
+
+
+def _promoted(importer, lhs, rhs) -> str:
+    """The dtype PyTorch computes ``lhs`` op ``rhs`` in (tensors and Python numbers, one
+    tensor at least): the tensors' common type, raised to int64 or float32 by a number
+    of a higher kind."""
+    dtypes = [str(v.ty.dtype) for v in (lhs, rhs) if _is_tensor(v)]
+    dtype = dtypes[0] if len(dtypes) == 1 else \
+        importer._promote_common_dtype(*dtypes) or dtypes[0]
+    for v in (lhs, rhs):
+        if _is_number(v) and _number_kind(v) > _kind(dtype):  # a number of a higher kind
+            dtype = "float32" if isinstance(v, float) else "int64"
+    return dtype
+
+
+def _as_dtype(importer, dtype, *values):
+    """Each value (tensor or number) as a tensor of ``dtype``."""
+    return tuple(relax.const(v, dtype) if _is_number(v) else v if str(v.ty.dtype) == dtype
+                 else importer.block_builder.emit(relax.op.astype(v, dtype))
+                 for v in values)
+
+
+def _comparison(relax_op):
+    """``eq``, ``ne``, ``lt``, ``le``, ``gt``, ``ge`` (``Tensor`` and ``Scalar``) compared
+    in the type PyTorch promotes to: TVM's converter made the number the tensor's type,
+    so an int64 tensor against 2.5 was compared with 2 (``arange(4) >= 2.5`` was True
+    at 2)."""
+    def convert(node, importer):
+        lhs, rhs = importer.retrieve_args(node)[:2]
+        if not (_is_tensor(lhs) or _is_tensor(rhs)) or not all(
+                _is_tensor(v) or _is_number(v) for v in (lhs, rhs)):
+            return importer._binary_op(relax_op, _PYTHON_COMPARISONS[relax_op])(node)
+        lhs, rhs = _as_dtype(importer, _promoted(importer, lhs, rhs), lhs, rhs)
+        return importer.block_builder.emit(relax_op(lhs, rhs))
+    return convert
+
+
+_PYTHON_COMPARISONS = {relax.op.equal: operator.eq, relax.op.not_equal: operator.ne,
+                       relax.op.less: operator.lt, relax.op.less_equal: operator.le,
+                       relax.op.greater: operator.gt, relax.op.greater_equal: operator.ge}
+
+
 def _arithmetic(relax_op, python_op, reverse=False):
     """``add``, ``sub``, ``mul`` and ``rsub`` (``Tensor`` and ``Scalar``) as PyTorch types
     them. TVM's converter made a Python number the tensor's type, so ``arange(4) * 0.5``
@@ -378,9 +436,7 @@ def _arithmetic(relax_op, python_op, reverse=False):
         alpha = args[2] if len(args) > 2 else node.kwargs.get("alpha", 1)
         if reverse:
             lhs, rhs = rhs, lhs
-        tensor = lambda v: isinstance(v, relax.Expr) and isinstance(  # noqa: E731
-            getattr(v, "ty", None), relax.TensorType)
-        number = lambda v: isinstance(v, (bool, int, float))  # noqa: E731
+        tensor, number = _is_tensor, _is_number
         if not (tensor(lhs) or tensor(rhs)) or not all(
                 tensor(v) or number(v) for v in (lhs, rhs)):
             if alpha != 1:  # (shape arithmetic has no alpha)
@@ -390,17 +446,10 @@ def _arithmetic(relax_op, python_op, reverse=False):
                 importer._binary_op(relax_op, python_op)(node)
         emit = importer.block_builder.emit
         op = relax.op
-        dtypes = [str(v.ty.dtype) for v in (lhs, rhs) if tensor(v)]
-        dtype = dtypes[0] if len(dtypes) == 1 else \
-            importer._promote_common_dtype(*dtypes) or dtypes[0]
-        for v in (lhs, rhs):
-            if number(v) and _number_kind(v) > _kind(dtype):  # a number of a higher kind
-                dtype = "float32" if isinstance(v, float) else "int64"
+        dtype = _promoted(importer, lhs, rhs)
         if number(rhs) and alpha != 1:
             rhs, alpha = rhs * alpha, 1
-        lhs, rhs = (relax.const(v, dtype) if number(v) else
-                    v if str(v.ty.dtype) == dtype else emit(op.astype(v, dtype))
-                    for v in (lhs, rhs))
+        lhs, rhs = _as_dtype(importer, dtype, lhs, rhs)
         if alpha != 1:
             rhs = emit(op.multiply(rhs, relax.const(alpha, dtype)))
         if dtype == "bool":  # (PyTorch's sum and product of bools: or, and)
