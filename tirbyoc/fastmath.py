@@ -36,6 +36,10 @@ _EXP_POLY = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2,
 # +-1 in float32; x itself below 4e-4.
 _TANH_CLAMP = 7.90531110763549805
 _TANH_TINY = 0.0004
+# From here on tanh and erf are +-1 in float32 (from 9.0109 and 3.9192 on; just before,
+# the float below 1), where the rationals give 1 - 2.4e-7.
+_TANH_ONE = 9.0
+_ERF_ONE = 3.919
 _TANH_NUM = (-2.76076847742355e-16, 2.00018790482477e-13, -8.60467152213735e-11,
              5.12229709037114e-08, 1.48572235717979e-05, 6.37261928875436e-04,
              4.89352455891786e-03)
@@ -114,6 +118,7 @@ def _tanh(x):
 
     def body(z):
         value = xc * _horner(z, _TANH_NUM) / _horner(z, _TANH_DEN)
+        value = _unit_beyond(x, _TANH_ONE, value)
         return _keep_nan(x, T.select(T.abs(x) < _c(_TANH_TINY), x, value))
 
     return _let(xc * xc, body)
@@ -126,7 +131,12 @@ def erf(x):
 def _erf(x):
     xc = T.min_value(T.max_value(x, _c(-_ERF_CLAMP)), _c(_ERF_CLAMP))
     return _let(xc, lambda c: _let(c * c, lambda z: _keep_nan(
-        x, c * _horner(z, _ERF_NUM) / _horner(z, _ERF_DEN))))
+        x, _unit_beyond(x, _ERF_ONE, c * _horner(z, _ERF_NUM) / _horner(z, _ERF_DEN)))))
+
+
+def _unit_beyond(x, edge, value):
+    """``value``, or +-1 (x's sign) where |x| >= edge."""
+    return T.select(T.abs(x) >= _c(edge), T.select(x > _c(0.0), _c(1.0), _c(-1.0)), value)
 
 
 def sigmoid(x):
