@@ -324,3 +324,38 @@ def test_comparisons_with_numbers_promote_as_pytorch():
     for k, (value, want) in enumerate(zip(got, expected)):
         assert value.dtype == np.bool_, k
         np.testing.assert_array_equal(value, want.numpy(), err_msg=str(k))
+
+
+@pytest.mark.parametrize("scale", [1.7, (0.5, 1.3), 2.0, 0.5])
+def test_bilinear_interpolation_by_a_scale_factor_as_pytorch(scale):
+    """PyTorch maps pixels by the scale factor given, TVM's converter by the sizes'
+    ratio (7 rows at 1.7 make 11: other values everywhere). Within float32 rounding of
+    PyTorch's result; the whole and exact ratios (the last two) stay TVM's resize."""
+    class Bilinear(torch.nn.Module):
+        def forward(self, x):
+            return torch.nn.functional.interpolate(x, scale_factor=scale, mode="bilinear")
+
+    x = torch.randn(1, 3, 7, 6, generator=torch.Generator().manual_seed(15))
+    got = tirbyoc.run(tirbyoc.compile(examples.import_torch(Bilinear(), x)), x.numpy())
+    np.testing.assert_allclose(_first(got), Bilinear()(x).numpy(), rtol=1e-6, atol=1e-6)
+
+
+def test_antialiased_downsampling_is_an_error_and_upsampling_is_bilinear():
+    """TVM's converter dropped the antialiasing filter: a downsampling came out silently
+    wrong. It is an error naming the op; an upsampling (where the filter does nothing)
+    matches PyTorch."""
+    class Resize(torch.nn.Module):
+        def __init__(self, size):
+            super().__init__()
+            self.size = size
+
+        def forward(self, x):
+            return torch.nn.functional.interpolate(x, size=self.size, mode="bilinear",
+                                                   antialias=True)
+
+    x = torch.randn(1, 2, 7, 6, generator=torch.Generator().manual_seed(16))
+    with pytest.raises(NotImplementedError, match="antialiased bilinear downsampling"):
+        examples.import_torch(Resize((3, 3)), x)
+    got = tirbyoc.run(tirbyoc.compile(examples.import_torch(Resize((14, 12)), x)), x.numpy())
+    np.testing.assert_allclose(_first(got), Resize((14, 12))(x).numpy(), rtol=1e-6,
+                               atol=1e-6)

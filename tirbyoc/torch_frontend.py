@@ -76,6 +76,12 @@ TVM's ``from_exported_program`` takes extra converters by ATen name
   sizes where a scale factor was given: other pixels wherever the ratio is not a whole
   upscale (7 -> 4 rows: [0, 2, 4, 6] for PyTorch's [0, 1, 3, 5]). Here a gather by the
   indices PyTorch computes (in its float32 arithmetic).
+* ``upsample_bilinear2d`` with a scale factor that does not give a whole output size
+  (7 rows at 1.7): PyTorch maps pixels by the scale factor, TVM's converter by the
+  sizes' ratio; here PyTorch's taps and weights.
+* ``_upsample_bilinear2d_aa`` (``antialias=True``): TVM's converter dropped the
+  filter, silently wrong when downsampling; that is an error here (upsampling is the
+  same without it).
 * ``elu`` and ``selu``: TVM's converter dropped ATen's ``scale`` and ``input_scale``
   of ``elu`` and SELU's scale (every output 4.8% small), and computed ``exp(x) - 1``
   with the cancellation of the 1; here ``scale * where(x > 0, x, alpha *
@@ -126,7 +132,9 @@ def torch_converters() -> dict:
             "elu.default": _elu, "selu.default": _elu, "group_norm.default": _group_norm,
             "native_group_norm.default": _group_norm,
             "upsample_nearest2d.vec": _upsample_nearest, "upsample_nearest2d.default":
-            _upsample_nearest}
+            _upsample_nearest, "upsample_bilinear2d.vec": _upsample_bilinear,
+            "_upsample_bilinear2d_aa.vec": _antialiased,
+            "_upsample_bilinear2d_aa.default": _antialiased}
 
 
 def _min_dim(node, importer):
@@ -313,6 +321,66 @@ def _upsample_nearest(node, importer):
         if not np.array_equal(index, np.arange(n)) or int(m) != n:
             out = relax.op.take(out, relax.const(index, "int64"), axis=axis)
     return importer.block_builder.emit(out)
+
+
+def _bilinear_taps(size: int, out: int, scale: float):
+    """PyTorch's two source indices and the second one's weight for each output index
+    along one axis (half-pixel centres, scale ``1 / scale``, in float32)."""
+    s = np.float32(1.0 / scale)
+    src = np.maximum((np.arange(out, dtype=np.float32) + np.float32(0.5)) * s -
+                     np.float32(0.5), np.float32(0.0))
+    low = np.minimum(np.floor(src).astype(np.int64), size - 1)
+    return low, np.minimum(low + 1, size - 1), (src - low.astype(np.float32))
+
+
+def _upsample_bilinear(node, importer):
+    """``upsample_bilinear2d`` given a scale factor whose output size is not the input
+    size times it (7 rows at 1.7: 11): PyTorch maps output to input pixels by the scale
+    factor, TVM's converter by the sizes' ratio (other values everywhere). Here the two
+    taps of each axis gathered and weighted as PyTorch computes them; every other case
+    (sizes given, corners aligned, the ratio exact, run-time sizes) is TVM's converter."""
+    x = importer.env[node.args[0]]
+    args = list(node.args) + [None] * 4
+    size, corners, scales = args[1], bool(args[2]), args[3]
+    dims = shape_of(x)
+    if size is not None or corners or not scales or dims is None or len(dims) != 4 or \
+            not all(isinstance(d, tvm.tirx.IntImm) for d in dims[2:]) or \
+            str(x.ty.dtype) != "float32":
+        return importer._upsample_bilinear2d(node)
+    in_sizes = [int(d) for d in dims[2:]]
+    out_sizes = [int(math.floor(n * float(f))) for n, f in zip(in_sizes, scales)]
+    if all(np.float32(1.0 / float(f)) == np.float32(n) / np.float32(m)
+           for n, m, f in zip(in_sizes, out_sizes, scales)):
+        return importer._upsample_bilinear2d(node)
+    out = x
+    for axis, n, m, f in zip((2, 3), in_sizes, out_sizes, scales):
+        low, high, w = _bilinear_taps(n, m, float(f))
+        shape = [1, 1, m, 1] if axis == 2 else [1, 1, 1, m]
+        w = relax.const(w.reshape(shape), "float32")
+        first = relax.op.take(out, relax.const(low, "int64"), axis=axis)
+        second = relax.op.take(out, relax.const(high, "int64"), axis=axis)
+        out = relax.op.add(first, relax.op.multiply(relax.op.subtract(second, first), w))
+    return importer.block_builder.emit(out)
+
+
+def _antialiased(node, importer):
+    """``interpolate(mode="bilinear", antialias=True)``: upsampling is the same as
+    without antialiasing; TVM's converter also took a downsampling so, silently without
+    the filter (7 -> 3: [0.67, 3, 5.33] for PyTorch's [0.86, 3, 5.14]). That is an
+    error here, naming the op."""
+    x = importer.env[node.args[0]]
+    args = list(node.args) + [None] * 4
+    size, scales = args[1], args[3]
+    dims = shape_of(x)
+    ins = None if dims is None else dims[2:]
+    shrinks = scales is not None and any(float(f) < 1.0 for f in scales) or \
+        size is not None and (ins is None or any(
+            not isinstance(n, tvm.tirx.IntImm) or int(m) < int(n) for n, m in zip(ins, size)))
+    if shrinks:
+        raise NotImplementedError(
+            f"{node.target}: antialiased bilinear downsampling (interpolate(..., "
+            f"antialias=True) to a smaller size) is not supported: {node.format_node()}")
+    return _upsample_bilinear(node, importer)
 
 
 def _histc(node, importer):
