@@ -359,3 +359,41 @@ def test_antialiased_downsampling_is_an_error_and_upsampling_is_bilinear():
     got = tirbyoc.run(tirbyoc.compile(examples.import_torch(Resize((14, 12)), x)), x.numpy())
     np.testing.assert_allclose(_first(got), Resize((14, 12))(x).numpy(), rtol=1e-6,
                                atol=1e-6)
+
+
+@pytest.mark.parametrize("mode, size, scale, corners", [
+    ("linear", 11, None, False), ("linear", None, 1.7, False), ("linear", 11, None, True),
+    ("linear", 4, None, False), ("trilinear", (5, 6, 9), None, False)])
+def test_linear_and_trilinear_interpolation_build_and_match_pytorch(mode, size, scale,
+                                                                    corners):
+    """``torch.export`` writes them with a clamp of integer indices with one bound, which
+    TVM's converter made an infinity ("Cannot convert infinity to BigInt"): none built."""
+    class Resize(torch.nn.Module):
+        def forward(self, x):
+            return torch.nn.functional.interpolate(x, size=size, scale_factor=scale,
+                                                   mode=mode, align_corners=corners)
+
+    shape = (1, 3, 7) if mode == "linear" else (1, 2, 3, 4, 5)
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(17))
+    got = tirbyoc.run(tirbyoc.compile(examples.import_torch(Resize(), x)), x.numpy())
+    np.testing.assert_allclose(_first(got), Resize()(x).numpy(), rtol=1e-6, atol=1e-6)
+
+
+class _IntegerClamps(torch.nn.Module):
+    def forward(self, x):
+        i = torch.arange(-4, 5) * x.shape[0]
+        return (i.clamp(max=3), i.clamp(min=-2), i.clamp(-2.5, 1.5), i.clamp(min=0.5),
+                i.clamp(-3, 3), x.clamp(max=0.2))
+
+
+def test_integer_clamps_as_pytorch():
+    """One bound: the other was an infinity, which TVM could not build for integers; a
+    float bound: PyTorch's result is float32, TVM's clamped to the bound cut to an
+    integer. Values and dtypes against PyTorch."""
+    x = torch.randn(1, 5, generator=torch.Generator().manual_seed(18))
+    got = tirbyoc.run(tirbyoc.compile(examples.import_torch(_IntegerClamps(), x)), x.numpy())
+    expected = _IntegerClamps()(x)
+    assert len(got) == len(expected)
+    for k, (value, want) in enumerate(zip(got, expected)):
+        assert value.dtype == want.numpy().dtype, k
+        np.testing.assert_array_equal(value, want.numpy(), err_msg=str(k))

@@ -82,6 +82,12 @@ TVM's ``from_exported_program`` takes extra converters by ATen name
 * ``_upsample_bilinear2d_aa`` (``antialias=True``): TVM's converter dropped the
   filter, silently wrong when downsampling; that is an error here (upsampling is the
   same without it).
+* ``clamp`` of an integer tensor with one bound (``torch.export``'s decomposition of
+  ``interpolate(mode="linear")`` clamps its indices so): TVM's converter made the
+  missing bound an infinity, which an integer cannot hold ("Cannot convert infinity to
+  BigInt": every 1-D linear and trilinear resize failed to build); here the type's
+  extreme. A float bound on an integer tensor promotes it to float32, as in PyTorch
+  (TVM's clamped ``arange`` by -2.5 to -2).
 * ``elu`` and ``selu``: TVM's converter dropped ATen's ``scale`` and ``input_scale``
   of ``elu`` and SELU's scale (every output 4.8% small), and computed ``exp(x) - 1``
   with the cancellation of the 1; here ``scale * where(x > 0, x, alpha *
@@ -134,7 +140,8 @@ def torch_converters() -> dict:
             "upsample_nearest2d.vec": _upsample_nearest, "upsample_nearest2d.default":
             _upsample_nearest, "upsample_bilinear2d.vec": _upsample_bilinear,
             "_upsample_bilinear2d_aa.vec": _antialiased,
-            "_upsample_bilinear2d_aa.default": _antialiased}
+            "_upsample_bilinear2d_aa.default": _antialiased,
+            "clamp.default": _clamp}
 
 
 def _min_dim(node, importer):
@@ -323,14 +330,31 @@ def _upsample_nearest(node, importer):
     return importer.block_builder.emit(out)
 
 
-def _bilinear_taps(size: int, out: int, scale: float):
+def _linear_taps(size: int, out: int, scale=None, corners=False):
     """PyTorch's two source indices and the second one's weight for each output index
-    along one axis (half-pixel centres, scale ``1 / scale``, in float32)."""
-    s = np.float32(1.0 / scale)
-    src = np.maximum((np.arange(out, dtype=np.float32) + np.float32(0.5)) * s -
-                     np.float32(0.5), np.float32(0.0))
+    of a linear resize along one axis, in its float32 arithmetic: corners aligned, the
+    step ``(size - 1) / (out - 1)``; else half-pixel centres, the step ``1 / scale``
+    for a scale factor given, ``size / out`` without."""
+    dst = np.arange(out, dtype=np.float32)
+    if corners:
+        step = np.float32(size - 1) / np.float32(out - 1) if out > 1 else np.float32(0.0)
+        src = dst * step
+    else:
+        step = np.float32(1.0 / scale) if scale else np.float32(size) / np.float32(out)
+        src = np.maximum((dst + np.float32(0.5)) * step - np.float32(0.5), np.float32(0.0))
     low = np.minimum(np.floor(src).astype(np.int64), size - 1)
     return low, np.minimum(low + 1, size - 1), (src - low.astype(np.float32))
+
+
+def _lerp_along(x, axis: int, rank: int, taps):
+    """``x`` resized along ``axis`` by ``_linear_taps``' gathers and weights."""
+    low, high, w = taps
+    shape = [1] * rank
+    shape[axis] = len(low)
+    first = relax.op.take(x, relax.const(low, "int64"), axis=axis)
+    second = relax.op.take(x, relax.const(high, "int64"), axis=axis)
+    return relax.op.add(first, relax.op.multiply(relax.op.subtract(second, first),
+                                                 relax.const(w.reshape(shape), "float32")))
 
 
 def _upsample_bilinear(node, importer):
@@ -354,13 +378,29 @@ def _upsample_bilinear(node, importer):
         return importer._upsample_bilinear2d(node)
     out = x
     for axis, n, m, f in zip((2, 3), in_sizes, out_sizes, scales):
-        low, high, w = _bilinear_taps(n, m, float(f))
-        shape = [1, 1, m, 1] if axis == 2 else [1, 1, 1, m]
-        w = relax.const(w.reshape(shape), "float32")
-        first = relax.op.take(out, relax.const(low, "int64"), axis=axis)
-        second = relax.op.take(out, relax.const(high, "int64"), axis=axis)
-        out = relax.op.add(first, relax.op.multiply(relax.op.subtract(second, first), w))
+        out = _lerp_along(out, axis, 4, _linear_taps(n, m, float(f)))
     return importer.block_builder.emit(out)
+
+
+def _clamp(node, importer):
+    """``clamp(x, min, max)`` of an integer tensor: a missing bound is the type's
+    extreme, a float bound makes the clamp a float32 one (PyTorch's promotion); a float
+    tensor is TVM's converter."""
+    x = importer.env[node.args[0]]
+    args = list(node.args) + [None] * 3
+    low, high = node.kwargs.get("min", args[1]), node.kwargs.get("max", args[2])
+    dtype = str(getattr(x.ty, "dtype", ""))
+    if _kind(dtype) != 1 or not all(b is None or _is_number(b) for b in (low, high)):
+        return importer._clamp(node)
+    if any(isinstance(b, float) for b in (low, high)):
+        x = importer.block_builder.emit(relax.op.astype(x, "float32"))
+        low = float("-inf") if low is None else float(low)
+        high = float("inf") if high is None else float(high)
+    else:
+        info = np.iinfo(dtype)
+        low = int(info.min) if low is None else int(low)
+        high = int(info.max) if high is None else int(high)
+    return importer.block_builder.emit(relax.op.clip(x, low, high))
 
 
 def _antialiased(node, importer):
