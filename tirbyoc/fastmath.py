@@ -1,5 +1,5 @@
-"""Vectorizable float32 ``exp``, ``tanh``, ``erf``, ``sigmoid`` and ``pow(x, n)`` (n = 1..4)
-for the fallback schedules.
+"""Vectorizable float32 ``exp``, ``tanh``, ``erf``, ``sigmoid``, ``sinh``, ``cosh`` and
+``pow(x, n)`` (n = 1..4) for the fallback schedules.
 
 LLVM lowers TIR's ``exp``/``tanh``/``erf`` on a vector to one scalar libm call per lane
 (``expf@PLT`` twice per ``tanh`` element; ``sigmoid`` is an ``expf`` call too: a SiLU over
@@ -145,7 +145,39 @@ def sigmoid(x):
     return _c(1.0) / (_c(1.0) + exp(-x))
 
 
-_EXPANSIONS = {"tirx.exp": exp, "tirx.tanh": tanh, "tirx.erf": erf, "tirx.sigmoid": sigmoid}
+# Beyond this |x|, e^-|x| is under 1.6e-8 of e^|x|: sinh and cosh are +-e^(|x| - ln 2),
+# which stays finite up to where they overflow (89.4; e^x alone overflows from 88.7).
+_HYPERBOLIC_ONE_SIDED = 9.0
+_LN2 = 0.6931471805599453
+
+
+def _half_exp(v):
+    """e^|v| / 2, also past where e^|v| overflows (there from |v| - ln 2, rounded)."""
+    a = T.abs(v)
+    return T.select(a < _c(88.0), _c(0.5) * exp(a), exp(a - _c(_LN2)))
+
+
+def sinh(x):
+    # below |x| = 0.5 its odd series to x^9 / 9! (the next term within 2.4e-11 of it):
+    # (e^x - e^-x) / 2 cancels there
+    def body(v):
+        z = v * v
+        series = v * _horner(z, (1.0 / 362880, 1.0 / 5040, 1.0 / 120, 1.0 / 6, 1.0))
+        far = T.select(v < _c(0.0), -_half_exp(v), _half_exp(v))
+        near = T.select(T.abs(v) < _c(0.5), series, _c(0.5) * (exp(v) - exp(-v)))
+        return T.select(T.abs(v) > _c(_HYPERBOLIC_ONE_SIDED), far, near)
+    return _let(x, body)
+
+
+def cosh(x):
+    return _let(x, lambda v: T.select(T.abs(v) > _c(_HYPERBOLIC_ONE_SIDED), _half_exp(v),
+                                      _c(0.5) * (exp(v) + exp(-v))))
+
+
+# (sinh and cosh: TVM's LLVM backend has no vector form of them and failed to build:
+# "unknown intrinsic tirx.sinh")
+_EXPANSIONS = {"tirx.exp": exp, "tirx.tanh": tanh, "tirx.erf": erf, "tirx.sigmoid": sigmoid,
+               "tirx.sinh": sinh, "tirx.cosh": cosh}
 
 
 # pow(x, n) for these whole n: n - 1 multiplications (GPT-2's GELU has x ** 3; LLVM

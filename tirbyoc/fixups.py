@@ -970,8 +970,8 @@ def _float32(expr) -> bool:
 
 def _cancelling(call, b):
     """``log1p(y)`` for ``log(1 + y)``, ``expm1(x)`` for ``exp(x) - 1``, ``-expm1(x)``
-    for ``1 - exp(x)`` (float32, 1 a scalar constant), and ``R.nn.selu`` with ``expm1``;
-    else None."""
+    for ``1 - exp(x)`` (float32, 1 a scalar constant), ``R.nn.selu`` with ``expm1`` and
+    ``atanh`` with ``log1p``; else None."""
     from .bindings import is_op, scalar_constant
 
     def one(expr):
@@ -983,6 +983,9 @@ def _cancelling(call, b):
             for c, y in (inner.args, inner.args[::-1]):
                 if one(c) and _float32(y):
                     return log1p(y)
+    if is_op(call, "relax.atanh") and _float32(call):  # (TOPI's: log((1 + x) / (1 - x)))
+        x = call.args[0]
+        return R.op.multiply(_f32(0.5), R.op.subtract(log1p(x), log1p(R.op.negative(x))))
     if is_op(call, "relax.nn.selu") and _float32(call):  # (TOPI's cancels as the rest)
         x = call.args[0]
         return R.op.multiply(_f32(SELU_SCALE), R.op.where(
@@ -1009,6 +1012,32 @@ def fix_cancellation(mod):
     from .bindings import rewrite_calls
 
     return rewrite_calls(mod, _cancelling)
+
+
+# ---- the floored remainder of floats, exactly ----
+
+def _floored_remainder(call, b):  # noqa: ARG001 (rewrite_calls' signature)
+    from .bindings import is_op
+
+    if not is_op(call, "relax.floor_mod") or not _float32(call):
+        return None
+    x, y = call.args
+    r = R.op.mod(x, y)  # (truncated, exact: LLVM's frem)
+    zero = _f32(0.0)
+    # (a bool != compiled as a float compare of i1 vectors, which LLVM rejects: xor)
+    other_side = R.op.logical_and(R.op.not_equal(r, zero),
+                                  R.op.logical_xor(R.op.less(r, zero), R.op.less(y, zero)))
+    return R.op.where(other_side, R.op.add(r, y), r)
+
+
+def exact_floor_mod(mod):
+    """``mod`` with every float32 ``floor_mod`` (PyTorch's ``remainder``, ONNX's ``Mod``)
+    the exact truncated remainder moved to the divisor's side: TOPI's ``x - floor(x / y)
+    * y`` loses what ``x / y`` rounds away (``remainder(1e10, 3)`` was 256, outside [0,
+    3)). ``mod`` itself when there is none."""
+    from .bindings import rewrite_calls
+
+    return rewrite_calls(mod, _floored_remainder)
 
 
 # ---- group and instance norms in two passes ----
@@ -1070,6 +1099,6 @@ def apply(mod):
     for fix in (fix_bool_cumsum, fix_topk_one, fix_einsum, fix_onnx_clip,
                 fix_negative_indices, fix_strided_slices, tighten_symbolic_shapes,
                 fix_broadcast_weight, fix_flattened_matmul, fold_column_scale, fuse_rms_norm,
-                fix_cancellation, two_pass_norms):
+                fix_cancellation, two_pass_norms, exact_floor_mod):
         mod = fix(mod)
     return mod

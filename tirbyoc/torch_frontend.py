@@ -88,6 +88,9 @@ TVM's ``from_exported_program`` takes extra converters by ATen name
   BigInt": every 1-D linear and trilinear resize failed to build); here the type's
   extreme. A float bound on an integer tensor promotes it to float32, as in PyTorch
   (TVM's clamped ``arange`` by -2.5 to -2).
+* ``remainder`` and ``fmod`` of an integer tensor by a float number, ``reciprocal``
+  of integers: PyTorch computes in float32, TVM's converter in integers
+  (``reciprocal(2)`` was 0).
 * ``elu`` and ``selu``: TVM's converter dropped ATen's ``scale`` and ``input_scale``
   of ``elu`` and SELU's scale (every output 4.8% small), and computed ``exp(x) - 1``
   with the cancellation of the 1; here ``scale * where(x > 0, x, alpha *
@@ -141,7 +144,9 @@ def torch_converters() -> dict:
             _upsample_nearest, "upsample_bilinear2d.vec": _upsample_bilinear,
             "_upsample_bilinear2d_aa.vec": _antialiased,
             "_upsample_bilinear2d_aa.default": _antialiased,
-            "clamp.default": _clamp}
+            "clamp.default": _clamp,
+            **{f"{name}.Scalar": _float_with_number(name) for name in ("remainder", "fmod")},
+            "reciprocal.default": _in_float(relax.op.divide, 1.0)}
 
 
 def _min_dim(node, importer):
@@ -401,6 +406,36 @@ def _clamp(node, importer):
         low = int(info.min) if low is None else int(low)
         high = int(info.max) if high is None else int(high)
     return importer.block_builder.emit(relax.op.clip(x, low, high))
+
+
+def _float_with_number(name):
+    """``remainder`` / ``fmod`` of an integer tensor by a float number: PyTorch computes
+    in float32, TVM's converter cut the number to an integer (``remainder(-3, 2.5)``
+    gave 1, not 2.0). Floored remainder for ``remainder``, truncated for ``fmod``; any
+    other case is TVM's converter."""
+    def convert(node, importer):
+        x, y = importer.env[node.args[0]], node.args[1]
+        if not (_kind(str(getattr(x.ty, "dtype", ""))) == 1 and isinstance(y, float)):
+            convert_map = importer.create_convert_map()
+            return convert_map[f"{name}.Scalar"](node)
+        x = relax.op.astype(x, "float32")
+        y = relax.const(y, "float32")
+        q = relax.op.divide(x, y)
+        q = relax.op.floor(q) if name == "remainder" else relax.op.trunc(q)
+        return importer.block_builder.emit(relax.op.subtract(x, relax.op.multiply(q, y)))
+    return convert
+
+
+def _in_float(relax_op, first):
+    """``first`` op x with an integer x taken in float32, as PyTorch does
+    (``reciprocal(arange(4))`` came out integers: 0 for 1/2)."""
+    def convert(node, importer):
+        x = importer.env[node.args[0]]
+        if _kind(str(getattr(x.ty, "dtype", ""))) != 2:
+            x = importer.block_builder.emit(relax.op.astype(x, "float32"))
+        dtype = str(x.ty.dtype)
+        return importer.block_builder.emit(relax_op(relax.const(first, dtype), x))
+    return convert
 
 
 def _antialiased(node, importer):
