@@ -444,3 +444,23 @@ def test_hyperbolic_functions_build_and_keep_their_digits(name):
     normal = np.abs(want) >= np.finfo(np.float32).tiny
     rel = np.abs(got[normal] - want[normal]) / np.abs(want[normal])
     assert rel.max() < 2e-6, (rel.max(), xs[normal][np.argmax(rel)])
+
+
+def test_run_takes_0d_inputs_and_returns_shapes():
+    """``tirbyoc.run`` made a 0-d input 1-d (an ONNX scalar: "expect Tensor with ndim 0
+    but get 1") and failed on an output that is a shape."""
+    from onnx import TensorProto, helper
+    from tvm.relax.frontend.onnx import from_onnx
+
+    value = helper.make_tensor_value_info
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    graph = helper.make_graph(
+        [helper.make_node("Trilu", ["x", "k"], ["y"]),
+         helper.make_node("Shape", ["x"], ["s"], start=1)], "g",
+        [value("x", TensorProto.FLOAT, [3, 4]), value("k", TensorProto.INT64, [])],
+        [value("y", TensorProto.FLOAT, [3, 4]), value("s", TensorProto.INT64, [1])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 15)])
+    ex = tirbyoc.compile(from_onnx(model, keep_params_in_input=False))
+    upper, shape = tirbyoc.run(ex, x, np.array(1, np.int64))
+    np.testing.assert_array_equal(upper, np.triu(x, 1))
+    assert shape.dtype == np.int64 and shape.tolist() == [4]

@@ -313,3 +313,8 @@ def dlight_cpu_reduction():
 def apply_default_schedule(*rules):
     """dlight's pass: the first rule that returns a schedule wins, per PrimFunc."""
     return s_tir.dlight.ApplyDefaultSchedule(*rules)
+
+
+def is_shape_value(value) -> bool:
+    """Whether a VM result is a shape (a tuple of ints, not a tensor)."""
+    return isinstance(value, tvm_ffi.Shape)

@@ -368,15 +368,30 @@ def _link_now(executable):
 def run(executable, *inputs, func: str = "main"):
     """Run ``func`` of a compiled executable (or a loaded library) on numpy inputs.
 
-    Returns a numpy array, or a list of arrays when the function returns a tuple.
+    Returns a numpy array (a shape: an int64 array), or a list of them when the
+    function returns a tuple.
     """
     import numpy as np
 
     vm = T.VirtualMachine(executable, T.cpu())
-    out = vm[func](*[T.tensor(np.ascontiguousarray(x)) for x in inputs])
+    # NOTE: np.asarray(order="C"), not np.ascontiguousarray, which makes a 0-d array
+    # (an ONNX scalar input) 1-d
+    out = vm[func](*[T.tensor(np.asarray(x, order="C")) for x in inputs])
+    return _to_numpy(out)
+
+
+def _to_numpy(out):
+    """A VM result as numpy: a tensor as an array, a shape as an int64 array, a number
+    as a numpy scalar, a tuple as a list of these."""
+    import numpy as np
+
     if hasattr(out, "numpy"):
         return out.numpy()
-    return [o.numpy() for o in out]
+    if isinstance(out, (bool, int, float)):
+        return np.asarray(out)[()]
+    if T.is_shape_value(out):
+        return np.asarray([int(d) for d in out], dtype=np.int64)
+    return [_to_numpy(o) for o in out]
 
 
 def offloaded_kernels(mod) -> list:
