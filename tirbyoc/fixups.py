@@ -932,7 +932,7 @@ SELU_ALPHA = 1.6732632423543772848170429916717
 SELU_SCALE = 1.0507009873554804934193349852946
 
 
-def _f32(v, dtype="float32"):
+def _fconst(v, dtype="float32"):
     return R.const(v, dtype)
 
 
@@ -941,27 +941,27 @@ def log1p(y):
     (not only where ``1 + y`` is exact): near 0 as ``2 atanh(y / (2 + y))``'s series,
     which subtracts nothing, elsewhere ``log(1 + y)``, which is as exact there. NaN, -1
     and +inf give NaN, -inf and +inf."""
-    s = R.op.divide(y, R.op.add(_f32(2.0), y))
+    s = R.op.divide(y, R.op.add(_fconst(2.0), y))
     s2 = R.op.multiply(s, s)
-    poly = _f32(1.0 / 15)
+    poly = _fconst(1.0 / 15)
     for odd in (13, 11, 9, 7, 5, 3, 1):
-        poly = R.op.add(_f32(1.0 / odd), R.op.multiply(s2, poly))
-    series = R.op.multiply(R.op.multiply(_f32(2.0), s), poly)
+        poly = R.op.add(_fconst(1.0 / odd), R.op.multiply(s2, poly))
+    series = R.op.multiply(R.op.multiply(_fconst(2.0), s), poly)
     lo, hi = _LOG1P_SERIES
-    near = R.op.logical_and(R.op.greater_equal(y, _f32(lo)), R.op.less_equal(y, _f32(hi)))
-    return R.op.where(near, series, R.op.log(R.op.add(_f32(1.0), y)))
+    near = R.op.logical_and(R.op.greater_equal(y, _fconst(lo)), R.op.less_equal(y, _fconst(hi)))
+    return R.op.where(near, series, R.op.log(R.op.add(_fconst(1.0), y)))
 
 
 def expm1(x, dtype="float32"):
     """``exp(x) - 1`` of an expression of float ``dtype``, to a few roundings for every x:
     for |x| <= 0.5 as its series, which subtracts nothing where the result is small;
     elsewhere ``exp(x) - 1``, which cancels at most a factor 2.6 there."""
-    poly = _f32(1.0 / 362880, dtype)
+    poly = _fconst(1.0 / 362880, dtype)
     for n in (40320, 5040, 720, 120, 24, 6, 2, 1):
-        poly = R.op.add(_f32(1.0 / n, dtype), R.op.multiply(x, poly))
+        poly = R.op.add(_fconst(1.0 / n, dtype), R.op.multiply(x, poly))
     series = R.op.multiply(x, poly)
-    near = R.op.less_equal(R.op.abs(x), _f32(_EXPM1_SERIES, dtype))
-    return R.op.where(near, series, R.op.subtract(R.op.exp(x), _f32(1.0, dtype)))
+    near = R.op.less_equal(R.op.abs(x), _fconst(_EXPM1_SERIES, dtype))
+    return R.op.where(near, series, R.op.subtract(R.op.exp(x), _fconst(1.0, dtype)))
 
 
 def _float32(expr) -> bool:
@@ -985,11 +985,11 @@ def _cancelling(call, b):
                     return log1p(y)
     if is_op(call, "relax.atanh") and _float32(call):  # (TOPI's: log((1 + x) / (1 - x)))
         x = call.args[0]
-        return R.op.multiply(_f32(0.5), R.op.subtract(log1p(x), log1p(R.op.negative(x))))
+        return R.op.multiply(_fconst(0.5), R.op.subtract(log1p(x), log1p(R.op.negative(x))))
     if is_op(call, "relax.nn.selu") and _float32(call):  # (TOPI's cancels as the rest)
         x = call.args[0]
-        return R.op.multiply(_f32(SELU_SCALE), R.op.where(
-            R.op.greater(x, _f32(0.0)), x, R.op.multiply(_f32(SELU_ALPHA), expm1(x))))
+        return R.op.multiply(_fconst(SELU_SCALE), R.op.where(
+            R.op.greater(x, _fconst(0.0)), x, R.op.multiply(_fconst(SELU_ALPHA), expm1(x))))
     if is_op(call, "relax.subtract") and _float32(call):
         a, c = call.args
         for e, k, sign in ((a, c, 1), (c, a, -1)):
@@ -1023,7 +1023,7 @@ def _floored_remainder(call, b):  # noqa: ARG001 (rewrite_calls' signature)
         return None
     x, y = call.args
     r = R.op.mod(x, y)  # (truncated, exact: LLVM's frem)
-    zero = _f32(0.0)
+    zero = _fconst(0.0)
     # (a bool != compiled as a float compare of i1 vectors, which LLVM rejects: xor)
     other_side = R.op.logical_and(R.op.not_equal(r, zero),
                                   R.op.logical_xor(R.op.less(r, zero), R.op.less(y, zero)))
@@ -1072,7 +1072,7 @@ def _two_pass_norm(call, b):  # noqa: ARG001 (rewrite_calls' signature)
     mean = R.op.mean(grouped, axis=axes, keepdims=True)
     dev = R.op.subtract(grouped, mean)
     var = R.op.mean(R.op.multiply(dev, dev), axis=axes, keepdims=True)
-    y = R.op.multiply(dev, R.op.rsqrt(R.op.add(var, _f32(float(a.epsilon)))))
+    y = R.op.multiply(dev, R.op.rsqrt(R.op.add(var, _fconst(float(a.epsilon)))))
     if group:
         y = R.op.reshape(y, dims)
     per_channel = [dims[channel] if i == channel else 1 for i in range(rank)]

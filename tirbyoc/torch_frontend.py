@@ -146,7 +146,7 @@ def torch_converters() -> dict:
             "_upsample_bilinear2d_aa.default": _antialiased,
             "clamp.default": _clamp,
             **{f"{name}.Scalar": _float_with_number(name) for name in ("remainder", "fmod")},
-            "reciprocal.default": _in_float(relax.op.divide, 1.0)}
+            "reciprocal.default": _reciprocal}
 
 
 def _min_dim(node, importer):
@@ -411,31 +411,27 @@ def _clamp(node, importer):
 def _float_with_number(name):
     """``remainder`` / ``fmod`` of an integer tensor by a float number: PyTorch computes
     in float32, TVM's converter cut the number to an integer (``remainder(-3, 2.5)``
-    gave 1, not 2.0). Floored remainder for ``remainder``, truncated for ``fmod``; any
-    other case is TVM's converter."""
+    gave 1, not 2.0). The floored remainder for ``remainder``, the truncated one for
+    ``fmod``; any other case is TVM's converter."""
     def convert(node, importer):
         x, y = importer.env[node.args[0]], node.args[1]
         if not (_kind(str(getattr(x.ty, "dtype", ""))) == 1 and isinstance(y, float)):
             convert_map = importer.create_convert_map()
             return convert_map[f"{name}.Scalar"](node)
-        x = relax.op.astype(x, "float32")
-        y = relax.const(y, "float32")
-        q = relax.op.divide(x, y)
-        q = relax.op.floor(q) if name == "remainder" else relax.op.trunc(q)
-        return importer.block_builder.emit(relax.op.subtract(x, relax.op.multiply(q, y)))
+        x, y = relax.op.astype(x, "float32"), relax.const(y, "float32")
+        # (a float floor_mod is made exact by fixups.exact_floor_mod; mod is exact)
+        op = relax.op.floor_mod if name == "remainder" else relax.op.mod
+        return importer.block_builder.emit(op(x, y))
     return convert
 
 
-def _in_float(relax_op, first):
-    """``first`` op x with an integer x taken in float32, as PyTorch does
-    (``reciprocal(arange(4))`` came out integers: 0 for 1/2)."""
-    def convert(node, importer):
-        x = importer.env[node.args[0]]
-        if _kind(str(getattr(x.ty, "dtype", ""))) != 2:
-            x = importer.block_builder.emit(relax.op.astype(x, "float32"))
-        dtype = str(x.ty.dtype)
-        return importer.block_builder.emit(relax_op(relax.const(first, dtype), x))
-    return convert
+def _reciprocal(node, importer):
+    """``1 / x``, an integer x taken in float32 as PyTorch does (TVM's converter
+    divided integers: ``reciprocal(2)`` was 0)."""
+    x = importer.env[node.args[0]]
+    if _kind(str(getattr(x.ty, "dtype", ""))) != 2:
+        x = importer.block_builder.emit(relax.op.astype(x, "float32"))
+    return importer.block_builder.emit(relax.op.divide(relax.const(1.0, str(x.ty.dtype)), x))
 
 
 def _antialiased(node, importer):
