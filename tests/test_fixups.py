@@ -911,3 +911,22 @@ def test_onnx_group_norm_of_a_large_mean_keeps_its_digits():
     want = ((groups - mean) / np.sqrt(var + 1e-5)).reshape(x.shape) * \
         scale[:, None, None] + shift[:, None, None]
     assert np.abs(got - want).max() < 1e-3
+
+
+class _NonFinite(torch.nn.Module):
+    def forward(self, x):
+        causal = torch.full((x.shape[0], x.shape[0]), float("-inf")).triu(1)
+        return (x + causal, torch.full_like(x, float("nan")), torch.full_like(x, float("inf")),
+                x + torch.full((x.shape[0], x.shape[0]), 2.5))
+
+
+def test_tensors_full_of_an_infinity_or_nan_build():
+    """``torch.full(..., float("-inf")).triu(1)``, a causal mask: TVM's legalization of a
+    ``full`` of -inf, +inf or NaN failed ("argument of type 'PrimType' is not
+    iterable"). Every output against PyTorch's, exactly (NaN where NaN)."""
+    x = torch.randn(5, 5, generator=torch.Generator().manual_seed(19))
+    got = tirbyoc.run(tirbyoc.compile(examples.import_torch(_NonFinite(), x)), x.numpy())
+    expected = _NonFinite()(x)
+    assert len(got) == len(expected)
+    for k, (value, want) in enumerate(zip(got, expected)):
+        np.testing.assert_array_equal(value, want.numpy(), err_msg=str(k))

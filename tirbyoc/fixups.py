@@ -1040,6 +1040,38 @@ def exact_floor_mod(mod):
     return rewrite_calls(mod, _floored_remainder)
 
 
+# ---- tensors full of an infinity or NaN ----
+
+def _full_of_non_finite(call, b):
+    """``full(shape, v)`` / ``full_like(x, v)`` of a float v that is infinite or NaN as
+    the same of 0 plus v; else None."""
+    import math
+
+    from .bindings import is_op, scalar_constant
+
+    if not is_op(call, "relax.full", "relax.full_like") or not \
+            str(getattr(call.ty, "dtype", "")).startswith(("float", "bfloat")):
+        return None
+    value = scalar_constant(call.args[1], b.values, "f")
+    if value is None or math.isfinite(value):
+        return None
+    dtype = str(call.ty.dtype)
+    zeros = R.op.full(call.args[0], R.const(0.0, dtype), dtype) if is_op(call, "relax.full") \
+        else R.op.full_like(call.args[0], R.const(0.0, dtype), dtype)
+    return R.op.add(zeros, R.const(value, dtype))
+
+
+def fix_non_finite_full(mod):
+    """``mod`` with every tensor full of -inf, +inf or NaN (PyTorch's
+    ``torch.full((n, n), float("-inf")).triu(1)``, a causal mask) written as zeros plus
+    that value: TVM's legalization of such a ``full`` failed ("argument of type
+    'PrimType' is not iterable": it checks the value against the dtype as a string).
+    ``mod`` itself when there is none."""
+    from .bindings import rewrite_calls
+
+    return rewrite_calls(mod, _full_of_non_finite)
+
+
 # ---- group and instance norms in two passes ----
 
 def _two_pass_norm(call, b):  # noqa: ARG001 (rewrite_calls' signature)
@@ -1099,6 +1131,6 @@ def apply(mod):
     for fix in (fix_bool_cumsum, fix_topk_one, fix_einsum, fix_onnx_clip,
                 fix_negative_indices, fix_strided_slices, tighten_symbolic_shapes,
                 fix_broadcast_weight, fix_flattened_matmul, fold_column_scale, fuse_rms_norm,
-                fix_cancellation, two_pass_norms, exact_floor_mod):
+                fix_cancellation, two_pass_norms, exact_floor_mod, fix_non_finite_full):
         mod = fix(mod)
     return mod
