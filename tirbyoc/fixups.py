@@ -33,7 +33,12 @@ HuggingFace Llama's RMSNorm exports as five ops; ``fuse_rms_norm`` makes them on
 TVM's frontends write ``log1p``, ``expm1``, softplus, Mish, ELU and SELU with
 ``log(1 + y)`` and ``exp(x) - 1``, which lose every digit below float32's 6e-8 of the
 1; ``fix_cancellation`` computes them without the cancellation (ZoeDepth's depth map
-came out within 3.6e-3 of float64 instead of PyTorch's 4.3e-4).
+came out within 3.6e-3 of float64 instead of PyTorch's 4.3e-4). TOPI's group and
+instance norms take the variance as a mean of squares less a squared mean, which
+cancels; ``two_pass_norms`` takes it from the deviations. ``exact_floor_mod`` makes a
+float remainder exact (TOPI's lost every digit ``x / y`` rounded away).
+``fix_non_finite_full`` builds a tensor full of -inf (a causal mask), on which TVM's
+legalization of ``full`` failed.
 """
 
 from __future__ import annotations
