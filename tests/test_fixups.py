@@ -930,3 +930,21 @@ def test_tensors_full_of_an_infinity_or_nan_build():
     assert len(got) == len(expected)
     for k, (value, want) in enumerate(zip(got, expected)):
         np.testing.assert_array_equal(value, want.numpy(), err_msg=str(k))
+
+
+class _BoolEquality(torch.nn.Module):
+    def forward(self, x):
+        a, b = x > 0, x > 0.5
+        return a != b, a == b, a != True, (a == b).sum(-1)  # noqa: E712 (the op itself)
+
+
+def test_equality_of_bools_builds_and_matches_pytorch():
+    """TVM compiled ``==`` / ``!=`` of bool tensors to LLVM float compares of i1 values,
+    which LLVM rejected ("fcmp one i1"): the module did not build. Exactly PyTorch's."""
+    x = torch.randn(4, 37, generator=torch.Generator().manual_seed(20))
+    got = tirbyoc.run(tirbyoc.compile(examples.import_torch(_BoolEquality(), x)), x.numpy())
+    expected = _BoolEquality()(x)
+    assert len(got) == len(expected)
+    for k, (value, want) in enumerate(zip(got, expected)):
+        assert value.dtype == want.numpy().dtype, k
+        np.testing.assert_array_equal(value, want.numpy(), err_msg=str(k))

@@ -38,7 +38,7 @@ instance norms take the variance as a mean of squares less a squared mean, which
 cancels; ``two_pass_norms`` takes it from the deviations. ``exact_floor_mod`` makes a
 float remainder exact (TOPI's lost every digit ``x / y`` rounded away).
 ``fix_non_finite_full`` builds a tensor full of -inf (a causal mask), on which TVM's
-legalization of ``full`` failed.
+legalization of ``full`` failed; ``fix_bool_equality`` builds ``==`` and ``!=`` of bools.
 """
 
 from __future__ import annotations
@@ -1077,6 +1077,27 @@ def fix_non_finite_full(mod):
     return rewrite_calls(mod, _full_of_non_finite)
 
 
+# ---- equality of bools ----
+
+def _bool_equality(call, b):  # noqa: ARG001 (rewrite_calls' signature)
+    from .bindings import is_op
+
+    if not is_op(call, "relax.equal", "relax.not_equal") or \
+            not all(_is_bool(a) for a in call.args):
+        return None
+    differ = R.op.logical_xor(*call.args)
+    return differ if is_op(call, "relax.not_equal") else R.op.logical_not(differ)
+
+
+def fix_bool_equality(mod):
+    """``mod`` with ``==`` and ``!=`` of bool tensors as ``not xor`` and ``xor``: TVM
+    compiles them to LLVM float compares of i1 values, which LLVM's verifier rejects
+    (``(x > 0) != (y > 0)`` did not build). ``mod`` itself when there is none."""
+    from .bindings import rewrite_calls
+
+    return rewrite_calls(mod, _bool_equality)
+
+
 # ---- group and instance norms in two passes ----
 
 def _two_pass_norm(call, b):  # noqa: ARG001 (rewrite_calls' signature)
@@ -1136,6 +1157,7 @@ def apply(mod):
     for fix in (fix_bool_cumsum, fix_topk_one, fix_einsum, fix_onnx_clip,
                 fix_negative_indices, fix_strided_slices, tighten_symbolic_shapes,
                 fix_broadcast_weight, fix_flattened_matmul, fold_column_scale, fuse_rms_norm,
-                fix_cancellation, two_pass_norms, exact_floor_mod, fix_non_finite_full):
+                fix_cancellation, two_pass_norms, exact_floor_mod, fix_non_finite_full,
+                fix_bool_equality):
         mod = fix(mod)
     return mod
