@@ -913,6 +913,14 @@ def test_onnx_group_norm_of_a_large_mean_keeps_its_digits():
     assert np.abs(got - want).max() < 1e-3
 
 
+def _assert_as_pytorch(got, expected):
+    """Each output of ours equal to PyTorch's, values (NaN where NaN) and dtypes."""
+    assert len(got) == len(expected)
+    for k, (value, want) in enumerate(zip(got, expected)):
+        assert value.dtype == want.numpy().dtype, k
+        np.testing.assert_array_equal(value, want.numpy(), err_msg=str(k))
+
+
 class _NonFinite(torch.nn.Module):
     def forward(self, x):
         causal = torch.full((x.shape[0], x.shape[0]), float("-inf")).triu(1)
@@ -927,9 +935,7 @@ def test_tensors_full_of_an_infinity_or_nan_build():
     x = torch.randn(5, 5, generator=torch.Generator().manual_seed(19))
     got = tirbyoc.run(tirbyoc.compile(examples.import_torch(_NonFinite(), x)), x.numpy())
     expected = _NonFinite()(x)
-    assert len(got) == len(expected)
-    for k, (value, want) in enumerate(zip(got, expected)):
-        np.testing.assert_array_equal(value, want.numpy(), err_msg=str(k))
+    _assert_as_pytorch(got, expected)
 
 
 class _BoolEquality(torch.nn.Module):
@@ -944,7 +950,4 @@ def test_equality_of_bools_builds_and_matches_pytorch():
     x = torch.randn(4, 37, generator=torch.Generator().manual_seed(20))
     got = tirbyoc.run(tirbyoc.compile(examples.import_torch(_BoolEquality(), x)), x.numpy())
     expected = _BoolEquality()(x)
-    assert len(got) == len(expected)
-    for k, (value, want) in enumerate(zip(got, expected)):
-        assert value.dtype == want.numpy().dtype, k
-        np.testing.assert_array_equal(value, want.numpy(), err_msg=str(k))
+    _assert_as_pytorch(got, expected)

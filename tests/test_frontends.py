@@ -146,6 +146,14 @@ def test_amax_and_whole_tensor_max_propagate_nan_as_pytorch():
         np.testing.assert_array_equal(value, expected)  # (NaN where NaN)
 
 
+def _assert_as_pytorch(got, expected):
+    """Each output of ours equal to PyTorch's, values (NaN where NaN) and dtypes."""
+    assert len(got) == len(expected)
+    for k, (value, want) in enumerate(zip(got, expected)):
+        assert value.dtype == want.numpy().dtype, k
+        np.testing.assert_array_equal(value, want.numpy(), err_msg=str(k))
+
+
 def test_extremes_of_rows_at_the_limits_of_their_type_as_pytorch():
     """TOPI starts a max at -FLT_MAX and an argmax at index -1: the max of a row of -inf
     came out -3.4e38 and its argmax -1 (an index out of bounds), as did the argmax of a
@@ -165,11 +173,7 @@ def test_extremes_of_rows_at_the_limits_of_their_type_as_pytorch():
         ep = torch.export.export(Extremes(), (x, i))
     got = tirbyoc.run(tirbyoc.compile(tirbyoc.from_exported_program(ep)), x.numpy(), i.numpy())
     expected = Extremes()(x, i)
-    assert len(got) == len(expected)
-    for k, (value, want) in enumerate(zip(got, expected)):
-        want = want.numpy()
-        assert value.dtype == want.dtype, k
-        np.testing.assert_array_equal(value, want, err_msg=str(k))
+    _assert_as_pytorch(got, expected)
 
 
 class _PaddedByBuffers(torch.nn.Module):
@@ -320,10 +324,7 @@ def test_comparisons_with_numbers_promote_as_pytorch():
     x = torch.randn(9, generator=torch.Generator().manual_seed(14))
     got = tirbyoc.run(tirbyoc.compile(examples.import_torch(_Comparisons(), x)), x.numpy())
     expected = _Comparisons()(x)
-    assert len(got) == len(expected)
-    for k, (value, want) in enumerate(zip(got, expected)):
-        assert value.dtype == np.bool_, k
-        np.testing.assert_array_equal(value, want.numpy(), err_msg=str(k))
+    _assert_as_pytorch(got, expected)
 
 
 @pytest.mark.parametrize("scale", [1.7, (0.5, 1.3), 2.0, 0.5])
@@ -393,10 +394,7 @@ def test_integer_clamps_as_pytorch():
     x = torch.randn(1, 5, generator=torch.Generator().manual_seed(18))
     got = tirbyoc.run(tirbyoc.compile(examples.import_torch(_IntegerClamps(), x)), x.numpy())
     expected = _IntegerClamps()(x)
-    assert len(got) == len(expected)
-    for k, (value, want) in enumerate(zip(got, expected)):
-        assert value.dtype == want.numpy().dtype, k
-        np.testing.assert_array_equal(value, want.numpy(), err_msg=str(k))
+    _assert_as_pytorch(got, expected)
 
 
 class _Remainders(torch.nn.Module):
@@ -416,10 +414,7 @@ def test_remainders_and_integer_arithmetic_with_floats_as_pytorch():
     x = torch.tensor([1.0, -1.0, 0.75, -7.5, 3.0, 1e-3])
     got = tirbyoc.run(tirbyoc.compile(examples.import_torch(_Remainders(), x)), x.numpy())
     expected = _Remainders()(x)
-    assert len(got) == len(expected)
-    for k, (value, want) in enumerate(zip(got, expected)):
-        assert value.dtype == want.numpy().dtype, k
-        np.testing.assert_array_equal(value, want.numpy(), err_msg=str(k))
+    _assert_as_pytorch(got, expected)
 
 
 @pytest.mark.parametrize("name", ["sinh", "cosh", "atanh"])
