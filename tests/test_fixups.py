@@ -15,6 +15,8 @@ from tvm.relax.frontend.torch import from_exported_program
 import tirbyoc
 from tirbyoc import examples, fixups
 
+from .test_frontends import _assert_compiled_as_pytorch
+
 
 class SequenceIds(torch.nn.Module):
     """What transformers does with position ids: a new sequence where they do not
@@ -913,14 +915,6 @@ def test_onnx_group_norm_of_a_large_mean_keeps_its_digits():
     assert np.abs(got - want).max() < 1e-3
 
 
-def _assert_as_pytorch(got, expected):
-    """Each output of ours equal to PyTorch's, values (NaN where NaN) and dtypes."""
-    assert len(got) == len(expected)
-    for k, (value, want) in enumerate(zip(got, expected)):
-        assert value.dtype == want.numpy().dtype, k
-        np.testing.assert_array_equal(value, want.numpy(), err_msg=str(k))
-
-
 class _NonFinite(torch.nn.Module):
     def forward(self, x):
         causal = torch.full((x.shape[0], x.shape[0]), float("-inf")).triu(1)
@@ -933,9 +927,7 @@ def test_tensors_full_of_an_infinity_or_nan_build():
     ``full`` of -inf, +inf or NaN failed ("argument of type 'PrimType' is not
     iterable"). Every output against PyTorch's, exactly (NaN where NaN)."""
     x = torch.randn(5, 5, generator=torch.Generator().manual_seed(19))
-    got = tirbyoc.run(tirbyoc.compile(examples.import_torch(_NonFinite(), x)), x.numpy())
-    expected = _NonFinite()(x)
-    _assert_as_pytorch(got, expected)
+    _assert_compiled_as_pytorch(_NonFinite(), x)
 
 
 class _BoolEquality(torch.nn.Module):
@@ -948,6 +940,4 @@ def test_equality_of_bools_builds_and_matches_pytorch():
     """TVM compiled ``==`` / ``!=`` of bool tensors to LLVM float compares of i1 values,
     which LLVM rejected ("fcmp one i1"): the module did not build. Exactly PyTorch's."""
     x = torch.randn(4, 37, generator=torch.Generator().manual_seed(20))
-    got = tirbyoc.run(tirbyoc.compile(examples.import_torch(_BoolEquality(), x)), x.numpy())
-    expected = _BoolEquality()(x)
-    _assert_as_pytorch(got, expected)
+    _assert_compiled_as_pytorch(_BoolEquality(), x)

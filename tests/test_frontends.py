@@ -154,6 +154,12 @@ def _assert_as_pytorch(got, expected):
         np.testing.assert_array_equal(value, want.numpy(), err_msg=str(k))
 
 
+def _assert_compiled_as_pytorch(model, x):
+    """``model`` compiled from PyTorch, on ``x``: ``_assert_as_pytorch``."""
+    got = tirbyoc.run(tirbyoc.compile(examples.import_torch(model, x)), x.numpy())
+    _assert_as_pytorch(got, model(x))
+
+
 def test_extremes_of_rows_at_the_limits_of_their_type_as_pytorch():
     """TOPI starts a max at -FLT_MAX and an argmax at index -1: the max of a row of -inf
     came out -3.4e38 and its argmax -1 (an index out of bounds), as did the argmax of a
@@ -322,9 +328,7 @@ def test_comparisons_with_numbers_promote_as_pytorch():
     compared with 2.5 as with 2 (``arange(-3, 4) >= 2.5`` was True at 2). Every result
     against PyTorch's, exactly."""
     x = torch.randn(9, generator=torch.Generator().manual_seed(14))
-    got = tirbyoc.run(tirbyoc.compile(examples.import_torch(_Comparisons(), x)), x.numpy())
-    expected = _Comparisons()(x)
-    _assert_as_pytorch(got, expected)
+    _assert_compiled_as_pytorch(_Comparisons(), x)
 
 
 @pytest.mark.parametrize("scale", [1.7, (0.5, 1.3), 2.0, 0.5])
@@ -392,9 +396,7 @@ def test_integer_clamps_as_pytorch():
     float bound: PyTorch's result is float32, TVM's clamped to the bound cut to an
     integer. Values and dtypes against PyTorch."""
     x = torch.randn(1, 5, generator=torch.Generator().manual_seed(18))
-    got = tirbyoc.run(tirbyoc.compile(examples.import_torch(_IntegerClamps(), x)), x.numpy())
-    expected = _IntegerClamps()(x)
-    _assert_as_pytorch(got, expected)
+    _assert_compiled_as_pytorch(_IntegerClamps(), x)
 
 
 class _Remainders(torch.nn.Module):
@@ -412,9 +414,7 @@ def test_remainders_and_integer_arithmetic_with_floats_as_pytorch():
     rounded away (``remainder(1e10, 3)`` was 256). Values and dtypes against PyTorch,
     exactly (its remainder is exact)."""
     x = torch.tensor([1.0, -1.0, 0.75, -7.5, 3.0, 1e-3])
-    got = tirbyoc.run(tirbyoc.compile(examples.import_torch(_Remainders(), x)), x.numpy())
-    expected = _Remainders()(x)
-    _assert_as_pytorch(got, expected)
+    _assert_compiled_as_pytorch(_Remainders(), x)
 
 
 @pytest.mark.parametrize("name", ["sinh", "cosh", "atanh"])

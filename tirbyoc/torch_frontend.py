@@ -287,6 +287,12 @@ def _group_norm(node, importer):
         axes=list(range(2, len(dims))), epsilon=eps))
 
 
+def _resize_step(size: int, out: int, scale) -> np.float32:
+    """Input pixels per output pixel of PyTorch's resizes along one axis, in its float32
+    arithmetic: ``1 / scale`` for a scale factor given, else ``size / out``."""
+    return np.float32(1.0 / scale) if scale else np.float32(size) / np.float32(out)
+
+
 def _nearest_indices(size: int, out: int, scale) -> np.ndarray:
     """The input index of each output index of PyTorch's "nearest" along one axis, in
     its arithmetic (float32): the same, halves, else ``floor(i * s)``, ``s`` the inverse
@@ -296,7 +302,7 @@ def _nearest_indices(size: int, out: int, scale) -> np.ndarray:
         return i
     if out == 2 * size:
         return i >> 1
-    s = np.float32(1.0 / scale) if scale else np.float32(size) / np.float32(out)
+    s = _resize_step(size, out, scale)
     return np.minimum(np.floor(i.astype(np.float32) * s).astype(np.int64), size - 1)
 
 
@@ -345,7 +351,7 @@ def _linear_taps(size: int, out: int, scale=None, corners=False):
         step = np.float32(size - 1) / np.float32(out - 1) if out > 1 else np.float32(0.0)
         src = dst * step
     else:
-        step = np.float32(1.0 / scale) if scale else np.float32(size) / np.float32(out)
+        step = _resize_step(size, out, scale)
         src = np.maximum((dst + np.float32(0.5)) * step - np.float32(0.5), np.float32(0.0))
     low = np.minimum(np.floor(src).astype(np.int64), size - 1)
     return low, np.minimum(low + 1, size - 1), (src - low.astype(np.float32))
@@ -378,7 +384,7 @@ def _upsample_bilinear(node, importer):
         return importer._upsample_bilinear2d(node)
     in_sizes = [int(d) for d in dims[2:]]
     out_sizes = [int(math.floor(n * float(f))) for n, f in zip(in_sizes, scales)]
-    if all(np.float32(1.0 / float(f)) == np.float32(n) / np.float32(m)
+    if all(_resize_step(n, m, float(f)) == _resize_step(n, m, None)
            for n, m, f in zip(in_sizes, out_sizes, scales)):
         return importer._upsample_bilinear2d(node)
     out = x
@@ -416,8 +422,8 @@ def _float_with_number(name):
     def convert(node, importer):
         x, y = importer.env[node.args[0]], node.args[1]
         if not (_kind(str(getattr(x.ty, "dtype", ""))) == 1 and isinstance(y, float)):
-            convert_map = importer.create_convert_map()
-            return convert_map[f"{name}.Scalar"](node)
+            return importer._fmod(node) if name == "fmod" else \
+                importer._binary_op(relax.op.floor_mod, operator.mod)(node)
         x, y = relax.op.astype(x, "float32"), relax.const(y, "float32")
         # (a float floor_mod is made exact by fixups.exact_floor_mod; mod is exact)
         op = relax.op.floor_mod if name == "remainder" else relax.op.mod
