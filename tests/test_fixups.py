@@ -941,3 +941,44 @@ def test_equality_of_bools_builds_and_matches_pytorch():
     which LLVM rejected ("fcmp one i1"): the module did not build. Exactly PyTorch's."""
     x = torch.randn(4, 37, generator=torch.Generator().manual_seed(20))
     _assert_compiled_as_pytorch(_BoolEquality(), x)
+
+
+class _NarrowDivision(torch.nn.Module):
+    def forward(self, x):
+        a, b = x[0], x[1]
+        return (torch.div(a, b, rounding_mode="trunc"), torch.div(a, b, rounding_mode="floor"),
+                torch.remainder(a, b), torch.fmod(a, b))
+
+
+_QUOTIENTS = [(-1, 7, -7, 7, -7, -1, 5, 0), (-1, 2, 2, -2, -2, 3, -3, 1)]  # -1 -> the minimum
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.int16])
+def test_narrow_integer_division_wraps_as_in_pytorch(dtype):
+    """int8 and int16 division and remainders, the type's minimum by -1 among them: x86's
+    8- and 16-bit division traps on that quotient, which stopped the process (SIGFPE);
+    PyTorch gives the minimum back (it divides in int). Exactly PyTorch's."""
+    x = torch.tensor(_QUOTIENTS, dtype=dtype)
+    x[0, 0] = x[0, 5] = torch.iinfo(dtype).min
+    _assert_compiled_as_pytorch(_NarrowDivision(), x)
+
+
+@pytest.mark.parametrize("op, attrs", [("Div", {}), ("Mod", {}), ("Mod", {"fmod": 1})])
+def test_onnx_narrow_integer_division_wraps_as_the_reference(op, attrs):
+    """ONNX's ``Div`` and ``Mod`` of int8, the minimum by -1 among them, against ONNX's
+    reference evaluator, exactly."""
+    from onnx import TensorProto, helper
+    from onnx.reference import ReferenceEvaluator
+    from tvm.relax.frontend.onnx import from_onnx
+
+    a, b = (np.array(row, np.int8) for row in _QUOTIENTS)
+    a[0] = a[5] = -128
+    info = [helper.make_tensor_value_info(n, TensorProto.INT8, [a.size]) for n in "aby"]
+    model = helper.make_model(
+        helper.make_graph([helper.make_node(op, ["a", "b"], ["y"], **attrs)], "g",
+                          info[:2], info[2:]),
+        opset_imports=[helper.make_opsetid("", 14)])
+    want = ReferenceEvaluator(model).run(None, {"a": a, "b": b})[0]
+    got = tirbyoc.run(tirbyoc.compile(from_onnx(model, keep_params_in_input=False)), a, b)
+    assert got.dtype == want.dtype
+    np.testing.assert_array_equal(got, want)

@@ -39,6 +39,8 @@ cancels; ``two_pass_norms`` takes it from the deviations. ``exact_floor_mod`` ma
 float remainder exact (TOPI's lost every digit ``x / y`` rounded away).
 ``fix_non_finite_full`` builds a tensor full of -inf (a causal mask), on which TVM's
 legalization of ``full`` failed; ``fix_bool_equality`` builds ``==`` and ``!=`` of bools.
+``widen_narrow_division`` divides int8 and int16 in int32 (x86's narrow division trapped
+on ``-128 // -1`` and stopped the process).
 """
 
 from __future__ import annotations
@@ -1045,6 +1047,32 @@ def exact_floor_mod(mod):
     return rewrite_calls(mod, _floored_remainder)
 
 
+# ---- division of narrow integers ----
+
+_DIVISIONS = ("relax.divide", "relax.floor_divide", "relax.mod", "relax.floor_mod")
+
+
+def _widened_division(call, b):  # noqa: ARG001 (rewrite_calls' signature)
+    from .bindings import is_op
+
+    dtype = str(getattr(call.ty, "dtype", ""))
+    if not is_op(call, *_DIVISIONS) or dtype not in ("int8", "int16") or \
+            any(str(getattr(getattr(a, "ty", None), "dtype", "")) != dtype for a in call.args):
+        return None
+    wide = [R.op.astype(a, "int32") for a in call.args]
+    return R.op.astype(R.Call(call.op, wide, call.attrs), dtype)
+
+
+def widen_narrow_division(mod):
+    """``mod`` with every division and remainder of int8 or int16 tensors computed in
+    int32 and wrapped back (``-128 // -1`` is -128, as PyTorch and ONNX give it): LLVM
+    divided them in their own width, and x86's 8- and 16-bit division traps on that
+    quotient, which stopped the process (SIGFPE). ``mod`` itself when there is none."""
+    from .bindings import rewrite_calls
+
+    return rewrite_calls(mod, _widened_division)
+
+
 # ---- tensors full of an infinity or NaN ----
 
 def _full_of_non_finite(call, b):
@@ -1158,6 +1186,6 @@ def apply(mod):
                 fix_negative_indices, fix_strided_slices, tighten_symbolic_shapes,
                 fix_broadcast_weight, fix_flattened_matmul, fold_column_scale, fuse_rms_norm,
                 fix_cancellation, two_pass_norms, exact_floor_mod, fix_non_finite_full,
-                fix_bool_equality):
+                fix_bool_equality, widen_narrow_division):
         mod = fix(mod)
     return mod
