@@ -53,10 +53,11 @@ from .schedule_rule import ScheduleRule
 from .tensorize import dense_intrin, tensorize_dense
 from .tuning import tune
 from .torch_frontend import fold_constant_items, from_exported_program, torch_converters
+from .onnx_frontend import UnsupportedNode, from_onnx
 
 __all__ = ["apply_tir_byoc", "explain", "pipeline", "compile", "host_target", "run",
            "offload_prim_func",
            "offloaded_kernels", "Report", "ScheduleRule", "relax_patterns", "constant_weights",
            "RegionCall", "partition", "dense_intrin", "tensorize_dense", "ops", "Library", "check", "builtin",
            "Kernel", "LibraryError", "tune", "torch_converters",
-           "from_exported_program", "fold_constant_items"]
+           "from_exported_program", "fold_constant_items", "from_onnx", "UnsupportedNode"]

@@ -67,9 +67,12 @@ def explain_file(args) -> int:
         print(f"tirbyoc explain: expected an .onnx file, got {args.model}", file=sys.stderr)
         return 2
     import onnx
-    from tvm.relax.frontend.onnx import from_onnx
 
-    mod = from_onnx(onnx.load(args.model), keep_params_in_input=False)
+    try:
+        mod = tirbyoc.from_onnx(onnx.load(args.model))
+    except tirbyoc.UnsupportedNode as exc:
+        print(f"tirbyoc explain: {args.model}: {exc}", file=sys.stderr)
+        return 2
     print(tirbyoc.explain(mod))
     return 0
 

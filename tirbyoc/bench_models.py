@@ -460,7 +460,6 @@ def bench_onnx_file(path: str, shapes: dict, threads: int, reps: int, tvm_reps: 
     float64, ONNX Runtime's output is the reference."""
     import onnx
     import tvm
-    from tvm.relax.frontend.onnx import from_onnx
 
     import tirbyoc
 
@@ -488,8 +487,9 @@ def bench_onnx_file(path: str, shapes: dict, threads: int, reps: int, tvm_reps: 
                             if np.issubdtype(elem, np.integer)
                             else rng.standard_normal(dims).astype(elem))
     try:
-        mod = from_onnx(model, shape_dict={k: v.shape for k, v in inputs.items()},
-                        keep_params_in_input=False)
+        mod = tirbyoc.from_onnx(model, shape_dict={k: v.shape for k, v in inputs.items()})
+    except tirbyoc.UnsupportedNode as exc:
+        raise SystemExit(f"tirbyoc bench: {path}: {exc}") from exc
     except Exception as exc:  # noqa: BLE001 (the importer's own message is the useful part)
         raise SystemExit(f"tirbyoc bench: TVM cannot import {path}: {exc}") from exc
     report = tirbyoc.explain(mod)

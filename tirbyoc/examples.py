@@ -126,11 +126,11 @@ def mlp_onnx_model(layers=None):
 
 
 def mlp_onnx(layers=None):
-    """(Relax module, ONNX model) via ``tvm.relax.frontend.onnx.from_onnx``."""
-    from tvm.relax.frontend.onnx import from_onnx
+    """(Relax module, ONNX model) via ``tirbyoc.from_onnx``."""
+    from .onnx_frontend import from_onnx
 
     model = mlp_onnx_model(layers)
-    return from_onnx(model, keep_params_in_input=False), model
+    return from_onnx(model), model
 
 
 # ---- convolutional networks (PyTorch) ----
