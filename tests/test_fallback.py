@@ -793,3 +793,31 @@ def test_group_norm_sums_each_group_once(batch, groups):
                                          torch.from_numpy(beta), 1e-5).numpy()
     np.testing.assert_allclose(tirbyoc.run(tirbyoc.compile(mod), x), ref, rtol=1e-5,
                                atol=1e-5 * np.abs(ref).max())
+
+
+def test_nan_propagating_extremes_leave_a_reductions_combiner():
+    """``nan_propagating_extremes`` writes the relu's max as a NaN-keeping select and
+    leaves the row max's combiner ``acc = max(acc, x)`` (the reduction rules read that
+    form: a NaN in a Relax ``max`` is still skipped; PyTorch's ``amax`` and ``max(dim)``
+    add their own NaN test, ``fixups.nan_propagating``); a max with -inf is its other
+    operand. The module still builds and computes."""
+    def build(x):
+        return relax.op.max(relax.op.maximum(relax.op.nn.relu(x), relax.const(-np.inf)),
+                            axis=1)
+
+    mod = relax.transform.LegalizeOps()(_one_op_module((4, 8), build))
+    found = {"max": 0, "select": 0, "-inf": 0}
+
+    def count(key):
+        return lambda e: found.__setitem__(key, found[key] + 1)
+
+    for _, func in mod.functions_items():
+        if isinstance(func, tirx.PrimFunc):
+            tvm_ffi.structural_walk(fallback.nan_propagating_extremes(func), [
+                (tirx.Max, count("max")), (tirx.Select, count("select")),
+                (tirx.FloatImm, lambda c: float(c.value) == -np.inf and count("-inf")(c))])
+    assert found == {"max": 1, "select": 1, "-inf": 0}  # the combiner; the relu
+    x = np.full((4, 8), -1.0, np.float32)
+    x[2, 0] = 5.0
+    got = tirbyoc.run(tirbyoc.compile(_one_op_module((4, 8), build)), x)
+    np.testing.assert_array_equal(got, [0.0, 0.0, 5.0, 0.0])

@@ -182,6 +182,39 @@ def test_extremes_of_rows_at_the_limits_of_their_type_as_pytorch():
     _assert_as_pytorch(got, expected)
 
 
+class _Clamps(torch.nn.Module):
+    def forward(self, x, y):
+        F = torch.nn.functional
+        return (torch.relu(x), torch.maximum(x, y), torch.minimum(x, y), x.clamp(-1, 1),
+                x.clamp(min=0.5), x.clamp(max=0.5), F.hardtanh(x), F.relu6(x),
+                F.hardsigmoid(x), F.hardswish(x), torch.sign(x), x.amax(-1),
+                F.max_pool2d(x[None, None], 3, 2), (x.relu() * 2).sum(-1))
+
+
+def test_nan_passes_through_max_min_and_clamps_as_in_pytorch():
+    """TVM's compare-select max returned the other operand for a NaN first one
+    (``relu(NaN)`` was 0, ``clamp(NaN, min=0.5)`` inf). (``sign(NaN)`` is 0 in PyTorch,
+    as in TVM.) With NaN in either operand, vectorized rows (1000 wide) and reductions beside them:
+    exactly PyTorch's, NaN where NaN."""
+    rng = np.random.default_rng(21)
+    x, y = (torch.from_numpy(rng.standard_normal((16, 1000)).astype(np.float32))
+            for _ in range(2))
+    for t in (x, y):
+        t[torch.from_numpy(rng.random(t.shape) < 0.02)] = float("nan")
+    x[0, :4] = torch.tensor([float("inf"), -float("inf"), -0.0, 0.0])
+    with torch.no_grad():
+        ep = torch.export.export(_Clamps(), (x, y))
+    got = tirbyoc.run(tirbyoc.compile(tirbyoc.from_exported_program(ep)), x.numpy(), y.numpy())
+    expected = _Clamps()(x, y)
+    assert len(got) == len(expected)
+    for k, (value, want) in enumerate(zip(got, expected)):
+        want = want.numpy()
+        assert value.dtype == want.dtype and value.shape == want.shape, k
+        np.testing.assert_array_equal(np.isnan(value), np.isnan(want), err_msg=str(k))
+        # (the hard activations and the sum: float arithmetic in another order)
+        np.testing.assert_allclose(value, want, rtol=1e-6, atol=1e-6, err_msg=str(k))
+
+
 class _PaddedByBuffers(torch.nn.Module):
     """Mimi's convolutions: the padding read out of registered buffers with ``.item()``
     and computed from them and the length, then a scale read out of the input."""

@@ -34,7 +34,8 @@ was; ``schedule_rules()`` is the list, ``describe_schedules`` says which rule ta
 
 Before any rule, ``exact_identities`` starts TOPI's max and min reductions at -inf and
 +inf (not at the largest finite floats) and its argmax and argmin at index 0 (not -1),
-so that a row of -inf has the max -inf and the argmax 0, as in PyTorch.
+so that a row of -inf has the max -inf and the argmax 0, as in PyTorch; and it makes
+every other float max and min give NaN for a NaN operand (``relu(NaN)`` was 0).
 
 The code is as fast as the target's vector ISA: ``tirbyoc.compile`` defaults to this
 machine's CPU; a bare "llvm" target is baseline x86-64 (SSE2, no FMA).
@@ -905,12 +906,59 @@ def exact_reduction_identities(func):
     return T.structural_map(func, [(T.SBlock, block)])
 
 
+def _nan_propagating(e):
+    """A float max or min that gives NaN when either operand is NaN, as PyTorch's and
+    ONNX's do (TVM's compare-select returned the second operand when the first was NaN:
+    ``relu(NaN)`` was 0). ``max(a, b)`` is ``a < b ? b : (isnan(b) ? b : a)``, just the
+    compare-select where ``b`` is a constant (a constant first is moved second); a
+    maximum with -inf (a minimum with +inf) is its other operand."""
+    if not T.dtype_of(e).startswith(("float", "bfloat")):
+        return e
+    a, b = (e.b, e.a) if isinstance(e.a, T.FloatImm) else (e.a, e.b)
+    larger = isinstance(e, T.Max)
+    if isinstance(b, T.FloatImm):
+        if float(b.value) == (float("-inf") if larger else float("inf")):
+            return a
+        return T.Select(a < b if larger else b < a, b, a)
+    return T.Select(a < b if larger else b < a, b, T.Select(T.isnan(b), b, a))
+
+
+def _propagate_nan(expr):
+    return T.structural_map(expr, [(T.Max, _nan_propagating), (T.Min, _nan_propagating)])
+
+
+def nan_propagating_extremes(func):
+    """``func`` with each float max and min NaN-propagating (``_nan_propagating``) but
+    a reduction's own combiner (``acc = max(acc, x)``: TOPI's already keep a NaN, and
+    the reduction rules recognize that form). ``func`` itself when it has none."""
+    def block(b):
+        body = b.body
+        inner = []
+        T.structural_walk(body, [(T.SBlock, inner.append)])
+        if inner:  # (a block around blocks: each inner one is mapped on its own)
+            return b
+        if b.init is not None and isinstance(body, T.BufferStore) and \
+                isinstance(body.value, (T.Max, T.Min)):
+            v = body.value
+            new = T.BufferStore(body.buffer, type(v)(_propagate_nan(v.a), _propagate_nan(v.b)),
+                                body.indices)
+        else:
+            new = _propagate_nan(body)
+        if new.same_as(body):
+            return b
+        return T.make_block(b.name_hint, new, b.reads, b.writes, b.annotations,
+                            b.iter_vars, b.init, b.alloc_buffers, b.match_buffers)
+
+    return T.structural_map(func, [(T.SBlock, block)])
+
+
 def exact_identities(mod):
-    """``mod`` with ``exact_reduction_identities`` applied to each of its PrimFuncs."""
+    """``mod`` with ``exact_reduction_identities`` and ``nan_propagating_extremes``
+    applied to each of its PrimFuncs."""
     out = None
     for gv, func in mod.functions_items():
         if isinstance(func, T.PrimFunc):
-            fixed = exact_reduction_identities(func)
+            fixed = nan_propagating_extremes(exact_reduction_identities(func))
             if not fixed.same_as(func):
                 out = mod.clone() if out is None else out
                 out.update_func(gv, fixed)
