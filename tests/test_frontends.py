@@ -450,6 +450,29 @@ def test_remainders_and_integer_arithmetic_with_floats_as_pytorch():
     _assert_compiled_as_pytorch(_Remainders(), x)
 
 
+class _FloorDivisions(torch.nn.Module):
+    def forward(self, x):
+        a, b = x[0], x[1]
+        return (torch.floor_divide(a, b), torch.div(a, b, rounding_mode="floor"), a // 0.7,
+                torch.div(a, -0.1, rounding_mode="floor"), a.double() // b.double(),
+                a.clamp(min=2.0, max=1.0))
+
+
+def test_float_floor_division_and_crossed_clamps_as_pytorch():
+    """TOPI floored the rounded quotient: ``3.5 // -0.7`` was -5 (PyTorch: -6), ``7 //
+    0.1`` 70 (69), ``inf // 2`` inf (NaN); ``clamp`` with min above max gave min
+    (PyTorch: max). Against PyTorch exactly, the signs of zeros included."""
+    inf = float("inf")
+    x = torch.tensor([[3.5, -3.5, 1e10, 7.0, -0.0, 5.0, 1.0, -1.0, 0.3, inf, 2.1, -0.3, 0.0],
+                      [-0.7, 0.7, 3.0, 0.1, 2.0, 0.0, inf, inf, 0.1, 2.0, 0.7, -2.0, -3.0]])
+    model = _FloorDivisions()
+    got = tirbyoc.run(tirbyoc.compile(examples.import_torch(model, x)), x.numpy())
+    expected = model(x)
+    _assert_as_pytorch(got, expected)
+    for k, (value, want) in enumerate(zip(got, expected)):
+        np.testing.assert_array_equal(np.signbit(value), np.signbit(want.numpy()), str(k))
+
+
 @pytest.mark.parametrize("name", ["sinh", "cosh", "atanh"])
 def test_hyperbolic_functions_build_and_keep_their_digits(name):
     """``sinh`` and ``cosh`` did not build once vectorized ("unknown intrinsic

@@ -908,10 +908,12 @@ def exact_reduction_identities(func):
 
 def _nan_propagating(e):
     """A float max or min that gives NaN when either operand is NaN, as PyTorch's and
-    ONNX's do (TVM's compare-select returned the second operand when the first was NaN:
-    ``relu(NaN)`` was 0). ``max(a, b)`` is ``a < b ? b : (isnan(b) ? b : a)``, just the
-    compare-select where ``b`` is a constant (a constant first is moved second); a
-    maximum with -inf (a minimum with +inf) is its other operand."""
+    ONNX's do. TVM compiles ``max(a, b)`` as ``a > b ? a : b``: a NaN ``b`` comes
+    through, a NaN ``a`` did not (``relu(NaN)`` was 0). So ``max(a, c)`` with a constant
+    is ``a < c ? c : a`` (a constant first is moved second; a maximum with -inf, a
+    minimum with +inf, is its other operand), and ``max(a, b)`` of two values is
+    ``isnan(a) ? a : max(a, b)`` (PyTorch's vectorized maximum also adds a NaN test and
+    a blend; RWKV's recurrence, 32 maximums an element, ran 8% slower for it)."""
     if not T.dtype_of(e).startswith(("float", "bfloat")):
         return e
     a, b = (e.b, e.a) if isinstance(e.a, T.FloatImm) else (e.a, e.b)
@@ -920,7 +922,7 @@ def _nan_propagating(e):
         if float(b.value) == (float("-inf") if larger else float("inf")):
             return a
         return T.Select(a < b if larger else b < a, b, a)
-    return T.Select(a < b if larger else b < a, b, T.Select(T.isnan(b), b, a))
+    return T.Select(T.isnan(a), a, e)
 
 
 def _propagate_nan(expr):

@@ -36,7 +36,9 @@ TVM's frontends write ``log1p``, ``expm1``, softplus, Mish, ELU and SELU with
 came out within 3.6e-3 of float64 instead of PyTorch's 4.3e-4). TOPI's group and
 instance norms take the variance as a mean of squares less a squared mean, which
 cancels; ``two_pass_norms`` takes it from the deviations. ``exact_floor_mod`` makes a
-float remainder exact (TOPI's lost every digit ``x / y`` rounded away).
+float remainder exact (TOPI's lost every digit ``x / y`` rounded away), and
+``exact_floor_divide`` a float floor division (``3.5 // -0.7`` was -5);
+``fix_crossed_clip`` gives a clip with min > max its max, as PyTorch's clamp does.
 ``fix_non_finite_full`` builds a tensor full of -inf (a causal mask), on which TVM's
 legalization of ``full`` failed; ``fix_bool_equality`` builds ``==`` and ``!=`` of bools.
 ``widen_narrow_division`` divides int8 and int16 in int32 (x86's narrow division trapped
@@ -1073,6 +1075,71 @@ def widen_narrow_division(mod):
     return rewrite_calls(mod, _widened_division)
 
 
+# ---- floor division of floats ----
+
+def floor_divide(x, y, dtype="float32"):
+    """PyTorch's (and Python's) floor division of floats as a Relax expression: from the
+    exact remainder, ``(x - fmod(x, y)) / y``, less one where the remainder's sign is
+    not the divisor's, rounded to the nearest whole number (it is one up to the
+    division's rounding); ``x / y`` where ``y`` is 0, and a zero quotient keeps the sign
+    of ``x / y``. TOPI's ``floor(x / y)`` took the rounded quotient's floor: ``3.5 //
+    -0.7`` gave -5 for -6, ``7 // 0.1`` 70 for 69."""
+    zero = _fconst(0.0, dtype)
+    rest = R.op.mod(x, y)  # (exact: LLVM's frem)
+    div = R.op.divide(R.op.subtract(x, rest), y)
+    other_side = R.op.logical_and(R.op.not_equal(rest, zero),
+                                  R.op.logical_xor(R.op.less(y, zero), R.op.less(rest, zero)))
+    div = R.op.where(other_side, R.op.subtract(div, _fconst(1.0, dtype)), div)
+    low = R.op.floor(div)
+    whole = R.op.where(R.op.greater(R.op.subtract(div, low), _fconst(0.5, dtype)),
+                       R.op.add(low, _fconst(1.0, dtype)), low)
+    quotient = R.op.divide(x, y)
+    signed_zero = R.op.where(R.op.less(quotient, zero), _fconst(-0.0, dtype),
+                             R.op.where(R.op.greater(quotient, zero), zero, quotient))
+    return R.op.where(R.op.equal(y, zero), quotient,
+                      R.op.where(R.op.equal(div, zero), signed_zero, whole))
+
+
+def _exact_floor_divide(call, b):  # noqa: ARG001 (rewrite_calls' signature)
+    from .bindings import is_op
+
+    dtype = str(getattr(call.ty, "dtype", ""))
+    if not is_op(call, "relax.floor_divide") or dtype not in ("float32", "float64"):
+        return None
+    return floor_divide(*call.args, dtype)
+
+
+def exact_floor_divide(mod):
+    """``mod`` with every float ``floor_divide`` computed as PyTorch does
+    (``floor_divide``). ``mod`` itself when there is none."""
+    from .bindings import rewrite_calls
+
+    return rewrite_calls(mod, _exact_floor_divide)
+
+
+# ---- a clip whose bounds cross ----
+
+def _crossed_clip(call, b):  # noqa: ARG001 (rewrite_calls' signature)
+    from .bindings import is_op
+
+    if not is_op(call, "relax.clip"):
+        return None
+    bounds = [getattr(a, "value", None) for a in call.args[1:]]
+    bounds = [getattr(v, "value", v) for v in bounds]  # (a PrimValue's, or the number)
+    if any(not isinstance(v, (int, float)) for v in bounds) or bounds[0] <= bounds[1]:
+        return None
+    return R.op.clip(call.args[0], call.args[2], call.args[2])
+
+
+def fix_crossed_clip(mod):
+    """``mod`` with a clip whose lower bound is above its upper giving the upper bound,
+    as PyTorch's ``clamp`` (a max, then a min) does; TOPI's gave the lower. ``mod``
+    itself when there is none."""
+    from .bindings import rewrite_calls
+
+    return rewrite_calls(mod, _crossed_clip)
+
+
 # ---- tensors full of an infinity or NaN ----
 
 def _full_of_non_finite(call, b):
@@ -1185,7 +1252,8 @@ def apply(mod):
     for fix in (fix_bool_cumsum, fix_topk_one, fix_einsum, fix_onnx_clip,
                 fix_negative_indices, fix_strided_slices, tighten_symbolic_shapes,
                 fix_broadcast_weight, fix_flattened_matmul, fold_column_scale, fuse_rms_norm,
-                fix_cancellation, two_pass_norms, exact_floor_mod, fix_non_finite_full,
-                fix_bool_equality, widen_narrow_division):
+                fix_cancellation, two_pass_norms, exact_floor_mod, exact_floor_divide,
+                fix_non_finite_full, fix_bool_equality, widen_narrow_division,
+                fix_crossed_clip):
         mod = fix(mod)
     return mod

@@ -120,7 +120,8 @@ def torch_converters() -> dict:
             "arange.start_step": _arange_start_step, "log.default": _log,
             "histc.default": _histc, "grouped_mm_fallback.default": _grouped_mm,
             "div.Tensor_mode": _div_mode,
-            "div.Tensor": _div_mode, "topk.default": _topk,
+            "div.Tensor": _div_mode, "floor_divide.default": _floor_divide,
+            "topk.default": _topk,
             "split.Tensor": _split, "split_with_sizes.default": _split,
             "amax.default": _extreme(True), "amin.default": _extreme(False),
             "max.default": _extreme(True), "min.default": _extreme(False),
@@ -618,9 +619,11 @@ def _div_mode(node, importer):
         return emit(op.divide(op.astype(x, "float32"), op.astype(y, "float32")))
     number = isinstance(y, (int, float)) and not isinstance(y, bool)
     if number and isinstance(x, relax.Expr) and not integer(x):  # the number in x's type
-        divided = emit(op.divide(x, relax.const(y, str(x.ty.dtype))))
-        return divided if mode is None else emit(
-            op.floor(divided) if mode == "floor" else op.trunc(divided))
+        y = relax.const(y, str(x.ty.dtype))
+        if mode == "floor":  # (as PyTorch floors: fixups.exact_floor_divide)
+            return emit(op.floor_divide(x, y))
+        divided = emit(op.divide(x, y))
+        return divided if mode is None else emit(op.trunc(divided))
     if not (integer(x) and number):  # TVM's own converters
         if "Tensor_mode" in str(node.target):
             return importer._div(node)
@@ -647,6 +650,20 @@ def _div_mode(node, importer):
     below = emit(op.logical_and(op.not_equal(rest, relax.const(0, dtype)),
                                 op.less(quotient, relax.const(0, dtype))))
     return emit(op.where(below, op.add(quotient, relax.const(1, dtype)), quotient))
+
+
+def _floor_divide(node, importer):
+    """``x // y`` of a float tensor: ``R.floor_divide`` with a number in the tensor's type
+    (``fixups.exact_floor_divide`` floors it as PyTorch does; TVM's converter wrote
+    ``floor(x / y)`` for a number); anything else TVM's converter."""
+    x, y = importer.retrieve_args(node)[:2]
+    if not (isinstance(x, relax.Expr) and str(x.ty.dtype).startswith("float")):
+        return importer._binary_op(relax.op.floor_divide, operator.floordiv)(node)
+    if isinstance(y, (int, float)) and not isinstance(y, bool):
+        y = relax.const(y, str(x.ty.dtype))
+    elif str(y.ty.dtype) != str(x.ty.dtype):
+        return importer._binary_op(relax.op.floor_divide, operator.floordiv)(node)
+    return importer.block_builder.emit(relax.op.floor_divide(x, y))
 
 
 def _topk(node, importer):
