@@ -1080,7 +1080,7 @@ def widen_narrow_division(mod):
 def floor_divide(x, y, dtype="float32"):
     """PyTorch's (and Python's) floor division of floats as a Relax expression: from the
     exact remainder, ``(x - fmod(x, y)) / y``, less one where the remainder's sign is
-    not the divisor's, rounded to the nearest whole number (it is one up to the
+    not the divisor's, rounded to the nearest whole number (it is whole but for the
     division's rounding); ``x / y`` where ``y`` is 0, and a zero quotient keeps the sign
     of ``x / y``. TOPI's ``floor(x / y)`` took the rounded quotient's floor: ``3.5 //
     -0.7`` gave -5 for -6, ``7 // 0.1`` 70 for 69."""
