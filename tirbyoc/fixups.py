@@ -1025,6 +1025,15 @@ def fix_cancellation(mod):
 
 # ---- the floored remainder of floats, exactly ----
 
+def _other_side(rest, y, dtype="float32"):
+    """Where a truncated remainder ``rest`` is not 0 and its sign is not the divisor
+    ``y``'s: there the floored quotient is one less, the floored remainder ``rest + y``."""
+    zero = _fconst(0.0, dtype)
+    # (a bool != compiled as a float compare of i1 vectors, which LLVM rejects: xor)
+    return R.op.logical_and(R.op.not_equal(rest, zero),
+                            R.op.logical_xor(R.op.less(rest, zero), R.op.less(y, zero)))
+
+
 def _floored_remainder(call, b):  # noqa: ARG001 (rewrite_calls' signature)
     from .bindings import is_op
 
@@ -1032,11 +1041,7 @@ def _floored_remainder(call, b):  # noqa: ARG001 (rewrite_calls' signature)
         return None
     x, y = call.args
     r = R.op.mod(x, y)  # (truncated, exact: LLVM's frem)
-    zero = _fconst(0.0)
-    # (a bool != compiled as a float compare of i1 vectors, which LLVM rejects: xor)
-    other_side = R.op.logical_and(R.op.not_equal(r, zero),
-                                  R.op.logical_xor(R.op.less(r, zero), R.op.less(y, zero)))
-    return R.op.where(other_side, R.op.add(r, y), r)
+    return R.op.where(_other_side(r, y), R.op.add(r, y), r)
 
 
 def exact_floor_mod(mod):
@@ -1087,9 +1092,8 @@ def floor_divide(x, y, dtype="float32"):
     zero = _fconst(0.0, dtype)
     rest = R.op.mod(x, y)  # (exact: LLVM's frem)
     div = R.op.divide(R.op.subtract(x, rest), y)
-    other_side = R.op.logical_and(R.op.not_equal(rest, zero),
-                                  R.op.logical_xor(R.op.less(y, zero), R.op.less(rest, zero)))
-    div = R.op.where(other_side, R.op.subtract(div, _fconst(1.0, dtype)), div)
+    div = R.op.where(_other_side(rest, y, dtype), R.op.subtract(div, _fconst(1.0, dtype)),
+                     div)
     low = R.op.floor(div)
     whole = R.op.where(R.op.greater(R.op.subtract(div, low), _fconst(0.5, dtype)),
                        R.op.add(low, _fconst(1.0, dtype)), low)

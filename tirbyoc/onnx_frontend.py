@@ -290,8 +290,8 @@ def _empty_axes(node, g) -> bool:
 
 # (the L2 norm of one element as |x|, not sqrt(x * x), which overflows above 1.8e19;
 # log(exp(x)) is x, TVM's answer)
-_ELEMENTWISE_STEP = {"ReduceL1": ["Abs"], "ReduceL2": ["Abs"], "ReduceSumSquare": ["Mul"],
-                     "ReduceLogSum": ["Log"]}
+_ELEMENTWISE_STEP = {"ReduceL1": "Abs", "ReduceL2": "Abs", "ReduceSumSquare": "Mul",
+                     "ReduceLogSum": "Log"}
 
 
 def _noop_reduction(node, g):
@@ -301,13 +301,9 @@ def _noop_reduction(node, g):
         return None
     from onnx import helper
 
-    nodes, value = [], node.input[0]
-    for k, op in enumerate(_ELEMENTWISE_STEP[node.op_type]):
-        last = k == len(_ELEMENTWISE_STEP[node.op_type]) - 1
-        out = node.output[0] if last else g.fresh(node, op.lower())
-        nodes.append(helper.make_node(op, [value, value] if op == "Mul" else [value], [out]))
-        value = out
-    return nodes
+    op, x = _ELEMENTWISE_STEP[node.op_type], node.input[0]
+    return [helper.make_node(op, [x, x] if op == "Mul" else [x], [node.output[0]],
+                             name=node.name)]
 
 
 def _resize(node, g):

@@ -657,13 +657,12 @@ def _floor_divide(node, importer):
     (``fixups.exact_floor_divide`` floors it as PyTorch does; TVM's converter wrote
     ``floor(x / y)`` for a number); anything else TVM's converter."""
     x, y = importer.retrieve_args(node)[:2]
-    if not (isinstance(x, relax.Expr) and str(x.ty.dtype).startswith("float")):
-        return importer._binary_op(relax.op.floor_divide, operator.floordiv)(node)
-    if isinstance(y, (int, float)) and not isinstance(y, bool):
-        y = relax.const(y, str(x.ty.dtype))
-    elif str(y.ty.dtype) != str(x.ty.dtype):
-        return importer._binary_op(relax.op.floor_divide, operator.floordiv)(node)
-    return importer.block_builder.emit(relax.op.floor_divide(x, y))
+    if isinstance(x, relax.Expr) and str(x.ty.dtype).startswith("float"):
+        if isinstance(y, (int, float)) and not isinstance(y, bool):
+            y = relax.const(y, str(x.ty.dtype))
+        if isinstance(y, relax.Expr) and str(y.ty.dtype) == str(x.ty.dtype):
+            return importer.block_builder.emit(relax.op.floor_divide(x, y))
+    return importer._binary_op(relax.op.floor_divide, operator.floordiv)(node)
 
 
 def _topk(node, importer):
