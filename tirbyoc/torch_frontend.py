@@ -61,7 +61,9 @@ TVM's ``from_exported_program`` takes extra converters by ATen name
   operand, and bools add and multiply as ``or`` and ``and``.
 * ``grid_sample``: TVM's converter passed PyTorch's [N, H, W, 2] grid to an op that
   reads [N, 2, H, W] (wrong shape and points: RT-DETR did not import); the grid is
-  transposed first.
+  transposed first. With reflection padding (bilinear, nearest) the reflected points
+  are computed first, once, and sampled with border padding: TOPI's reflection expression took 55 s to
+  compile for one bilinear sample.
 * ``unfold`` (``x.unfold(dim, size, step)``, no converter: PatchTST's patches, UnivNet):
   the windows' indices taken along the axis, the window's axis moved last.
 
@@ -725,11 +727,54 @@ def _grid_sample(node, importer):
     padding = int(args[3]) if len(args) > 3 else 0
     if mode not in modes or padding not in paddings:
         raise NotImplementedError(f"{node.target}: interpolation {mode}, padding {padding}")
+    align = bool(args[4]) if len(args) > 4 else False
     emit = importer.block_builder.emit
     grid = emit(relax.op.permute_dims(grid, [0, 3, 1, 2]))
+    shape = _static_shape(x)
+    if paddings[padding] == "reflection" and modes[mode] != "bicubic" and shape is not None:
+        # NOTE: TOPI's reflection repeats the reflected point's whole expression in every
+        # use (200 KB of TIR for one bilinear sample; TVM's simplifier took 55 s over it).
+        # Bicubic reflects each of its 16 taps, not the point: TOPI's still.
+        grid, padding = _reflected_grid(emit, grid, shape[3], shape[2], align), 1
     return emit(relax.op.image.grid_sample(
         x, grid, method=modes[mode], layout="NCHW", padding_mode=paddings[padding],
-        align_corners=bool(args[4]) if len(args) > 4 else False))
+        align_corners=align))
+
+
+def _reflected_grid(emit, grid, width, height, align):
+    """A [N, 2, H, W] grid (x then y, in [-1, 1] units) of the points ``grid_sample``'s
+    reflection padding reads, each reflected at the image's edges (its pixel centres
+    with ``align``, else its outer borders) as PyTorch reflects it and clipped to the
+    image: what border padding then samples is the reflected sample. An axis of one
+    pixel with ``align`` reads that pixel (PyTorch's point 0; TOPI divided by zero)."""
+    def const(values):
+        return relax.const(np.array(values, "float32").reshape(1, 2, 1, 1))
+
+    size = np.array([width, height], "float64")
+    # one period of the reflection, in pixels (where an axis has none, any: the clip
+    # below puts every point on its one pixel)
+    span = np.maximum(size - 1 if align else size, 1)
+    low = 0.0 if align else -0.5
+    one, half, two = (relax.const(np.float32(v)) for v in (1, 0.5, 2))
+    op = relax.op
+    # the pixel coordinate (PyTorch's grid_sampler_unnormalize)
+    if align:
+        coord = emit(op.multiply(op.multiply(op.add(grid, one), half), const(size - 1)))
+    else:
+        coord = emit(op.multiply(op.subtract(op.multiply(op.add(grid, one), const(size)),
+                                             one), half))
+    dist = emit(op.abs(op.subtract(coord, const([low, low]))))
+    extra = emit(op.mod(dist, const(span)))  # fmod, as PyTorch's reflect_coordinates
+    flips = emit(op.floor(op.divide(dist, const(span))))
+    odd = emit(op.not_equal(op.mod(flips, two), relax.const(np.float32(0))))
+    point = emit(op.add(op.where(odd, op.subtract(const(span), extra), extra),
+                        const([low, low])))
+    point = emit(op.minimum(op.maximum(point, relax.const(np.float32(0))), const(size - 1)))
+    # back to [-1, 1] units (grid_sampler_unnormalize inverted)
+    if align:
+        return emit(op.subtract(op.multiply(op.divide(point, const(span)), two), one))
+    return emit(op.subtract(op.divide(op.add(op.multiply(point, two), one), const(size)),
+                            one))
 
 
 def _extreme(largest: bool):
