@@ -62,8 +62,8 @@ TVM's ``from_exported_program`` takes extra converters by ATen name
 * ``grid_sample``: TVM's converter passed PyTorch's [N, H, W, 2] grid to an op that
   reads [N, 2, H, W] (wrong shape and points: RT-DETR did not import); the grid is
   transposed first. With reflection padding (bilinear, nearest) the reflected points
-  are computed first, once, and sampled with border padding: TOPI's reflection expression took 55 s to
-  compile for one bilinear sample.
+  are computed first, once, and sampled with border padding: TOPI's reflection
+  expression took 55 s to compile for one bilinear sample.
 * ``unfold`` (``x.unfold(dim, size, step)``, no converter: PatchTST's patches, UnivNet):
   the windows' indices taken along the axis, the window's axis moved last.
 
@@ -731,7 +731,8 @@ def _grid_sample(node, importer):
     emit = importer.block_builder.emit
     grid = emit(relax.op.permute_dims(grid, [0, 3, 1, 2]))
     shape = _static_shape(x)
-    if paddings[padding] == "reflection" and modes[mode] != "bicubic" and shape is not None:
+    if paddings[padding] == "reflection" and modes[mode] != "bicubic" and \
+            shape is not None and str(getattr(grid.ty, "dtype", "")) == "float32":
         # NOTE: TOPI's reflection repeats the reflected point's whole expression in every
         # use (200 KB of TIR for one bilinear sample; TVM's simplifier took 55 s over it).
         # Bicubic reflects each of its 16 taps, not the point: TOPI's still.
