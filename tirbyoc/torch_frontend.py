@@ -755,8 +755,8 @@ def _reflected_grid(emit, grid, width, height, align):
     # one period of the reflection, in pixels (where an axis has none, any: the clip
     # below puts every point on its one pixel)
     span = np.maximum(size - 1 if align else size, 1)
-    low = 0.0 if align else -0.5
-    one, half, two = (relax.const(np.float32(v)) for v in (1, 0.5, 2))
+    low = relax.const(np.float32(0.0 if align else -0.5))
+    zero, one, half, two = (relax.const(np.float32(v)) for v in (0, 1, 0.5, 2))
     op = relax.op
     # the pixel coordinate (PyTorch's grid_sampler_unnormalize)
     if align:
@@ -764,13 +764,12 @@ def _reflected_grid(emit, grid, width, height, align):
     else:
         coord = emit(op.multiply(op.subtract(op.multiply(op.add(grid, one), const(size)),
                                              one), half))
-    dist = emit(op.abs(op.subtract(coord, const([low, low]))))
+    dist = emit(op.abs(op.subtract(coord, low)))
     extra = emit(op.mod(dist, const(span)))  # fmod, as PyTorch's reflect_coordinates
     flips = emit(op.floor(op.divide(dist, const(span))))
-    odd = emit(op.not_equal(op.mod(flips, two), relax.const(np.float32(0))))
-    point = emit(op.add(op.where(odd, op.subtract(const(span), extra), extra),
-                        const([low, low])))
-    point = emit(op.minimum(op.maximum(point, relax.const(np.float32(0))), const(size - 1)))
+    odd = emit(op.not_equal(op.mod(flips, two), zero))
+    point = emit(op.add(op.where(odd, op.subtract(const(span), extra), extra), low))
+    point = emit(op.minimum(op.maximum(point, zero), const(size - 1)))
     # back to [-1, 1] units (grid_sampler_unnormalize inverted)
     if align:
         return emit(op.subtract(op.multiply(op.divide(point, const(span)), two), one))
