@@ -69,3 +69,29 @@ def test_family_registrations_resolve(name):
         if path is not None:
             assert callable(ops.resolve(path)), path
     assert family.stage is not None or name in ("dense", "matmul")  # the TIR matcher's
+
+
+def test_public_names_load_when_used_and_the_kernels_alone_import_no_tvm():
+    """``tirbyoc``'s names come from their modules on first use, each the module's own
+    object; a process that only calls kernels imports neither TVM nor PyTorch."""
+    import subprocess
+    import sys
+
+    import tirbyoc
+
+    for name in tirbyoc.__all__:
+        value = getattr(tirbyoc, name)
+        home = tirbyoc._HOME.get(name)
+        if name == "ops":  # the submodule itself
+            continue
+        assert home is not None, name
+        assert value is getattr(__import__(f"tirbyoc.{home}", fromlist=[name]), name), name
+    assert tirbyoc.ops is ops and set(tirbyoc.__all__) <= set(dir(tirbyoc))
+    with pytest.raises(AttributeError, match="has no attribute 'no_such_name'"):
+        tirbyoc.no_such_name  # noqa: B018
+    code = ("import sys\nfrom tirbyoc import kernels\nkernels.load()\n"
+            "print(sorted(m for m in ('tvm', 'torch') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=PACKAGE.parent, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
