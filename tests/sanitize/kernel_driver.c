@@ -1778,13 +1778,20 @@ static void conv_cases(uint64_t *rng, int threaded)
     size_t si, ci;
     int pass;
     /* pass 0: each ISA's own choice of path; pass 1: the direct path forced
-     * wherever the ISA has it (most shapes here are below its threshold) */
+     * wherever the ISA has it (most shapes here are below its threshold).
+     * Threaded, each shape runs with one of the chains in turn: a chain is
+     * applied tile by tile, the same code on any thread (the single-threaded
+     * run has every pair), and most of these shapes stay on one thread
+     * anyway; the runs past the threshold come after. */
     for (pass = 0; pass < 2; ++pass) {
+        const size_t n_chains = sizeof(chains) / sizeof(chains[0]);
         if (pass == 1)
             setenv("TIRBYOC_CONV_DIRECT", "1", 1);
         for (si = 0; si < sizeof(shapes) / sizeof(shapes[0]); ++si)
-            for (ci = 0; ci < sizeof(chains) / sizeof(chains[0]); ++ci) {
+            for (ci = 0; ci < n_chains; ++ci) {
                 const int64_t *g = shapes[si];
+                if (threaded && ci != (si + (size_t)pass) % n_chains)
+                    continue;
                 conv_case(rng, g[0], g[1], g[2], g[3], g[4], groups[si], g[5], g[6], g[7],
                           g[8], g[9], g[10], g[11], g[12], chains[ci],
                           (int)((si + ci) % 3 == 0), 0);
