@@ -63,11 +63,14 @@ _PUBLIC = {
 }
 _HOME = {name: module for module, names in _PUBLIC.items() for name in names}
 
+# Bound now, not on first use: the name is also its module's, and the first import of
+# that module (by anything) would set the package's attribute to the module itself.
+from .builtin import builtin  # noqa: E402  (no TVM: the declarations only)
+
 if TYPE_CHECKING:  # what the names are, for type checkers and editors
     from . import ops
     from .api import (Report, apply_tir_byoc, compile, explain, host_target,
                       offload_prim_func, offloaded_kernels, pipeline, run)
-    from .builtin import builtin
     from .checking import check
     from .graph import RegionCall, constant_weights, partition, relax_patterns
     from .library import Kernel, Library, LibraryError
