@@ -74,22 +74,20 @@ def test_family_registrations_resolve(name):
 def test_public_names_load_when_used_and_the_kernels_alone_import_no_tvm():
     """``tirbyoc``'s names come from their modules on first use, each the module's own
     object; a process that only calls kernels imports neither TVM nor PyTorch."""
+    import importlib
     import subprocess
     import sys
 
-    import importlib
-
     import tirbyoc
 
-    importlib.import_module("tirbyoc.builtin")  # the module of the same name, imported
-
+    importlib.import_module("tirbyoc.builtin")  # the module named like a public name
     for name in tirbyoc.__all__:
-        value = getattr(tirbyoc, name)
-        home = tirbyoc._HOME.get(name)
         if name == "ops":  # the submodule itself
             continue
+        home = tirbyoc._HOME.get(name)
         assert home is not None, name
-        assert value is getattr(__import__(f"tirbyoc.{home}", fromlist=[name]), name), name
+        assert getattr(tirbyoc, name) is getattr(importlib.import_module(f"tirbyoc.{home}"),
+                                                 name), name
     assert tirbyoc.ops is ops and set(tirbyoc.__all__) <= set(dir(tirbyoc))
     with pytest.raises(AttributeError, match="has no attribute 'no_such_name'"):
         tirbyoc.no_such_name  # noqa: B018
