@@ -19,11 +19,13 @@ output whatever the values' type); ``ReduceMean`` and ``Mean`` of int32 and narr
 or of an integer tensor by interpolation (truncated where ONNX rounds);
 ``ConvTranspose`` with ``output_shape`` (ignored); ``RoiAlign`` in ``half_pixel`` mode
 with a ``spatial_scale`` (TVM took half a pixel off the box before scaling it, not
-after).
+after), and in ``output_half_pixel`` mode with a fixed ``sampling_ratio`` (right, but
+20 s to build: see ``_roi_align``).
 
 Refused: ``Resize`` by a scale whose output size is not whole (TVM maps coordinates by
 the whole size's ratio, not the scale), by a scale on the batch or channel axis
-(ignored), or with ``antialias``; ``TopK`` with k = 0 (every element came back); the
+(ignored), or with ``antialias``; ``RoiAlign`` in ``max`` mode (the largest
+interpolated value, where ONNX takes the largest weighted corner); ``TopK`` with k = 0 (every element came back); the
 training outputs of ``BatchNormalization`` (running statistics with the momentum
 swapped) and ``LayerNormalization`` (mean and inverse deviation came back as 0-d
 zeros) where the graph uses them.
@@ -447,16 +449,49 @@ def _conv_transpose(node, g):
 def _roi_align(node, g):
     """TVM's converter takes half a pixel off the boxes before scaling them by
     ``spatial_scale`` s, ONNX after: (r - 1/2) s instead of r s - 1/2. The boxes moved by
-    1/2 - 1/(2 s) first give ONNX's."""
+    1/2 - 1/(2 s) first give ONNX's.
+
+    ``output_half_pixel`` (the default before opset 16) was right, but TOPI writes its
+    box size, max((r2 - r1) s, 1), into every use of every sample point: 100 KB of TIR
+    for one small RoiAlign, 20 s of TVM's simplifiers (half_pixel: 4 s). With a fixed
+    ``sampling_ratio`` it becomes half_pixel on boxes that start at r1 + 1/2 (TVM's
+    start: (r1 + 1/2 - 1/2) s) and are max((r2 - r1) s, 1) / s long, the clamp done
+    once per box in the graph. Where the number of samples follows the box size
+    (``sampling_ratio`` 0: ceil of size / bins) it stays as it is: a size a rounding
+    away from a whole number could take another sample count."""
     a = _attrs(node)
+    if _text(a.get("mode", "avg")) == "max":
+        raise UnsupportedNode(node, "mode max: TVM takes the largest interpolated value, "
+                                    "ONNX the largest of each sample's weighted corners")
     mode = _text(a.get("coordinate_transformation_mode",
                        "half_pixel" if g.opset >= 16 else "output_half_pixel"))
     scale = float(a.get("spatial_scale", 1.0))
-    if mode != "half_pixel" or scale == 1.0:
-        return None
     from onnx import helper
 
     dtype = g.dtype(node.input[1]) or np.dtype(np.float32)
+    if mode == "output_half_pixel" and int(a.get("sampling_ratio", 0)) > 0:
+        consts = [g.const_node(node, np.asarray(v, dt), what) for what, v, dt in (
+            ("lo", [0], np.int64), ("hi", [2], np.int64), ("end", [4], np.int64),
+            ("axis", [1], np.int64), ("scale", scale, dtype), ("one", 1.0, dtype),
+            ("half", 0.5, dtype))]
+        lo, hi, end, axis, c_scale, one, half = (name for _, name in consts)
+        names = {k: g.fresh(node, k) for k in (
+            "start", "stop", "size", "scaled", "clamped", "length", "first", "last", "rois")}
+        n = names
+        return [c for c, _ in consts] + [
+            helper.make_node("Slice", [node.input[1], lo, hi, axis], [n["start"]]),
+            helper.make_node("Slice", [node.input[1], hi, end, axis], [n["stop"]]),
+            helper.make_node("Sub", [n["stop"], n["start"]], [n["size"]]),
+            helper.make_node("Mul", [n["size"], c_scale], [n["scaled"]]),
+            helper.make_node("Max", [n["scaled"], one], [n["clamped"]]),
+            helper.make_node("Div", [n["clamped"], c_scale], [n["length"]]),
+            helper.make_node("Add", [n["start"], half], [n["first"]]),
+            helper.make_node("Add", [n["first"], n["length"]], [n["last"]]),
+            helper.make_node("Concat", [n["first"], n["last"]], [n["rois"]], axis=1),
+            _with(node, inputs=[node.input[0], n["rois"], node.input[2]],
+                  coordinate_transformation_mode="half_pixel")]
+    if mode != "half_pixel" or scale == 1.0:
+        return None
     c_shift, shift = g.const_node(node, np.asarray(0.5 - 0.5 / scale, dtype), "shift")
     shifted = g.fresh(node, "rois")
     return [c_shift, helper.make_node("Add", [node.input[1], shift], [shifted]),
