@@ -25,10 +25,10 @@ after), and in ``output_half_pixel`` mode with a fixed ``sampling_ratio`` (right
 Refused: ``Resize`` by a scale whose output size is not whole (TVM maps coordinates by
 the whole size's ratio, not the scale), by a scale on the batch or channel axis
 (ignored), or with ``antialias``; ``RoiAlign`` in ``max`` mode (the largest
-interpolated value, where ONNX takes the largest weighted corner); ``TopK`` with k = 0 (every element came back); the
-training outputs of ``BatchNormalization`` (running statistics with the momentum
-swapped) and ``LayerNormalization`` (mean and inverse deviation came back as 0-d
-zeros) where the graph uses them.
+interpolated value, where ONNX takes the largest weighted corner); ``TopK`` with k = 0
+(every element came back); the training outputs of ``BatchNormalization`` (running
+statistics with the momentum swapped) and ``LayerNormalization`` (mean and inverse
+deviation came back as 0-d zeros) where the graph uses them.
 """
 
 from __future__ import annotations
@@ -458,7 +458,8 @@ def _roi_align(node, g):
     start: (r1 + 1/2 - 1/2) s) and are max((r2 - r1) s, 1) / s long, the clamp done
     once per box in the graph. Where the number of samples follows the box size
     (``sampling_ratio`` 0: ceil of size / bins) it stays as it is: a size a rounding
-    away from a whole number could take another sample count."""
+    away from a whole number could take another sample count (and so does a scale of
+    0 or less, which no length divides)."""
     a = _attrs(node)
     if _text(a.get("mode", "avg")) == "max":
         raise UnsupportedNode(node, "mode max: TVM takes the largest interpolated value, "
@@ -469,15 +470,14 @@ def _roi_align(node, g):
     from onnx import helper
 
     dtype = g.dtype(node.input[1]) or np.dtype(np.float32)
-    if mode == "output_half_pixel" and int(a.get("sampling_ratio", 0)) > 0:
+    if mode == "output_half_pixel" and int(a.get("sampling_ratio", 0)) > 0 and scale > 0:
         consts = [g.const_node(node, np.asarray(v, dt), what) for what, v, dt in (
             ("lo", [0], np.int64), ("hi", [2], np.int64), ("end", [4], np.int64),
             ("axis", [1], np.int64), ("scale", scale, dtype), ("one", 1.0, dtype),
             ("half", 0.5, dtype))]
         lo, hi, end, axis, c_scale, one, half = (name for _, name in consts)
-        names = {k: g.fresh(node, k) for k in (
+        n = {k: g.fresh(node, k) for k in (
             "start", "stop", "size", "scaled", "clamped", "length", "first", "last", "rois")}
-        n = names
         return [c for c, _ in consts] + [
             helper.make_node("Slice", [node.input[1], lo, hi, axis], [n["start"]]),
             helper.make_node("Slice", [node.input[1], hi, end, axis], [n["stop"]]),

@@ -1780,9 +1780,9 @@ static void conv_cases(uint64_t *rng, int threaded)
     /* pass 0: each ISA's own choice of path; pass 1: the direct path forced
      * wherever the ISA has it (most shapes here are below its threshold).
      * Threaded, each shape runs with one of the chains in turn: a chain is
-     * applied tile by tile, the same code on any thread (the single-threaded
-     * run has every pair), and most of these shapes stay on one thread
-     * anyway; the runs past the threshold come after. */
+     * applied tile by tile, the same code on any thread (mode "all" runs
+     * every pair on one thread first), and most of these shapes stay on one
+     * thread anyway; the runs past the threshold come after. */
     for (pass = 0; pass < 2; ++pass) {
         const size_t n_chains = sizeof(chains) / sizeof(chains[0]);
         if (pass == 1)
