@@ -62,6 +62,7 @@ _PUBLIC = {
     "onnx_frontend": ("UnsupportedNode", "from_onnx"),
 }
 _HOME = {name: module for module, names in _PUBLIC.items() for name in names}
+__all__ = [*_HOME, "ops"]
 
 # Bound now, not on first use: the name is also its module's, and the first import of
 # that module (by anything) would set the package's attribute to the module itself.
@@ -96,10 +97,3 @@ def __getattr__(name):
 def __dir__():
     return sorted(set(globals()) | set(__all__))
 
-
-__all__ = ["apply_tir_byoc", "explain", "pipeline", "compile", "host_target", "run",
-           "offload_prim_func",
-           "offloaded_kernels", "Report", "ScheduleRule", "relax_patterns", "constant_weights",
-           "RegionCall", "partition", "dense_intrin", "tensorize_dense", "ops", "Library", "check", "builtin",
-           "Kernel", "LibraryError", "tune", "torch_converters",
-           "from_exported_program", "fold_constant_items", "from_onnx", "UnsupportedNode"]
