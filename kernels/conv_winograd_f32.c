@@ -28,6 +28,7 @@
  * 1e-7), growing slowly with the channels. tirbyoc_conv2d_winograd_suits
  * says where it is taken; TIRBYOC_CONV_WINOGRAD=0 never takes it.
  */
+#define _POSIX_C_SOURCE 200112L /* posix_memalign under -std=c99 */
 #include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>

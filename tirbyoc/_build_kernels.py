@@ -114,7 +114,12 @@ _SANITIZE_COMPILE_ARGS, _SANITIZE_LINK_ARGS = sanitizer_flags(os.environ.get(SAN
 # -fno-trapping-math: the kernels never read floating-point exception flags;
 # without it GCC keeps the selects of the transcendental functions
 # (chain_f32.h) as branches for AVX2 and SSE, and their loops scalar.
-BASE_COMPILE_ARGS = ["-O3", "-std=c99", "-fno-wrapv", "-fno-trapping-math"]
+# -Werror=implicit-function-declaration: under -std=c99 a POSIX or C11
+# function whose header does not declare it (posix_memalign without
+# _POSIX_C_SOURCE, aligned_alloc) is otherwise only a warning, and a pointer it
+# returns is truncated to an int.
+BASE_COMPILE_ARGS = ["-O3", "-std=c99", "-fno-wrapv", "-fno-trapping-math",
+                     "-Werror=implicit-function-declaration"]
 # What the build uses: the base flags, plus the TIRBYOC_SANITIZE ones if set.
 EXTRA_COMPILE_ARGS = BASE_COMPILE_ARGS + _SANITIZE_COMPILE_ARGS
 # Links the sanitizer runtime into the extension (empty for a normal build).
