@@ -48,14 +48,25 @@ def pytest_collection(session):
         yield
 
 
-# The longest test files (a run with --durations), started first: pytest-xdist hands each
-# file to one worker (--dist loadfile) in collection order, and the sanitizer builds
-# and runs (about 4 minutes of one worker) collected last, alphabetically, once kept one
-# worker busy for minutes after the other had finished.
-SLOW_FILES_FIRST = ("test_sanitizers.py", "test_bench_models.py", "test_conv.py",
-                    "test_fixups.py", "test_matcher_fuzz.py", "test_tuning.py",
-                    "test_transformers.py", "test_notebook.py", "test_bench_layers.py",
-                    "test_byo.py")
+# The longest test files first, longest first (seconds of one worker in a run with
+# --durations=0 on a 2-core Zen 3: sanitizers 184, conv 123, fixups 108, frontends 85,
+# bench_models 66, then 46 down to 21; the remaining files take 17 s or less): pytest-xdist
+# hands each file to one worker (--dist loadfile) in this order, so the last files to
+# start are short and the two workers finish together. The sanitizer builds and runs,
+# started last, once kept one worker busy for minutes after the other had finished.
+SLOW_FILES_FIRST = ("test_sanitizers.py", "test_conv.py", "test_fixups.py",
+                    "test_frontends.py", "test_bench_models.py", "test_matcher_fuzz.py",
+                    "test_transformers.py", "test_byo.py", "test_fallback.py",
+                    "test_notebook.py", "test_onnx_frontend.py", "test_bench_layers.py",
+                    "test_kernels.py", "test_kernel_fuzz.py", "test_moe.py",
+                    "test_thread_counts_models.py", "test_reliability.py", "test_tuning.py")
+
+
+def pytest_configure(config):
+    """pytest-xdist (3.6 on) sorts the files by their number of tests, most first,
+    unless told not to: the sanitizer file, five long tests, then started last."""
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
 
 
 def pytest_collection_modifyitems(config, items):  # noqa: ARG001 (pytest's signature)
