@@ -21,8 +21,10 @@ the normal optimized one.
 
 import concurrent.futures
 import contextlib
+import itertools
 import os
 import re
+import subprocess
 
 import cffi
 
@@ -170,12 +172,39 @@ def make_ffibuilder(root=""):
 ffibuilder = make_ffibuilder()
 
 
+def compiler_problem(command):
+    """Why the C compiler ``command`` (a list: the program and any words before its
+    flags, e.g. ``["ccache", "gcc"]``) cannot build the kernels, or None if it can.
+    They are GCC's C: its vector extensions (``__builtin_shuffle``), its per-function
+    and per-region target options and its loop pragmas. Clang and the compilers built
+    on it (they define ``__clang__``) stop at the first of these with pages of errors;
+    this says so in one line instead."""
+    try:
+        out = subprocess.run([*command, "-dM", "-E", "-x", "c", os.devnull],
+                             capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError) as err:
+        return f"the C compiler {' '.join(command)!r} did not run: {err}"
+    defined = {line.split()[1] for line in out.stdout.splitlines()
+               if line.startswith("#define ") and len(line.split()) > 1}
+    if out.returncode != 0 or "__clang__" in defined or "__GNUC__" not in defined:
+        name = "clang" if "__clang__" in defined else "not GCC"
+        return (f"tirbyoc's C kernels need GCC (its vector extensions and target "
+                f"pragmas); the C compiler {' '.join(command)!r} is {name}. Install gcc "
+                f"and build with CC=gcc.")
+    return None
+
+
 def compile_in_parallel(compiler, sources, output_dir=None, macros=None, include_dirs=None,
                         debug=False, extra_preargs=None, extra_postargs=None, depends=None):
     """``CCompiler.compile`` of setuptools' distutils, with the files compiled at once
     on as many threads as the process has CPUs (distutils compiles one after the
     other: the kernels took 115 s to build on one core of two), the largest first.
     Same arguments, same objects, same commands."""
+    # the compiler's command without its flags (it may be "ccache gcc")
+    problem = compiler_problem(list(itertools.takewhile(lambda arg: not arg.startswith("-"),
+                                                        compiler.compiler_so)))
+    if problem is not None:
+        raise RuntimeError(problem)
     macros, objects, extra_postargs, pp_opts, build = compiler._setup_compile(
         output_dir, macros, include_dirs, sources, depends, extra_postargs)
     cc_args = compiler._get_cc_args(pp_opts, debug, extra_preargs)
