@@ -10,7 +10,6 @@ Both are rebuilt on every build so that ``pip install -e .`` always picks up
 edits to the C code.
 """
 
-import itertools
 import os
 import runpy
 import types
@@ -82,9 +81,7 @@ class build_ext_with_static_object(build_ext):
         # model library links this object, and it was 16.8 MB of which 1.3 MB
         # is code and data (MobileNetV2's library: 21.8 MB for 8.6 MB of
         # weights).
-        # The compiler command without its flags (it may be "ccache gcc").
-        cc = list(itertools.takewhile(lambda arg: not arg.startswith("-"),
-                                      self.compiler.compiler_so))
+        cc = _KERNEL_BUILD["compiler_command"](self.compiler)
         strip = [] if os.environ.get(_KERNEL_BUILD["SANITIZE_ENV"]) else ["-Wl,--strip-debug"]
         self.spawn(cc + ["-r", "-nostdlib"] + strip + ["-o", built] + objects)
         if self.inplace:

@@ -588,8 +588,8 @@ static void tb_chain_block(const tb_chain *ch, float *c, int64_t ldc, int64_t m,
  * prefetchers and one load and store of c per eight rows (four rows in
  * 4 KiB pieces streamed a 4096 x 4096 W at 15-17 GB/s on one Zen 4 core,
  * this at 25-29; NumPy's OpenBLAS: 24-27). */
-/* (the portable build has no caller) */
-__attribute__((unused)) static void tb_gemv_nn(int64_t n, int64_t k, const float *x, const float *w,
+__attribute__((unused)) /* (the portable build has no caller) */
+static void tb_gemv_nn(int64_t n, int64_t k, const float *x, const float *w,
                        int64_t ldw, float *c, const tb_chain *ch, int64_t ci,
                        int64_t cj)
 {

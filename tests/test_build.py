@@ -39,6 +39,10 @@ def test_clang_and_other_compilers_are_named_before_anything_compiles(tmp_path):
     assert problem([gnu]) is None
     missing = str(tmp_path / "no-such-cc")
     assert "did not run" in problem([missing])
+    failing = tmp_path / "failcc"
+    failing.write_text("#!/bin/sh\necho 'cannot preprocess' >&2\nexit 1\n")
+    failing.chmod(failing.stat().st_mode | stat.S_IXUSR)
+    assert "failed on an empty file: cannot preprocess" in problem([str(failing)])
 
     # the parallel compile stops on it, before the first file: the source does not exist
     from setuptools._distutils.ccompiler import new_compiler

@@ -172,6 +172,11 @@ def make_ffibuilder(root=""):
 ffibuilder = make_ffibuilder()
 
 
+def compiler_command(compiler):
+    """A distutils compiler's command without its flags (it may be "ccache gcc")."""
+    return list(itertools.takewhile(lambda arg: not arg.startswith("-"), compiler.compiler_so))
+
+
 def compiler_problem(command):
     """Why the C compiler ``command`` (a list: the program and any words before its
     flags, e.g. ``["ccache", "gcc"]``) cannot build the kernels, or None if it can.
@@ -186,7 +191,10 @@ def compiler_problem(command):
         return f"the C compiler {' '.join(command)!r} did not run: {err}"
     defined = {line.split()[1] for line in out.stdout.splitlines()
                if line.startswith("#define ") and len(line.split()) > 1}
-    if out.returncode != 0 or "__clang__" in defined or "__GNUC__" not in defined:
+    if out.returncode != 0:
+        return (f"the C compiler {' '.join(command)!r} failed on an empty file: "
+                f"{out.stderr.strip()[:500]}")
+    if "__clang__" in defined or "__GNUC__" not in defined:
         name = "clang" if "__clang__" in defined else "not GCC"
         return (f"tirbyoc's C kernels need GCC (its vector extensions and target "
                 f"pragmas); the C compiler {' '.join(command)!r} is {name}. Install gcc "
@@ -199,10 +207,9 @@ def compile_in_parallel(compiler, sources, output_dir=None, macros=None, include
     """``CCompiler.compile`` of setuptools' distutils, with the files compiled at once
     on as many threads as the process has CPUs (distutils compiles one after the
     other: the kernels took 115 s to build on one core of two), the largest first.
-    Same arguments, same objects, same commands."""
-    # the compiler's command without its flags (it may be "ccache gcc")
-    problem = compiler_problem(list(itertools.takewhile(lambda arg: not arg.startswith("-"),
-                                                        compiler.compiler_so)))
+    Same arguments, same objects, same commands; first, the check that the compiler
+    is GCC (``compiler_problem``)."""
+    problem = compiler_problem(compiler_command(compiler))
     if problem is not None:
         raise RuntimeError(problem)
     macros, objects, extra_postargs, pp_opts, build = compiler._setup_compile(
