@@ -13,14 +13,18 @@ ROOT = Path(__file__).resolve().parent.parent
 BUILD = runpy.run_path(str(ROOT / "tirbyoc" / "_build_kernels.py"))
 
 
+def _script(tmp_path, name, body):
+    """An executable shell script of this body; its path."""
+    path = tmp_path / name
+    path.write_text(f"#!/bin/sh\n{body}")
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return str(path)
+
+
 def _fake_compiler(tmp_path, name, defines):
     """A program that prints these macro definitions for ``-dM -E``, as a compiler
     does."""
-    path = tmp_path / name
-    lines = "".join(f"echo '#define {macro} 1'\n" for macro in defines)
-    path.write_text(f"#!/bin/sh\n{lines}")
-    path.chmod(path.stat().st_mode | stat.S_IXUSR)
-    return str(path)
+    return _script(tmp_path, name, "".join(f"echo '#define {macro} 1'\n" for macro in defines))
 
 
 @pytest.mark.skipif(shutil.which("gcc") is None, reason="no gcc on PATH")
@@ -39,10 +43,8 @@ def test_clang_and_other_compilers_are_named_before_anything_compiles(tmp_path):
     assert problem([gnu]) is None
     missing = str(tmp_path / "no-such-cc")
     assert "did not run" in problem([missing])
-    failing = tmp_path / "failcc"
-    failing.write_text("#!/bin/sh\necho 'cannot preprocess' >&2\nexit 1\n")
-    failing.chmod(failing.stat().st_mode | stat.S_IXUSR)
-    assert "failed on an empty file: cannot preprocess" in problem([str(failing)])
+    failing = _script(tmp_path, "failcc", "echo 'cannot preprocess' >&2\nexit 1\n")
+    assert "failed on an empty file: cannot preprocess" in problem([failing])
 
     # the parallel compile stops on it, before the first file: the source does not exist
     from setuptools._distutils.ccompiler import new_compiler

@@ -184,20 +184,21 @@ def compiler_problem(command):
     and per-region target options and its loop pragmas. Clang and the compilers built
     on it (they define ``__clang__``) stop at the first of these with pages of errors;
     this says so in one line instead."""
+    shown = " ".join(command)
     try:
         out = subprocess.run([*command, "-dM", "-E", "-x", "c", os.devnull],
                              capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.SubprocessError) as err:
-        return f"the C compiler {' '.join(command)!r} did not run: {err}"
+        return f"the C compiler {shown!r} did not run: {err}"
+    if out.returncode != 0:
+        return (f"the C compiler {shown!r} failed on an empty file: "
+                f"{out.stderr.strip()[:500]}")
     defined = {line.split()[1] for line in out.stdout.splitlines()
                if line.startswith("#define ") and len(line.split()) > 1}
-    if out.returncode != 0:
-        return (f"the C compiler {' '.join(command)!r} failed on an empty file: "
-                f"{out.stderr.strip()[:500]}")
     if "__clang__" in defined or "__GNUC__" not in defined:
         name = "clang" if "__clang__" in defined else "not GCC"
         return (f"tirbyoc's C kernels need GCC (its vector extensions and target "
-                f"pragmas); the C compiler {' '.join(command)!r} is {name}. Install gcc "
+                f"pragmas); the C compiler {shown!r} is {name}. Install gcc "
                 f"and build with CC=gcc.")
     return None
 
