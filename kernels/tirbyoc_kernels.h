@@ -466,6 +466,16 @@ int32_t tirbyoc_depthwise_conv2d_f32_layouts(int64_t layouts, int64_t batch, int
 int32_t tirbyoc_max_pool2d_f32(int64_t batch, int64_t c, int64_t h, int64_t w, const float *x, int64_t kh, int64_t kw, int64_t stride_h, int64_t stride_w, int64_t pad_top, int64_t pad_left, int64_t dilation_h, int64_t dilation_w, int64_t oh, int64_t ow, float *y);
 
 /*
+ * tirbyoc_max_pool2d_f32 with x in blocks of 16 channels: layouts
+ * TIRBYOC_LAYOUT_X16 (x NCHW16c, [batch, C / 16, H, W, 16], y NCHW) or
+ * TIRBYOC_LAYOUT_X16 | TIRBYOC_LAYOUT_Y16 (y NCHW16c too), or 0 (NCHW: the
+ * call above). The same values as the NCHW call, bit for bit. Errors: those
+ * of the call above; TIRBYOC_EINVAL also for another layouts value or, with
+ * blocks, C not a multiple of 16.
+ */
+int32_t tirbyoc_max_pool2d_f32_layouts(int64_t layouts, int64_t batch, int64_t c, int64_t h, int64_t w, const float *x, int64_t kh, int64_t kw, int64_t stride_h, int64_t stride_w, int64_t pad_top, int64_t pad_left, int64_t dilation_h, int64_t dilation_w, int64_t oh, int64_t ow, float *y);
+
+/*
  * Settings (process-wide; every kernel reads them when it starts).
  *
  * Instruction set: "avx512" (AVX512F), "avx2" (AVX2 + FMA) or "generic"

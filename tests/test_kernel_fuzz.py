@@ -265,7 +265,9 @@ def draw_case(symbol, isa, seed, index, rng, fixed_layout):
         big = 2 * m * n * k >= PAR_FLOPS
     else:
         m, n, k, big = _draw_shape(rng)
-    if symbol.endswith("_layouts"):
+    if symbol.endswith("_layouts") and "max_pool" in symbol:
+        m, n, k, big, extra = draw_blocked_pool(rng, extra, index)
+    elif symbol.endswith("_layouts"):
         m, n, k, big, extra = draw_blocked(rng, "depthwise" in symbol, m, extra, index)
 
     def pad():
@@ -595,6 +597,22 @@ def draw_blocked(rng, depthwise, m, extra, index):
     return m, g["oh"] * g["ow"], k, big, tuple(g.items())
 
 
+# tirbyoc_max_pool2d_f32_layouts: the pool cases with their channels rounded up to
+# multiples of 16 and the layouts the call takes (Case.extra "layouts": NCHW, x blocked,
+# or both; y blocked alone is refused, an invalid value).
+def draw_blocked_pool(rng, extra, index):
+    """(m, n, k, big, extra) of a drawn pool case made blockable; the pinned cases take
+    the three layouts in turn, the others one at random."""
+    g = dict(extra)
+    g["c"] = -(-g["c"] // 16) * 16
+    g["groups"] = max(g["c"], 1)
+    taps = g["kh"] * g["kw"]
+    big = g["batch"] * g["c"] * g["oh"] * g["ow"] * taps >= POOL_PAR_TAPS
+    g["layouts"] = (0, 1, 3)[index % 3] if index < len(POOL_PINNED) else \
+        int(rng.choice([0, 1, 3]))
+    return g["c"], g["oh"] * g["ow"], taps if g["c"] else 0, big, tuple(g.items())
+
+
 class _Logical:
     """An NCHW16c buffer's values as the NCHW [N * C, H * W] matrix the references read."""
 
@@ -634,6 +652,19 @@ def blocked_expected(base):
                 tol = to_blocked(tol, g["batch"], c.m, p)
         return v, tol
     return expected
+
+
+def blocked_pool_expected(ops, groups):
+    """pool_expected for a case's TIRBYOC_LAYOUT_* bits (as blocked_expected)."""
+    c, g = ops.case, dict(ops.case.extra)
+    x, *rest = ops.conv
+    bits = g["layouts"]
+    if bits & 1 and x.view.size:
+        x = _Logical(x, g["batch"], g["c"])
+    v, tol = pool_expected(_ConvView(ops, (x, *rest)), groups)
+    if bits & 2 and np.size(v):
+        v = to_blocked(v, g["batch"], c.m, g["oh"] * g["ow"])
+    return v, tol
 
 
 class _ConvView:
@@ -1742,6 +1773,8 @@ FAMILIES = (
     Family(r"tirbyoc_depthwise_conv2d_f32_layouts", blocked_args(depthwise_args),
            blocked_expected(conv_expected), output="y"),
     Family(r"tirbyoc_max_pool2d_f32", pool_args, pool_expected, output="y"),
+    Family(r"tirbyoc_max_pool2d_f32_layouts", blocked_args(pool_args), blocked_pool_expected,
+           output="y"),
 )
 # Exported functions that are not kernels, and where they are exercised.
 NOT_KERNELS = {

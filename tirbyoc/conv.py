@@ -79,8 +79,11 @@ stride-1 unpadded convs with packed weights, all of 16k channels (a 1x1 conv fro
 input channels), without shortcuts. Those calls then take the kernels' ``_layouts``
 entry points, whose AVX2 and AVX-512 paths read and write the blocks in place: the
 depthwise kernel without its transposes (about 1.2x to 1.3x faster on MobileNet's
-layers), the 1x1 conv tiles without theirs. The function's inputs and results, and every
-tensor another op reads, stay NCHW, so no conversion is added. Planned only where the
+layers), the 1x1 conv tiles without theirs. A max pool that the built-in pool kernel takes
+reads a conv's blocks too (ResNet's stem: the conv's tiles store their registers whole
+instead of transposing them, the pool takes each pixel's 16 channels as vectors; its
+output stays NCHW), where no library declares a max pool kernel. The function's inputs
+and results, and every tensor another op reads, stay NCHW, so no conversion is added. Planned only where the
 kernels' instruction set has those paths (``kernels.CONV_DIRECT_ISAS``, and for the
 depthwise convs ``kernels.DEPTHWISE_CHANNELS_ISAS``; elsewhere the calls would convert
 through NCHW copies); ``TIRBYOC_CONV_BLOCKED=0`` when compiling keeps every tensor NCHW.
@@ -852,7 +855,7 @@ def _block_roles(plan: _Plan) -> tuple:
     return writes, suits and "from-suited"
 
 
-def plan_layouts(b: Bindings, plans) -> None:
+def plan_layouts(b: Bindings, plans, pools=None) -> set:
     """Chooses, once for the function, the tensors between conv calls that stay NCHW16c
     (as ONNX Runtime's NCHWc path keeps its blocks): the output of a call whose every
     reader is another call, as its ``x`` or its residual, where the writer can write
@@ -863,6 +866,8 @@ def plan_layouts(b: Bindings, plans) -> None:
     the direct path by choice: tensors leave the set until these hold (each pass only
     removes, so it ends). ResNet's residual stream stays blocked from one bottleneck to the next
     this way, its stride-2 projections reading the blocks through their phase planes.
+    ``pools`` (``blocked_pools``): max pools over a call's output, each a reader that
+    takes blocks (into an NCHW output); the ones that will read blocks are returned.
     Each such call then reads or writes the blocks in place (no transposes); every other
     tensor, the function's inputs and results included, stays NCHW, so no conversion is
     ever added. Only where the kernels have the direct path (``kernels.CONV_DIRECT_ISAS``;
@@ -871,7 +876,7 @@ def plan_layouts(b: Bindings, plans) -> None:
     from . import kernels
 
     if os.environ.get("TIRBYOC_CONV_BLOCKED", "1") == "0" or kernels.isa() not in kernels.CONV_DIRECT_ISAS:
-        return
+        return set()
     # each call's output var -> (the output var of a call reading it, as "x" or
     # "residual")
     readers = {}
@@ -880,6 +885,11 @@ def plan_layouts(b: Bindings, plans) -> None:
             if isinstance(read, R.Var) and read in plans:
                 readers.setdefault(read, []).append((var, how))
     roles = {var: _block_roles(plan) for var, plan in plans.items()}
+    # max pools the built-in kernel takes read blocks of any conv's output (never write)
+    for var, x in (pools or {}).items():
+        if x in plans:
+            readers.setdefault(x, []).append((var, "x"))
+            roles[var] = (False, "any")
 
     def reads(var, u, how):
         """Whether call ``u`` may read ``var``'s blocks (as ``how``)."""
@@ -901,29 +911,63 @@ def plan_layouts(b: Bindings, plans) -> None:
                     for u, how in readers[var]):
                 blocked.discard(var)
                 changed = True
+    pooled = set()
     for var in blocked:
         plans[var].layouts |= _Y16
         for u, how in readers[var]:
-            if how == "x":
+            if u not in plans:
+                pooled.add(u)
+            elif how == "x":
                 plans[u].layouts |= _X16
     for plan in plans.values():
         if plan.layouts:
             plan.notes = plan.notes + ("NCHW16c " + " and ".join(
                 name for bit, name in ((_X16, "input"), (_Y16, "output"))
                 if plan.layouts & bit),)
+    return pooled
+
+
+def blocked_pools(b: Bindings, plans) -> dict:
+    """``{var: x}``: the max pools of ``b`` over a conv call's output (``plans``) that
+    the built-in kernel takes with x in blocks (16k channels; ``pool._params``)."""
+    from . import pool
+
+    out = {}
+    for var, value in b.values.items():
+        if is_op(value, "relax.nn.max_pool2d") and value.args[0] in plans and \
+                pool._params(value) is not None and int(shape_of(value)[1]) % 16 == 0:
+            out[var] = value.args[0]
+    return out
 
 
 @R.expr_functor.mutator
 class _Rewriter(R.PyExprMutator):
-    def __init__(self, mod, plans, funcs):
+    def __init__(self, mod, plans, funcs, pooled=()):
         super().__init__(mod)
         self.plans = plans
         self.funcs = funcs
+        self.pooled = pooled  # max pools reading blocks (plan_layouts)
         # the NCHW16c outputs, and the bindings dropped for reading them
         self.dropped = {var for var, plan in plans.items() if plan.layouts & _Y16}
 
+    def _pool(self, binding):
+        """A max pool over a blocked conv output: the built-in kernel's call reading the
+        blocks (its output NCHW)."""
+        from . import pool
+
+        value = binding.value
+        x = self.visit_expr(value.args[0])
+        kernel = pool._kernel_func(x, binding.var, pool._params(value), layouts=int(_X16))
+        key = T.structural_hash(kernel)
+        if key not in self.funcs:
+            self.funcs[key] = self.builder_.add_func(kernel, "tirbyoc_max_pool2d")
+        return self.builder_.emit(R.call_tir(self.funcs[key], [x], binding.var.ty))
+
     def visit_var_binding_(self, binding):
         plan = self.plans.get(binding.var)
+        if binding.var in self.pooled:
+            self.set_var_remap(binding.var, self._pool(binding))
+            return
         if plan is None:
             if any(v in self.dropped for v in R.analysis.free_vars(binding.value)):
                 # inside a region that reads an NCHW16c tensor: replaced by its call
@@ -1232,7 +1276,7 @@ def fold_pads(mod):
     return rewrite_calls(mod, lambda call, b: _pad_into_conv(call, b.values))
 
 
-def offload_convs(mod, kernels=(), builtin=True, passes=None):
+def offload_convs(mod, kernels=(), builtin=True, passes=None, pools=False):
     """``mod`` with every convolution of the form above one kernel call (a depthwise one
     the depthwise kernel's); a new module, functions with a ``Codegen`` attribute
     untouched. ``passes``: the region passes (default ``tirbyoc.weights.DEFAULT_PASSES``);
@@ -1266,8 +1310,8 @@ def offload_convs(mod, kernels=(), builtin=True, passes=None):
                         plans[found[0]] = _with_channel_scale(b, plan)
         if not plans:
             continue
-        plan_layouts(b, plans)
-        rewriter = _Rewriter(out, plans, funcs)
+        pooled = plan_layouts(b, plans, blocked_pools(b, plans) if pools else None)
+        rewriter = _Rewriter(out, plans, funcs, pooled)
         new = rewriter.visit_expr(func)
         out = rewriter.builder_.get()
         out = out.clone() if out.same_as(mod) else out

@@ -18,6 +18,9 @@ from .ops import geometry_roles, out_size
 
 R = T.relax_ns
 SYMBOL = "tirbyoc_max_pool2d_f32"
+# The call over an x in blocks of 16 channels ([N, C / 16, H, W, 16]; tirbyoc.conv's
+# plan_layouts chooses it where a conv writing blocks feeds the pool).
+LAYOUTS_SYMBOL = "tirbyoc_max_pool2d_f32_layouts"
 INTRINSIC = "max_pool2d"
 DESCRIPTION = "R.nn.max_pool2d (NCHW) as one kernel call"
 
@@ -50,21 +53,28 @@ def _params(call):
     return kh, kw, sh, sw, top, left, dh, dw
 
 
-def _kernel_func(x, out_ty, params):
+def _kernel_func(x, out_ty, params, layouts=0):
+    """The PrimFunc calling the kernel; ``layouts`` (the kernels' TIRBYOC_LAYOUT_* bits):
+    x NCHW16c ([N, C / 16, H, W, 16]) with 1, y NCHW either way."""
     from .calls import status_checks
 
     names = {}
     xb = T.decl_buffer(tir_dims(shape_of(x), names), "float32", "x")
     yb = T.decl_buffer(tir_dims(shape_of(out_ty), names), "float32", "y")
-    n, c, h, w = xb.shape
+    if layouts:
+        n, cb, h, w, _ = xb.shape
+        c, symbol, first = T.const(int(cb) * 16, "int64"), LAYOUTS_SYMBOL, [
+            T.const(layouts, "int64")]
+    else:
+        (n, c, h, w), symbol, first = xb.shape, SYMBOL, []
     oh, ow = yb.shape[2], yb.shape[3]
     kh, kw, sh, sw, top, left, dh, dw = (T.const(v, "int64") for v in params)
-    call = T.call_extern("int32", SYMBOL, [
+    call = T.call_extern("int32", symbol, first + [
         n, c, h, w, T.buffer_pointer(xb, "r"), kh, kw, sh, sw, top, left, dh, dw, oh, ow,
         T.buffer_pointer(yb, "w")])
-    block = T.make_block("tirbyoc_max_pool2d", status_checks(SYMBOL, call),
+    block = T.make_block("tirbyoc_max_pool2d", status_checks(symbol, call),
                          reads=[T.full_region(xb)], writes=[T.full_region(yb)],
-                         annotations={OFFLOADED_ATTR: SYMBOL, INTRINSIC_ATTR: INTRINSIC})
+                         annotations={OFFLOADED_ATTR: symbol, INTRINSIC_ATTR: INTRINSIC})
     root = T.make_block("root", T.make_realize(block), reads=[], writes=[], annotations={})
     return T.prim_func_of([xb, yb], T.make_realize(root)).with_attr("tirx.noalias", True)
 

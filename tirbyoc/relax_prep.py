@@ -149,8 +149,13 @@ def prepare(mod, fuse="auto", softmax=True, passes=None, registry=None):
             for stage, families in _stages(phase):
                 kernels = [k for f in families for k in registry.kernels(f)]
                 builtin = any(f in ours for f in families)
+                # the convs write blocks for the max pools after them where the
+                # built-in kernel takes those (no library declares one)
+                extra = {"pools": "max_pool2d" in ours and not registry.kernels("max_pool2d")
+                         } if stage == "tirbyoc.conv:offload_convs" else {}
                 if kernels or builtin:
-                    mod = resolve(stage)(mod, kernels=kernels, builtin=builtin, passes=passes)
+                    mod = resolve(stage)(mod, kernels=kernels, builtin=builtin, passes=passes,
+                                         **extra)
     if fuse:
         registry.make_symbols_global(mod)  # (FoldConstant may run a region's kernel)
         mod = legalize_and_fuse(mod)

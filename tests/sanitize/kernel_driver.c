@@ -2027,6 +2027,42 @@ static void dw_cases(uint64_t *rng, int threaded)
 
 /* ---- tirbyoc_max_pool2d_f32 ---- */
 
+/* tirbyoc_max_pool2d_f32_layouts on x (NCHW) in blocks of 16 channels: y NCHW
+ * (layouts 1) and NCHW16c (3), against the NCHW call's y, bit for bit. */
+static void pool_blocked(const float *x, const float *y, int64_t n, int64_t c, int64_t h,
+                         int64_t w, int64_t kh, int64_t kw, int64_t sh, int64_t sw,
+                         int64_t pt, int64_t pl, int64_t dh, int64_t dw, int64_t oh,
+                         int64_t ow)
+{
+    static const char *const name = "tirbyoc_max_pool2d_f32_layouts";
+    const int64_t nx = n * c * h * w, ny = n * c * oh * ow, hw = h * w, p = oh * ow;
+    buf_t bxb, byb;
+    float *xb = buf_alloc(&bxb, (size_t)nx, 1), *yb = buf_alloc(&byb, (size_t)ny, 3);
+    int64_t t, ch, q;
+    int layouts, ok;
+    for (t = 0; t < n * c; ++t) /* plane t: image t / c, channel ch */
+        for (ch = t % c, q = 0; q < hw; ++q)
+            xb[((t / c * (c / 16) + ch / 16) * hw + q) * 16 + ch % 16] = x[t * hw + q];
+    for (layouts = 1; layouts <= 3; layouts += 2) {
+        for (t = 0; t < ny; ++t)
+            yb[t] = UNWRITTEN;
+        check(tirbyoc_max_pool2d_f32_layouts(layouts, n, c, h, w, xb, kh, kw, sh, sw, pt, pl,
+                                             dh, dw, oh, ow, yb) == TIRBYOC_OK,
+              "status", name, c, p, layouts, NULL);
+        ok = 1;
+        for (t = 0; t < n * c; ++t)
+            for (ch = t % c, q = 0; q < p; ++q) {
+                const float got = layouts == 3
+                    ? yb[((t / c * (c / 16) + ch / 16) * p + q) * 16 + ch % 16]
+                    : yb[t * p + q];
+                ok &= memcmp(&got, &y[t * p + q], sizeof(float)) == 0;
+            }
+        check(ok, "the NCHW call's bits", name, c, p, layouts, NULL);
+    }
+    buf_free(&bxb);
+    buf_free(&byb);
+}
+
 /* One max pool against a scalar reference (the taps inside the input, NaN
  * wins, -inf without a tap), bit for bit; NaNs in x when `specials`; with
  * `threads_check` again on 1, 2 and 3 threads, the same bits. */
@@ -2075,6 +2111,8 @@ static void pool_case(uint64_t *rng, int64_t n, int64_t c, int64_t h, int64_t w,
         check(memcmp(y, z, (size_t)ny * sizeof(float)) == 0, "same bits on every thread count",
               name, c, oh * ow, th, NULL);
     }
+    if (c % 16 == 0)
+        pool_blocked(x, y, n, c, h, w, kh, kw, sh, sw, pt, pl, dh, dw, oh, ow);
     buf_free(&bx);
     buf_free(&by);
     buf_free(&bz);
@@ -2100,6 +2138,13 @@ static void pool_errors(void)
     POOL_REFUSED(TIRBYOC_ENULL, 1, 2, 5, 5, NULL, 3, 3, 2, 2, 1, 1, 1, 1, 3, 3, y);
     POOL_REFUSED(TIRBYOC_ENULL, 1, 2, 5, 5, x, 3, 3, 2, 2, 1, 1, 1, 1, 3, 3, NULL);
 #undef POOL_REFUSED
+    /* blocks: 2 channels, not 16; y blocked alone; an unknown layout */
+    check(tirbyoc_max_pool2d_f32_layouts(1, 1, 2, 5, 5, x, 3, 3, 2, 2, 1, 1, 1, 1, 3, 3, y) ==
+              TIRBYOC_EINVAL, "refused", "tirbyoc_max_pool2d_f32_layouts", 2, 9, 1, NULL);
+    check(tirbyoc_max_pool2d_f32_layouts(2, 1, 16, 1, 1, x, 1, 1, 1, 1, 0, 0, 1, 1, 1, 1, y) ==
+              TIRBYOC_EINVAL, "refused", "tirbyoc_max_pool2d_f32_layouts", 16, 1, 2, NULL);
+    check(tirbyoc_max_pool2d_f32_layouts(4, 1, 16, 1, 1, x, 1, 1, 1, 1, 0, 0, 1, 1, 1, 1, y) ==
+              TIRBYOC_EINVAL, "refused", "tirbyoc_max_pool2d_f32_layouts", 16, 1, 4, NULL);
     for (t = 0; t < 18; ++t)
         ok &= y[t] == UNWRITTEN;
     check(ok, "refused calls write nothing", name, 2, 9, 9, NULL);
@@ -2124,6 +2169,10 @@ static void pool_cases(uint64_t *rng, int threaded)
         }
     /* above the threading threshold: ResNet's stem pool, a batch of planes */
     pool_case(rng, 1, 24, 112, 112, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1);
+    /* 16k channels (the blocked call too): ResNet's stem pool, a padded odd window */
+    pool_case(rng, 1, 32, 56, 56, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1);
+    if (!threaded)
+        pool_case(rng, 2, 16, 9, 7, 2, 3, 1, 2, 1, 0, 2, 1, 1, 0);
     pool_case(rng, 3, 40, 30, 31, 3, 3, 1, 1, 1, 1, 1, 1, 0, 1);
     if (!threaded)
         pool_errors();
