@@ -586,6 +586,7 @@ EXPECTED_SYMBOLS = sorted(FUNC_IDS + [
     "tirbyoc_pack_conv2d_winograd_weight_f32", "tirbyoc_conv2d_winograd_f32",
     "tirbyoc_conv2d_winograd_cached_f32", "tirbyoc_winograd_cache_stats",
     "tirbyoc_conv2d_f32_packed_layouts", "tirbyoc_depthwise_conv2d_f32_layouts",
+    "tirbyoc_max_pool2d_f32_layouts",
 ])
 
 
