@@ -466,6 +466,35 @@ def test_softmax_pool_and_batched_matmul_kernels_of_a_library():
     assert tirbyoc.check(lib, cases=6)
 
 
+def test_a_declared_max_pool_reads_what_the_builtin_conv_writes_in_nchw():
+    """ResNet's stem writes NCHW16c for the built-in max pool where the conv kernel has
+    its direct path; with a library declaring a max pool, that kernel computes the pool
+    and the built-in conv before it writes NCHW, the layout the declaration reads."""
+    import torch
+
+    model = examples.resnet_torch((1, 1), (16, 32), 10)
+    x = torch.randn(1, 3, 40, 40, generator=torch.Generator().manual_seed(0))
+    mod = examples.import_torch(model, x)
+    lib = tirbyoc.Library("pools", sources=[TOY_C], cdef=TOY_H)
+    lib.kernel("toy_max_pool2d", computes=ops.max_pool2d(),
+               args=("x", "y", "batch", "channels", "height", "width", "kernel_h",
+                     "kernel_w", "stride", "pad"))
+    stem = "tirbyoc_conv2d"
+    blocked = tirbyoc.kernels.isa() in tirbyoc.kernels.CONV_DIRECT_ISAS
+    alone = tirbyoc.explain(mod)
+    assert alone.schedules[stem] == "kernel tirbyoc_conv2d_f32_packed" + (
+        "_layouts" if blocked else "")
+    assert alone.schedules["tirbyoc_max_pool2d"] == "kernel tirbyoc_max_pool2d_f32" + (
+        "_layouts" if blocked else "")
+    report = tirbyoc.explain(mod, libraries=[lib])
+    assert report.schedules[stem] == "kernel tirbyoc_conv2d_f32_packed", str(report)
+    assert by_library(report)["pools"] == ["toy_max_pool2d"]
+    out = tirbyoc.run(tirbyoc.compile(mod, libraries=[lib]), x.numpy())
+    with torch.no_grad():
+        ref = model(x).numpy()
+    assert np.abs(out - ref).max() <= TOL * max(1.0, np.abs(ref).max())
+
+
 def test_a_pool_the_kernel_cannot_say_stays_with_the_builtin_library():
     import torch
 

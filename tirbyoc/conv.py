@@ -79,14 +79,15 @@ stride-1 unpadded convs with packed weights, all of 16k channels (a 1x1 conv fro
 input channels), without shortcuts. Those calls then take the kernels' ``_layouts``
 entry points, whose AVX2 and AVX-512 paths read and write the blocks in place: the
 depthwise kernel without its transposes (about 1.2x to 1.3x faster on MobileNet's
-layers), the 1x1 conv tiles without theirs. A max pool that the built-in pool kernel takes
-reads a conv's blocks too (ResNet's stem: the conv's tiles store their registers whole
-instead of transposing them, the pool takes each pixel's 16 channels as vectors; its
-output stays NCHW), where no library declares a max pool kernel. The function's inputs
-and results, and every tensor another op reads, stay NCHW, so no conversion is added. Planned only where the
-kernels' instruction set has those paths (``kernels.CONV_DIRECT_ISAS``, and for the
-depthwise convs ``kernels.DEPTHWISE_CHANNELS_ISAS``; elsewhere the calls would convert
-through NCHW copies); ``TIRBYOC_CONV_BLOCKED=0`` when compiling keeps every tensor NCHW.
+layers), the 1x1 conv tiles without theirs. A max pool that the built-in pool kernel
+takes reads a conv's blocks too (ResNet's stem: the conv's tiles store their registers
+whole instead of transposing them, the pool takes each pixel's 16 channels as vectors;
+its output stays NCHW), where no library declares a max pool kernel. The function's
+inputs and results, and every tensor another op reads, stay NCHW, so no conversion is
+added. Planned only where the kernels' instruction set has those paths
+(``kernels.CONV_DIRECT_ISAS``, and for the depthwise convs
+``kernels.DEPTHWISE_CHANNELS_ISAS``; elsewhere the calls would convert through NCHW
+copies); ``TIRBYOC_CONV_BLOCKED=0`` when compiling keeps every tensor NCHW.
 
 A batch norm in training mode, another layout, an NHWC conv whose weight is not a
 constant, or a symbolic channel or spatial size keep TVM's ``conv2d``.
@@ -957,7 +958,7 @@ class _Rewriter(R.PyExprMutator):
 
         value = binding.value
         x = self.visit_expr(value.args[0])
-        kernel = pool._kernel_func(x, binding.var, pool._params(value), layouts=int(_X16))
+        kernel = pool._kernel_func(x, binding.var, pool._params(value), layouts=_X16)
         key = T.structural_hash(kernel)
         if key not in self.funcs:
             self.funcs[key] = self.builder_.add_func(kernel, "tirbyoc_max_pool2d")
@@ -1284,7 +1285,9 @@ def offload_convs(mod, kernels=(), builtin=True, passes=None, pools=False):
     batch norm (``fold_batch_norm``: without it, a region ends before its batch norm,
     which stays TVM's) and packing the weight (``pack_constants``). ``kernels``: declared
     conv2d kernels (``tirbyoc.Library``) offered each region first; ``builtin``: whether
-    the built-in kernels take the regions they leave."""
+    the built-in kernels take the regions they leave. ``pools``: whether the built-in
+    kernel takes the max pools (no library declares one), so that a conv may write
+    blocks for the one after it (``plan_layouts``)."""
     from . import weights
 
     mod = fold_pads(conv1d_as_conv2d(conv3d_patches_as_matmul(conv_transpose_as_matmul(mod))))

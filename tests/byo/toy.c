@@ -102,6 +102,28 @@ int toy_avg_pool2d(const float *x, float *y, int batch, int c, int h, int w, int
     return 0;
 }
 
+/* Max pooling, NCHW, the same stride and padding on both axes (taps in the padding left
+ * out; a NaN tap wins). */
+int toy_max_pool2d(const float *x, float *y, int batch, int c, int h, int w, int kh, int kw,
+                   int stride, int pad) {
+    int oh = (h + 2 * pad - kh) / stride + 1, ow = (w + 2 * pad - kw) / stride + 1;
+    for (int n = 0; n < batch * c; n++)
+        for (int i = 0; i < oh; i++)
+            for (int j = 0; j < ow; j++) {
+                float m = -INFINITY;
+                for (int u = 0; u < kh; u++)
+                    for (int v = 0; v < kw; v++) {
+                        int r = i * stride - pad + u, s = j * stride - pad + v;
+                        if (r < 0 || r >= h || s < 0 || s >= w) continue;
+                        float t = x[((int64_t)n * h + r) * w + s];
+                        if (t != t || t > m) m = t;
+                        if (m != m) break;
+                    }
+                y[((int64_t)n * oh + i) * ow + j] = m;
+            }
+    return 0;
+}
+
 /* Batched y[b] = x[b] @ w[b] (w [batch, k, n]: "nn"), dense batches. */
 int toy_bmm(const float *x, const float *w, float *y, int64_t batch, int64_t m, int64_t n,
             int64_t k) {

@@ -11,6 +11,8 @@ void toy_dense_bias_void(const float *x, const float *w, const float *b, float *
 int toy_softmax(const float *x, float *y, int64_t rows, int64_t cols);
 int toy_avg_pool2d(const float *x, float *y, int batch, int c, int h, int w, int kh, int kw,
                    int stride, int pad);
+int toy_max_pool2d(const float *x, float *y, int batch, int c, int h, int w, int kh, int kw,
+                   int stride, int pad);
 int toy_bmm(const float *x, const float *w, float *y, int64_t batch, int64_t m, int64_t n,
             int64_t k);
 int toy_dense_bias_gelu(const float *x, const float *w, const float *b, float *y,
