@@ -907,19 +907,9 @@ static inline void cg_run(float *d, const float *row, int64_t iw, int64_t sw,
                           int64_t w, int t0, int len)
 {
     /* the lanes [t0 + lo, t0 + hi) hold columns inside [0, w) */
-    int64_t lo = 0, hi = 0;
+    int64_t lo, hi;
     __m256 v0 = _mm256_setzero_ps(), v1 = v0;
-    if (row != NULL) {
-        if (sw == 1) {
-            lo = iw >= 0 ? 0 : -iw;
-            hi = iw >= w ? 0 : w - iw;
-        } else {
-            lo = iw >= 0 ? 0 : (-iw + sw - 1) / sw;
-            hi = iw >= w ? 0 : (w - iw + sw - 1) / sw;
-        }
-        lo = lo < len ? lo : len;
-        hi = hi < len ? hi : len;
-    }
+    tb_cg_inside(row, iw, sw, w, len, &lo, &hi);
     if (hi > lo) {
         const int64_t a = t0 + lo, b = t0 + hi;
         const float *first = row + iw + lo * sw;

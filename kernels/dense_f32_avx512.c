@@ -944,19 +944,9 @@ static inline void cg_run(float *d, const float *row, int64_t iw, int64_t sw,
 {
     /* lanes [t0 + lo, t0 + hi) hold columns inside [0, w) */
     const __mmask16 run = (__mmask16)(((1u << len) - 1u) << t0);
-    int64_t lo = 0, hi = 0;
+    int64_t lo, hi;
     __m512 v = _mm512_setzero_ps();
-    if (row != NULL) {
-        if (sw == 1) { /* no divisions on the common path */
-            lo = iw >= 0 ? 0 : -iw;
-            hi = iw >= w ? 0 : w - iw;
-        } else {
-            lo = iw >= 0 ? 0 : (-iw + sw - 1) / sw;
-            hi = iw >= w ? 0 : (w - iw + sw - 1) / sw;
-        }
-        lo = lo < len ? lo : len;
-        hi = hi < len ? hi : len;
-    }
+    tb_cg_inside(row, iw, sw, w, len, &lo, &hi);
     if (hi > lo) {
         const __mmask16 in = (__mmask16)((((1u << (hi - lo)) - 1u)
                                           << (t0 + lo)));

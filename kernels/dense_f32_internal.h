@@ -141,6 +141,26 @@ typedef struct tb_conv_geom {
     int64_t h, w, kh, kw, sh, sw, pt, pl, dh, dw, ow, k;
 } tb_conv_geom;
 
+/* A run of len columns iw, iw + sw, ... of a row w wide (row NULL: none):
+ * the run's elements [*lo, *hi) lie inside [0, w) (the instruction sets'
+ * cg_run, conv_gather.h). */
+static inline void tb_cg_inside(const float *row, int64_t iw, int64_t sw, int64_t w,
+                                int len, int64_t *lo, int64_t *hi)
+{
+    *lo = *hi = 0;
+    if (row == NULL)
+        return;
+    if (sw == 1) { /* no divisions on the common path */
+        *lo = iw >= 0 ? 0 : -iw;
+        *hi = iw >= w ? 0 : w - iw;
+    } else {
+        *lo = iw >= 0 ? 0 : (-iw + sw - 1) / sw;
+        *hi = iw >= w ? 0 : (w - iw + sw - 1) / sw;
+    }
+    *lo = *lo < len ? *lo : len;
+    *hi = *hi < len ? *hi : len;
+}
+
 /* C = A @ a pre-packed W, then the chain (dense_f32.c: the convolutions that
  * run as one product). */
 TB_INTERNAL void tb_dense_packed(int64_t m, int64_t n, int64_t k,
