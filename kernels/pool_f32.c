@@ -58,6 +58,7 @@ typedef struct {
     float *y;
     const struct pl_fns_s *fns; /* the instruction set's passes */
     int xb, yb;         /* x, y NCHW16c (tirbyoc_max_pool2d_f32_layouts) */
+    tb_unblock16_fn unblock; /* the ISA's, for an NCHW y from blocked rows (or NULL) */
 } pl_job;
 
 typedef struct pl_fns_s {
@@ -579,7 +580,6 @@ static void pool_unit(void *arg, int64_t u, float *scratch)
          * output row, spread over the block's 16 planes */
         const float *x = j->x + p * j->h * j->w * 16;
         float *y = j->y + p * j->oh * j->ow * 16, *out = scratch + j->w * 16;
-        const tb_unblock16_fn unblock = tb_active_isa()->unblock16;
         int64_t i;
         for (i = i0; i < i1; ++i) {
             if (j->yb) {
@@ -587,8 +587,8 @@ static void pool_unit(void *arg, int64_t u, float *scratch)
                 continue;
             }
             j->fns->row16(j, x, i, out, scratch);
-            if (unblock != NULL && j->ow >= 8) {
-                unblock(y + i * j->ow, j->oh * j->ow, out, j->ow, 1);
+            if (j->unblock != NULL) {
+                j->unblock(y + i * j->ow, j->oh * j->ow, out, j->ow, 1);
             } else {
                 int64_t q;
                 int l;
@@ -655,7 +655,7 @@ static int32_t max_pool2d(int64_t layouts, int64_t batch, int64_t c, int64_t h, 
                  .sh = stride_h, .sw = stride_w, .ph = pad_top, .pw = pad_left,
                  .dh = dilation_h, .dw = dilation_w, .oh = oh, .ow = ow, .x = x, .y = y,
                  .xb = (layouts & TIRBYOC_LAYOUT_X16) != 0,
-                 .yb = (layouts & TIRBYOC_LAYOUT_Y16) != 0};
+                 .yb = (layouts & TIRBYOC_LAYOUT_Y16) != 0, .unblock = isa->unblock16};
     j.fns = &fns_generic;
 #ifdef PL_HAVE_X86
 #ifndef TIRBYOC_NO_AVX512
