@@ -146,6 +146,25 @@ def test_amax_and_whole_tensor_max_propagate_nan_as_pytorch():
         np.testing.assert_array_equal(value, expected)  # (NaN where NaN)
 
 
+def test_argmax_and_argmin_point_at_the_first_nan_as_pytorch():
+    """Relax's argmax and argmin skip NaN, and which index they gave for a row holding
+    one depended on where it was (first, inside, last); PyTorch's gives the first NaN.
+    Every axis form (a negative one, none: the flattened tensor, keepdim), exactly."""
+    class Args(torch.nn.Module):
+        def forward(self, x):
+            return (x.argmax(dim=1), x.argmin(dim=-1, keepdim=True), x.argmax(),
+                    x.argmin(dim=None, keepdim=True), x[0].argmax(dim=0), (-x).argmin(dim=1))
+
+    x = torch.randn(4, 6, 5, generator=torch.Generator().manual_seed(12))
+    x[1, 0, :] = float("nan")  # first along axis 1
+    x[2, 3, 1] = float("nan")  # inside, and a second one last
+    x[2, 5, 1] = float("nan")
+    x[3, :, 4] = float("nan")  # last along axis 2
+    x[0, 2, 2] = x[0, 4, 2] = 9.0  # a tie (the first index wins)
+    _assert_compiled_as_pytorch(Args(), x)
+    assert Args()(x)[0][2, 1] == 3 and Args()(x)[1][3, 0, 0] == 4  # (the NaN cases ran)
+
+
 def _assert_as_pytorch(got, expected):
     """Each output of ours equal to PyTorch's, values (NaN where NaN) and dtypes."""
     assert len(got) == len(expected)

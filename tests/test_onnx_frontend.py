@@ -121,6 +121,65 @@ def test_reductions_of_no_axes_still_apply_their_elementwise_step():
                          inputs, rtol=1e-6)
 
 
+def _with_nans(dtype):
+    """A 4 x 6 x 5 tensor with NaN first, inside and last along each axis in some rows,
+    and rows with none (ties included, so that which index wins is tested too)."""
+    x = np.random.default_rng(3).standard_normal((4, 6, 5)).astype(dtype)
+    x[0, 1, 2] = 7.0  # a tie for the largest along axis 1 with the next line
+    x[0, 4, 2] = 7.0
+    x[1, 0, :] = nan  # NaN first along axis 1
+    x[2, 3, 1] = nan  # inside
+    x[2, 5, 1] = nan  # and a second one, last
+    x[3, :, 4] = nan  # last along axis 2
+    x[3, 2, 0] = -inf
+    return x
+
+
+@pytest.mark.parametrize("opset", [13, 18])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_extremes_propagate_nan_wherever_it_is(opset, dtype):
+    """ReduceMax/Min give NaN where the reduced elements hold one and ArgMax/Min the first
+    NaN's index (the last with ``select_last_index``), as ONNX's reference (numpy) does.
+    TVM's compare-selects kept a NaN only when it was the last element reduced."""
+    x = _with_nans(dtype)
+    nodes, outs, inits = [], [], {}
+    for op in ("ReduceMax", "ReduceMin"):
+        for axes, keep in (([1], 1), ([2], 0), ([0, 2], 0), (None, 1)):
+            name = f"{op}_{axes}_{keep}"
+            inputs = ["x"]
+            if axes is None:
+                kw = {}
+            elif opset >= 18:
+                inputs.append(f"axes_{name}")
+                inits[f"axes_{name}"] = np.asarray(axes, np.int64)
+                kw = {}
+            else:
+                kw = {"axes": axes}
+            nodes.append(helper.make_node(op, inputs, [name], keepdims=keep, **kw))
+            outs.append(name)
+    for op in ("ArgMax", "ArgMin"):
+        for axis, keep, last in ((1, 1, 0), (2, 0, 0), (1, 0, 1), (0, 1, 1)):
+            name = f"{op}_{axis}_{keep}_{last}"
+            nodes.append(helper.make_node(op, ["x"], [name], axis=axis, keepdims=keep,
+                                          select_last_index=last))
+            outs.append(name)
+    model = _model(nodes, {"x": x}, outs, opset, inits)
+    want = ReferenceEvaluator(model).run(None, {"x": x})
+    # (rows with and without NaN along either single axis)
+    assert all(np.isnan(w).any() and not np.isnan(w).all()
+               for w, o in zip(want, outs) if "[1]" in o or "[2]" in o)
+    _assert_as_reference(model, {"x": x}, want=want)
+
+
+def test_extremes_of_integers_are_not_rewritten():
+    x = np.arange(12, dtype=np.int32).reshape(3, 4)
+    nodes = [helper.make_node("ReduceMax", ["x"], ["a"], axes=[1]),
+             helper.make_node("ArgMin", ["x"], ["b"], axis=0)]
+    model = _model(nodes, {"x": x}, ["a", "b"], 13)
+    assert mend(model) is model
+    _assert_as_reference(model, {"x": x})
+
+
 def _resize(inputs, inits, opset=19, **attrs):
     """A Resize of ``x`` (``inits``: any of roi, scales, sizes by name)."""
     names = ["x"] + [n if n in inits else "" for n in ("roi", "scales", "sizes")]

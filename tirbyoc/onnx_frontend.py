@@ -20,7 +20,9 @@ or of an integer tensor by interpolation (truncated where ONNX rounds);
 ``ConvTranspose`` with ``output_shape`` (ignored); ``RoiAlign`` in ``half_pixel`` mode
 with a ``spatial_scale`` (TVM took half a pixel off the box before scaling it, not
 after), and in ``output_half_pixel`` mode with a fixed ``sampling_ratio`` (right, but
-20 s to build: see ``_roi_align``).
+20 s to build: see ``_roi_align``); ``ReduceMax``, ``ReduceMin``, ``ArgMax`` and
+``ArgMin`` of floats (TVM's compare-selects kept a NaN only where it was the last element
+reduced; ONNX's reference gives NaN, and the first NaN's index).
 
 Refused: ``Resize`` by a scale whose output size is not whole (TVM maps coordinates by
 the whole size's ratio, not the scale), by a scale on the batch or channel axis
@@ -498,6 +500,58 @@ def _roi_align(node, g):
             _with(node, inputs=[node.input[0], shifted, node.input[2]])]
 
 
+def _nan_flags(node, g, x):
+    """(nodes, name): ``IsNaN(x)`` as float32 (1 where NaN): the elements a NaN-propagating
+    extreme tests, reduced by the same axes as the node's own."""
+    from onnx import TensorProto, helper
+
+    nan_b, nan_f = g.fresh(node, "isnan"), g.fresh(node, "nanf")
+    return [helper.make_node("IsNaN", [x], [nan_b]),
+            helper.make_node("Cast", [nan_b], [nan_f], to=TensorProto.FLOAT)], nan_f
+
+
+def _nan_extreme(node, g):
+    """ONNX's ``ReduceMax``/``ReduceMin`` give NaN where the reduced elements hold one, and
+    ``ArgMax``/``ArgMin`` the index of the first NaN there (the last with
+    ``select_last_index``), as numpy and PyTorch do (ONNX's reference evaluator). TVM's
+    reductions are compare-selects that keep the other operand, so a NaN survived only
+    as the last element reduced: a row's answer depended on where its NaN was. Rewritten
+    as the reduction, a max of ``IsNaN`` over the same axes, and a ``Where``; for float
+    inputs only (integers hold no NaN)."""
+    from onnx import TensorProto, helper
+
+    dtype = g.dtype(node.input[0])
+    if dtype is None or dtype.kind != "f":
+        return None
+    nodes, nan_f = _nan_flags(node, g, node.input[0])
+    raw, any_f, has = (g.fresh(node, k) for k in ("raw", "anynan", "hasnan"))
+    a = _attrs(node)
+    if node.op_type.startswith("Reduce"):
+        # the same axes (attribute or input) and keepdims as the node's own
+        nodes.append(helper.make_node("ReduceMax", [nan_f] + list(node.input[1:]), [any_f],
+                                      **a))
+        c_nan, nan = g.const_node(node, np.asarray(np.nan, dtype), "nan")
+        nodes.append(c_nan)
+        where = [has, nan, raw]
+    else:
+        axis, keep = int(a.get("axis", 0)), int(a.get("keepdims", 1))
+        if g.opset >= 18:
+            c_axes, axes = g.const_node(node, np.asarray([axis], np.int64), "axes")
+            nodes += [c_axes, helper.make_node("ReduceMax", [nan_f, axes], [any_f],
+                                               keepdims=keep)]
+        else:
+            nodes.append(helper.make_node("ReduceMax", [nan_f], [any_f], axes=[axis],
+                                          keepdims=keep))
+        # the first (last) NaN: the first (last) largest of the flags
+        first = g.fresh(node, "firstnan")
+        nodes.append(helper.make_node("ArgMax", [nan_f], [first], axis=axis, keepdims=keep,
+                                      select_last_index=int(a.get("select_last_index", 0))))
+        where = [has, first, raw]
+    return nodes + [_with(node, outputs=[raw]),
+                    helper.make_node("Cast", [any_f], [has], to=TensorProto.BOOL),
+                    helper.make_node("Where", where, list(node.output), name=node.name)]
+
+
 def _top_k(node, g):
     k = g.constant(node.input[1]) if len(node.input) > 1 else _attrs(node).get("k")
     if k is not None and int(np.asarray(k).ravel()[0]) == 0:
@@ -532,6 +586,7 @@ _RULES = {
     "ConvTranspose": _conv_transpose,
     "RoiAlign": _roi_align,
     "TopK": _top_k,
+    **{op: _nan_extreme for op in ("ReduceMax", "ReduceMin", "ArgMax", "ArgMin")},
     "BatchNormalization": _batch_norm,
     "LayerNormalization": _training_outputs(1, "the mean and inverse standard deviation"),
 }

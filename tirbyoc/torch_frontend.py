@@ -42,7 +42,8 @@ TVM's ``from_exported_program`` takes extra converters by ATen name
   ``TypeError`` about adding a ``Node``; this says what and where.
 * ``amax`` and ``amin`` (no converter: Reformer) and the whole-tensor ``max()`` and
   ``min()``: Relax's max and min skip NaN (their compare-selects keep the other
-  operand), where PyTorch returns NaN; here a NaN in what is reduced gives NaN.
+  operand), where PyTorch returns NaN; here a NaN in what is reduced gives NaN. So do
+  ``argmax`` and ``argmin``: here the first NaN's index, as PyTorch gives.
 * ``histc`` (no converter): counts per bin of equal width over ``[min, max]``, values
   outside it (and NaN) not counted, ``max`` itself in the last bin, a value's bin
   ``floor((v - min) * bins / (max - min))`` in the input's type, as PyTorch's CPU kernel
@@ -113,7 +114,7 @@ import tvm
 from tvm import relax
 
 from .bindings import same_dims, shape_of
-from .fixups import extreme_with_index, nan_propagating
+from .fixups import extreme_with_index, nan_propagating, nan_rows
 
 
 def torch_converters() -> dict:
@@ -127,6 +128,7 @@ def torch_converters() -> dict:
             "split.Tensor": _split, "split_with_sizes.default": _split,
             "amax.default": _extreme(True), "amin.default": _extreme(False),
             "max.default": _extreme(True), "min.default": _extreme(False),
+            "argmax.default": _arg_extreme(True), "argmin.default": _arg_extreme(False),
             "unfold.default": _unfold, "grid_sampler_2d.default": _grid_sample,
             **{f"{name}.{form}": _arithmetic(relax_op, python_op)
                for name, relax_op, python_op in (
@@ -775,6 +777,34 @@ def _reflected_grid(emit, grid, width, height, align):
         return emit(op.subtract(op.multiply(op.divide(point, const(span)), two), one))
     return emit(op.subtract(op.divide(op.add(op.multiply(point, two), one), const(size)),
                             one))
+
+
+def _arg_extreme(largest: bool):
+    """``argmax``/``argmin`` (``dim`` None for the flattened tensor): the first index of
+    the extreme, or of the first NaN where the reduced elements hold one, as PyTorch
+    gives (Relax's argmax and argmin skip NaN, and which index they gave for a row with
+    one depended on where it was)."""
+    def convert(node, importer):
+        args = importer.retrieve_args(node)
+        x = args[0]
+        dim = args[1] if len(args) > 1 else node.kwargs.get("dim")
+        keepdim = bool(args[2] if len(args) > 2 else node.kwargs.get("keepdim", False))
+        op = relax.op
+        emit = importer.block_builder.emit
+        ndim = x.ty.ndim
+        if dim is None:  # the flattened tensor; keepdim keeps every axis, as ones
+            flat = emit(op.reshape(x, [-1]))
+            idx = _arg_extreme_axis(flat, 0, False, largest)
+            return emit(op.reshape(idx, [1] * ndim)) if keepdim else emit(idx)
+        return emit(_arg_extreme_axis(x, int(dim) % max(ndim, 1), keepdim, largest))
+    return convert
+
+
+def _arg_extreme_axis(x, axis: int, keepdims: bool, largest: bool):
+    indices = (relax.op.argmax if largest else relax.op.argmin)(x, axis=axis,
+                                                                keepdims=keepdims)
+    rows = nan_rows(x, axis, keepdims)
+    return indices if rows is None else rows[1](indices)
 
 
 def _extreme(largest: bool):
