@@ -11,7 +11,7 @@
  *   like work, limited by reading W from memory; the ISA's `small` routine
  *   streams W without packing anything.
  *
- *   "nt" with up to TB_DIRECT_M rows, where the ISA has it: nt_direct, which
+ *   "nt" with up to the ISA's direct_m rows, where it has nt_direct, which
  *   packs A transposed instead of W (W's rows are read in place); for a few
  *   dozen rows, transposing W costs about as much as the product.
  *
@@ -40,9 +40,6 @@
  * transposing W, which pays off up to a few more rows (measured). */
 #define TB_SMALL_M 4
 #define TB_SMALL_M_NT 8
-/* Rows up to which "nt" goes through the ISA's nt_direct (if it has one):
- * faster than packing W up to here, measured on AVX-512 and AVX2. */
-#define TB_DIRECT_M 128
 /* Below this many flops a call stays on the calling thread... */
 #define TB_PAR_FLOPS (1.0 * 1024 * 1024)
 /* ...unless it takes the few-rows path with at least this many floats of
@@ -236,7 +233,7 @@ static int use_direct(const tb_isa *isa, tb_wlayout layout, int accumulate,
                       int64_t m, int64_t k)
 {
     return !accumulate && layout == TB_W_NT && isa->nt_direct != NULL &&
-           !use_small(layout, m) && m <= TB_DIRECT_M &&
+           !use_small(layout, m) && m <= isa->direct_m &&
            (size_t)k * (size_t)isa->direct_rows <= TB_SCRATCH_FLOATS;
 }
 

@@ -1005,7 +1005,7 @@ void tb_unblock16_avx2(float *d, int64_t ds, const float *s, int64_t n, int64_t 
 
 const tb_isa tb_isa_avx2 = {
     "avx2", Y_MR, Y_NR, ISA_KC, ISA_NC, ukernel, pack_a, pack_w, small_cols,
-    nt_direct, Y_DJ, Y_DROWS,
+    nt_direct, Y_DJ, Y_DROWS, TB_DIRECT_M_PER_LANE * 8,
     tb_chain_block, tb_unary_row, tb_softmax_row, tb_attn_row, tb_conv_gather,
     conv_tile, conv_out, tb_wino_in, tb_wino_out, conv_tile16, conv_out16,
     conv_tile16y, conv_tiley, NULL, tb_unblock16_avx2, 128, 0,

@@ -1051,7 +1051,7 @@ static inline void wg_store_rows(float *d, ch_vf v, int rows, int64_t n)
 
 const tb_isa tb_isa_avx512 = {
     "avx512", X_MR, X_NR, ISA_KC, ISA_NC, ukernel, pack_a, pack_w, small_cols,
-    nt_direct, X_DJ, 16 * X_DV,
+    nt_direct, X_DJ, 16 * X_DV, TB_DIRECT_M_PER_LANE * 16,
     tb_chain_block, tb_unary_row, tb_softmax_row, tb_attn_row, tb_conv_gather,
     conv_tile, conv_out, tb_wino_in, tb_wino_out, conv_tile16, conv_out16,
     conv_tile16y, conv_tiley, strided_copy, tb_unblock16_avx2, 256, 1,

@@ -239,7 +239,7 @@ typedef char check_blocks[ISA_KC <= TB_KC_MAX && ISA_NC <= TB_NC_MAX &&
 
 const tb_isa tb_isa_generic = {
     "generic", G_MR, TB_NR, ISA_KC, ISA_NC, ukernel, pack_a, pack_w, small,
-    NULL, 0, 0, /* no nt_direct: nt goes through the blocked path */
+    NULL, 0, 0, 0, /* no nt_direct: nt goes through the blocked path */
     tb_chain_block, tb_unary_row, tb_softmax_row, tb_attn_row, tb_conv_gather,
     NULL, NULL, tb_wino_in, tb_wino_out, NULL, NULL, NULL, NULL, NULL, NULL, 0, 0,
 };

@@ -347,6 +347,9 @@ typedef struct tb_isa {
     tb_direct_fn nt_direct; /* or NULL */
     int direct_nr;          /* columns per tile of nt_direct */
     int direct_rows;        /* rows of A packed at a time by nt_direct */
+    /* rows of C up to which "nt" takes nt_direct (TB_DIRECT_M_PER_LANE per
+     * lane of the ISA's vectors; 0 without nt_direct) */
+    int direct_m;
     tb_chain_fn chain;      /* the epilogue chain, compiled for this ISA */
     tb_unary_fn unary;
     tb_softmax_fn softmax;
@@ -415,6 +418,19 @@ TB_INTERNAL void tb_parallel(tb_task_fn fn, void *arg, int want);
  */
 typedef void (*tb_unit_fn)(void *arg, int64_t unit, float *scratch);
 TB_INTERNAL void tb_units(tb_unit_fn fn, void *arg, int64_t units, int want);
+/* "nt" with up to this many rows of C per vector lane goes through
+ * nt_direct (A packed transposed, W read in place), more through the
+ * blocked path (W packed per call). Packing W costs a fixed time per call
+ * (N x K floats copied) that the product's M rows share, and nt_direct
+ * loses a fixed share of the FMA rate (its tile broadcasts from six W rows
+ * at once), so the two cross at a number of rows that grows with the FMA
+ * rate per core, i.e. with the lanes of the vector: measured with W as
+ * given, both paths in one process (same bits), 64 x 768 -> 768 to 128 x
+ * 3072 -> 768: on a Zen 3 with AVX2 (8 lanes) even at 64 rows, the blocked
+ * path 0.86-0.93x the time at 96 and 128 rows, 1.15-1.56x at 16 to 48; on
+ * AVX-512 (16 lanes) nt_direct measured faster up to 128 rows. */
+#define TB_DIRECT_M_PER_LANE 8
+
 /* Per-thread scratch of TB_SCRATCH_FLOATS floats, 64-byte aligned,
  * allocated on a thread's first use; NULL if that allocation failed. */
 TB_INTERNAL float *tb_scratch(void);

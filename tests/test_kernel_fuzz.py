@@ -139,7 +139,7 @@ LIBRARY = _load_library()
 
 # Edges from docs/kernels.md and dense_f32*.c: register tiles 14x32 (AVX-512),
 # 6x16 (AVX2), 4x16 (generic); few-rows path up to 4 rows (8 for "nt"); nt_direct
-# for 9..128 rows in 64-row chunks, 6-column tiles, up to K = 4356; K blocks of
+# for 9..64 rows (AVX2) or 9..128 (AVX-512) in 64-row chunks, 6-column tiles, up to K = 4356; K blocks of
 # 256/528; N blocks of 256/512; threads split N from 8 tiles (128/256 columns);
 # few-rows column chunks of 64 and 1024; dot products over 8/16 lanes.
 M_EDGES = (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 13, 14, 15, 16, 17, 27, 28, 29, 42, 43,
@@ -169,7 +169,8 @@ PINNED = (
 
 # Scratch floats per thread (dense_f32_internal.h): nt_direct needs 64 * K of them.
 SCRATCH_FLOATS = 528 * 512 + 16 * 528
-DIRECT_ISAS = ("avx2", "avx512")
+# ISA -> rows of "nt" up to which nt_direct runs (8 per vector lane: dense_f32_internal.h)
+DIRECT_M = {"avx2": 64, "avx512": 128}
 
 
 def _log_uniform(rng, hi):
@@ -1883,7 +1884,7 @@ def algorithm(case):
     if case.m == 0 or case.n == 0 or case.k == 0:
         return "empty_or_k0"  # nothing to sum: bias (or C) only
     acc = "_acc_" in case.symbol
-    if (not acc and kind == "nt" and case.isa in DIRECT_ISAS and 8 < case.m <= 128
+    if (not acc and kind == "nt" and 8 < case.m <= DIRECT_M.get(case.isa, 0)
             and 64 * case.k <= SCRATCH_FLOATS):
         path = "nt_direct"
     elif not acc and case.m <= (8 if kind == "nt" else 4):

@@ -218,7 +218,8 @@ def test_packed_equals_unpacked(ffi_lib, isa, base, m, n, k):
             assert_close(packed, reference(a, w, bias, base, relu), k)
 
 
-# "nt" with 9 .. 128 rows takes nt_direct where the ISA has one (AVX-512, AVX2):
+# "nt" with 9 .. 128 rows (AVX-512; 9 .. 64 on AVX2, beyond that the blocked path)
+# takes nt_direct where the ISA has one:
 # A packed transposed in chunks of 64 rows, 6-column tiles of 16 (AVX2) or 64
 # rows, W rows read in place, K in the blocked path's blocks (256 / 512), and
 # the blocked path beyond 64 * K floats of scratch (K > 4356). Shapes at each
