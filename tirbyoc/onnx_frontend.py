@@ -500,16 +500,6 @@ def _roi_align(node, g):
             _with(node, inputs=[node.input[0], shifted, node.input[2]])]
 
 
-def _nan_flags(node, g, x):
-    """(nodes, name): ``IsNaN(x)`` as float32 (1 where NaN): the elements a NaN-propagating
-    extreme tests, reduced by the same axes as the node's own."""
-    from onnx import TensorProto, helper
-
-    nan_b, nan_f = g.fresh(node, "isnan"), g.fresh(node, "nanf")
-    return [helper.make_node("IsNaN", [x], [nan_b]),
-            helper.make_node("Cast", [nan_b], [nan_f], to=TensorProto.FLOAT)], nan_f
-
-
 def _nan_extreme(node, g):
     """ONNX's ``ReduceMax``/``ReduceMin`` give NaN where the reduced elements hold one, and
     ``ArgMax``/``ArgMin`` the index of the first NaN there (the last with
@@ -523,8 +513,11 @@ def _nan_extreme(node, g):
     dtype = g.dtype(node.input[0])
     if dtype is None or dtype.kind != "f":
         return None
-    nodes, nan_f = _nan_flags(node, g, node.input[0])
-    raw, any_f, has = (g.fresh(node, k) for k in ("raw", "anynan", "hasnan"))
+    nan_b, nan_f, raw, any_f, has = (g.fresh(node, k) for k in
+                                     ("isnan", "nanf", "raw", "anynan", "hasnan"))
+    # 1.0 where x is NaN, reduced below over the node's own axes
+    nodes = [helper.make_node("IsNaN", [node.input[0]], [nan_b]),
+             helper.make_node("Cast", [nan_b], [nan_f], to=TensorProto.FLOAT)]
     a = _attrs(node)
     if node.op_type.startswith("Reduce"):
         # the same axes (attribute or input) and keepdims as the node's own
