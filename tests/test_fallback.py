@@ -257,6 +257,27 @@ def test_a_row_reduction_without_whole_vectors_carries_no_lane_predicate(row):
                                   x - x.max(-1, keepdims=True))
 
 
+@pytest.mark.parametrize("side, lanes", [(7, 7), (5, 5), (14, 14)])
+def test_short_rows_of_a_global_pooling_are_summed_in_lanes(side, lanes):
+    """A mean over each channel's 7 x 7 pixels (ResNet-50's and EfficientNet-B0's last
+    pools): 49 has no divisor from 8 to 16, and the row was one scalar chain of dependent
+    adds; it is summed in 7 lanes of partial sums now (25 in 5; 196 in 14 as before).
+    Numerics against numpy in float64."""
+    mod = _one_op_module((2, 96, side, side),
+                         lambda x: relax.op.mean(x, axis=[2, 3], keepdims=True))
+    sch = _schedule(mod, fallback.RowReduction())
+    assert sch is not None
+    widths = []
+    tvm_ffi.structural_walk(sch.mod["main"], [(tirx.For, lambda f: widths.append(
+        int(f.extent)) if int(f.kind) == int(tirx.ForKind.VECTORIZED) else None)])
+    assert lanes in widths, sch.mod["main"]
+    assert not _predicated(sch), sch.mod["main"]
+    x = np.random.default_rng(side).standard_normal((2, 96, side, side)).astype(np.float32)
+    np.testing.assert_allclose(tirbyoc.run(tirbyoc.compile(mod), x),
+                               x.astype(np.float64).mean(axis=(2, 3), keepdims=True),
+                               rtol=1e-6, atol=1e-7)
+
+
 def _recurrence(x, steps=9):
     """x <- x * x + x - 0.5, ``steps`` times: each step reads the last one three times (an
     unrolled recurrence, RWKV's state over its tokens), so inlining every step into the
