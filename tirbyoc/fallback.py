@@ -80,7 +80,7 @@ def _reduce_lanes(extent):
     that does not divide it the largest divisor from REDUCE_LANES_MIN up (the 49 pixels of
     a 7 x 7 global pooling in 7 lanes: each lane an independent chain, where the scalar
     loop was one chain of 49 dependent adds; ResNet-50's and EfficientNet-B0's pools over
-    7 x 7, 1152 channels: 18.4 -> 13.7 us on Zen 3); None when the row holds fewer than
+    7 x 7, 1152 channels: 18-23 -> 14-15 us on Zen 3); None when the row holds fewer than
     two vectors."""
     width = _lanes(extent)
     if extent % width:

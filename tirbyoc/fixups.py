@@ -890,25 +890,14 @@ def nan_propagating(x, values, axis, keepdims):
     skips NaN) NaN where the reduced elements hold one, as PyTorch's reductions give,
     and ``first_nan(indices)``, indices that point at the first NaN there; ``(values,
     None)`` for a tensor that holds no NaN (not a float)."""
-    rows = nan_rows(x, axis, keepdims)
-    if rows is None:
-        return values, None
-    has_nan, first_nan = rows
-    return R.op.where(has_nan, R.const(float("nan"), str(x.ty.dtype)), values), first_nan
-
-
-def nan_rows(x, axis, keepdims):
-    """``(has_nan, first_nan)`` of ``x`` reduced over ``axis``: whether the reduced
-    elements hold a NaN, and ``first_nan(indices)``, ``indices`` (of an extreme there)
-    or the first NaN's index where they hold one, as PyTorch's ``argmax``, ``argmin``
-    and ``max(dim)`` give; None for a tensor that holds no NaN (not a float)."""
     dtype = str(x.ty.dtype) if getattr(x, "ty", None) is not None else ""
     if not dtype.startswith(("float", "bfloat")):
-        return None
+        return values, None
     nan = R.op.astype(R.op.isnan(x), "int8")
     has_nan = R.op.greater(R.op.max(nan, axis=axis, keepdims=keepdims), R.const(0, "int8"))
-    return has_nan, lambda indices: R.op.where(
-        has_nan, R.op.argmax(nan, axis=axis, keepdims=keepdims), indices)
+    return (R.op.where(has_nan, R.const(float("nan"), dtype), values),
+            lambda indices: R.op.where(has_nan, R.op.argmax(nan, axis=axis,
+                                                            keepdims=keepdims), indices))
 
 
 def _topk_one(call, b):  # noqa: ARG001 (rewrite_calls' signature)

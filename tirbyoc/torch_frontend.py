@@ -114,7 +114,7 @@ import tvm
 from tvm import relax
 
 from .bindings import same_dims, shape_of
-from .fixups import extreme_with_index, nan_propagating, nan_rows
+from .fixups import extreme_with_index, nan_propagating
 
 
 def torch_converters() -> dict:
@@ -801,10 +801,8 @@ def _arg_extreme(largest: bool):
 
 
 def _arg_extreme_axis(x, axis: int, keepdims: bool, largest: bool):
-    indices = (relax.op.argmax if largest else relax.op.argmin)(x, axis=axis,
-                                                                keepdims=keepdims)
-    rows = nan_rows(x, axis, keepdims)
-    return indices if rows is None else rows[1](indices)
+    """The indices of ``extreme_with_index`` (its values are left unbound: not computed)."""
+    return extreme_with_index(x, axis, largest, keepdims)[1]
 
 
 def _extreme(largest: bool):
