@@ -227,6 +227,65 @@ def test_breakdown_flags_tvm_code_far_slower_than_its_traffic():
     assert bench_models.flag_slow(times, traffic, ex.kernel_functions, 1e3) == {}
 
 
+def test_flag_slow_takes_the_back_to_back_time_where_known():
+    """A function 100x over what its bytes need in the run is flagged; if back to back
+    it needs only 5x (the run paid for waking threads) it is not; 50x there: flagged at
+    that."""
+    times, traffic = [("f", 1.0)], {"f": 10_000}  # 10 kB at 1 GB/s: 0.01 ms
+    assert bench_models.flag_slow(times, traffic, set(), 1e9) == {"f": pytest.approx(100)}
+    assert bench_models.flag_slow(times, traffic, set(), 1e9, warm={"f": 0.05}) == {}
+    assert bench_models.flag_slow(times, traffic, set(), 1e9, warm={"f": 0.5}) == \
+        {"f": pytest.approx(50)}
+    assert bench_models.flag_slow(times, traffic, set(), 1e9, warm={"g": 0.05}) == \
+        {"f": pytest.approx(100)}
+
+
+def test_back_to_back_reruns_a_function_and_leaves_its_result():
+    """back_to_back times each call of the named functions again after itself: every
+    call counted, the other functions not run again, the run's result unchanged; a call
+    whose tensors share memory (an in-place update) is left out."""
+    import tvm
+    from tvm import relax
+
+    import tirbyoc
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((256, 256), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            h = bb.emit(relax.op.exp(relax.op.multiply(x, relax.const(0.5, "float32"))))
+            out = bb.emit_output(relax.op.add(relax.op.sum(h, axis=[1]), relax.const(1.0)))
+        bb.emit_func_output(out)
+    vm = bench_models._vm(tirbyoc.compile(bb.get()))
+    xn = np.random.default_rng(0).standard_normal((256, 256)).astype(np.float32)
+    xt = tvm.runtime.tensor(xn)
+    names = [n for n, _ in bench_models.breakdown(vm, [xt], runs=1)
+             if not n.startswith("vm.builtin")]
+    assert names
+    calls = []
+    plain = vm["main"](xt).numpy()
+    warm = bench_models.back_to_back(vm, [xt], names[:1])
+    assert set(warm) == {names[0]} and warm[names[0]] > 0
+    np.testing.assert_allclose(vm["main"](xt).numpy(), plain, rtol=0, atol=0)
+    np.testing.assert_allclose(plain, np.exp(xn.astype(np.float64) * 0.5).sum(1) + 1,
+                               rtol=1e-5)
+
+    class InPlace:
+        """A VM whose one call passes the same tensor as input and output."""
+
+        def set_instrument(self, fn):
+            self.fn = fn
+
+        def __getitem__(self, name):
+            def run(*args):
+                self.fn(lambda *a: calls.append(a), "update", True, None, xt, xt)
+                self.fn(lambda *a: calls.append(a), "update", False, None, xt, xt)
+            return run
+
+    assert bench_models.back_to_back(InPlace(), [], ["update"]) == {}
+    assert calls == []
+
+
 def test_breakdown_counts_calls_and_takes_off_the_instrument():
     """The calibration function makes 201 views of one storage: each is counted, and each
     function's time is what the instrument measured less its overhead per call."""
