@@ -10,6 +10,7 @@ Both are rebuilt on every build so that ``pip install -e .`` always picks up
 edits to the C code.
 """
 
+import glob
 import os
 import runpy
 import types
@@ -51,6 +52,21 @@ class build_ext_with_static_object(build_ext):
     def run(self):
         super().run()
         self._build_static_object()
+        if self.inplace:
+            self._remove_other_builds()
+
+    def _remove_other_builds(self):
+        """Removes the extension's other builds from the package directory: Python
+        imports a tirbyoc/_kernels.cpython-311-*.so before tirbyoc/_kernels.abi3.so, so
+        one left there by an earlier build under another name would run (and be tested)
+        instead of the kernels just built."""
+        for ext in self.extensions:
+            built = os.path.abspath(self.get_ext_fullpath(ext.name))
+            folder = os.path.dirname(built)
+            for other in glob.glob(os.path.join(folder, ext.name.split(".")[-1] + ".*.so")):
+                if os.path.abspath(other) != built:
+                    self.announce(f"removing {other}: another build of {ext.name}", level=2)
+                    os.remove(other)
 
     def _static_object_paths(self):
         built = os.path.join(self.build_lib, PACKAGE, STATIC_OBJECT)

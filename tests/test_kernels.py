@@ -595,6 +595,14 @@ def test_exported_symbols():
     assert sorted(kernels.exported_symbols()) == EXPECTED_SYMBOLS
 
 
+def test_one_build_of_the_extension_beside_the_package():
+    """Python imports tirbyoc/_kernels.cpython-3XX-*.so before _kernels.abi3.so: with an
+    older build under the other name beside the new one, the old kernels would run and be
+    tested (setup.py removes the others on an in-place build)."""
+    builds = sorted(Path(kernels.__file__).parent.glob("_kernels.*.so"))
+    assert len(builds) <= 1, builds
+
+
 @pytest.mark.skipif(not HEADER.exists(), reason="kernel sources not available")
 def test_header_cdef_block_declares_exported_symbols():
     text = HEADER.read_text()
