@@ -236,6 +236,12 @@ static void conv_unit(const conv_job_t *j, int64_t n, int64_t c0, int64_t o0,
     tb_chain ch = j->chain;
     tb_conv_panel pn[TB_NC_MAX / 16];
     const int64_t np = panels_of(j, j0, nc, pn);
+    /* A chain with a transcendental operation goes over each row group's
+     * outputs once they are final and still in L1 (the ISA's chain: a row at
+     * a time, each operation a loop over it), not over each tile's
+     * registers: the same operations on each output, so the same bits. */
+    const int later = ch.ops != 0 && tb_chain_has_math(ch.ops);
+    const tb_chain *tile_ch = ch.ops != 0 && !later ? &ch : NULL;
     int64_t kb, mp;
     if (ch.residual != NULL)
         ch.residual += n * j->oc * j->p;
@@ -258,7 +264,9 @@ static void conv_unit(const conv_job_t *j, int64_t n, int64_t c0, int64_t o0,
                 isa->ukernel(kc, ap, bbuf + (jr / TB_NR) * dps, dps,
                              y + i0 * j->p + j0 + jr, j->p, mr,
                              (int)min_i64(isa->nr, nc - jr), flags,
-                             ch.ops ? &ch : NULL, i0, j0 + jr);
+                             tile_ch, i0, j0 + jr);
+            if (later && (flags & TB_LAST))
+                isa->chain(&ch, y + i0 * j->p + j0, j->p, mr, nc, i0, j0);
         }
     }
 }

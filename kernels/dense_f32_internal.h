@@ -49,6 +49,20 @@ typedef struct tb_chain {
 TB_INTERNAL int tb_chain_length(int64_t ops, int *uses_bias,
                                 int *uses_residual);
 
+/* Whether a chain has a transcendental operation (tanh, sigmoid, SiLU, a
+ * GELU): tens of instructions per register, against one for the others. */
+static inline int tb_chain_has_math(int64_t ops)
+{
+    for (; ops != 0; ops >>= 4) {
+        const int op = (int)(ops & 15);
+        if (op == TIRBYOC_EPI_TANH || op == TIRBYOC_EPI_SIGMOID ||
+            op == TIRBYOC_EPI_SILU || op == TIRBYOC_EPI_GELU_ERF ||
+            op == TIRBYOC_EPI_GELU_TANH)
+            return 1;
+    }
+    return 0;
+}
+
 /* Micro-kernel flags. */
 #define TB_ACCUMULATE 1 /* C holds a partial sum over earlier K blocks */
 #define TB_LAST 2       /* last K block: apply the epilogue chain */
