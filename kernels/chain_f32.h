@@ -13,7 +13,9 @@
  * which lane an output takes.
  *
  * The micro-kernels hand each finished register tile to tb_chain_tile
- * before storing it: C is written once, with the chain applied.
+ * before storing it: C is written once, with the chain applied (the gather
+ * conv path with a transcendental operation instead runs tb_chain_block
+ * over each row group's stored outputs, in L1).
  *
  * Accuracy (float32, against a float64 reference, measured over the float
  * range): tanh, sigmoid and silu within 5e-7 relative; the erf GELU within
