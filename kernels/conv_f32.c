@@ -240,7 +240,7 @@ static void conv_unit(const conv_job_t *j, int64_t n, int64_t c0, int64_t o0,
      * outputs once they are final and still in L1 (the ISA's chain: a row at
      * a time, each operation a loop over it), not over each tile's
      * registers: the same operations on each output, so the same bits. */
-    const int later = ch.ops != 0 && tb_chain_has_math(ch.ops);
+    const int later = tb_chain_has_math(ch.ops);
     const tb_chain *tile_ch = ch.ops != 0 && !later ? &ch : NULL;
     int64_t kb, mp;
     if (ch.residual != NULL)
