@@ -842,3 +842,53 @@ def test_nan_propagating_extremes_leave_a_reductions_combiner():
     x[2, 0] = 5.0
     got = tirbyoc.run(tirbyoc.compile(_one_op_module((4, 8), build)), x)
     np.testing.assert_array_equal(got, [0.0, 0.0, 5.0, 0.0])
+
+
+@pytest.mark.parametrize("h, c, to_nchw, inner", [
+    (56, 96, True, (8, 8)), (14, 384, True, (8, 4)), (7, 768, True, None), (3, 5, True, None),
+    (56, 96, False, (8, 8)), (14, 384, False, (4, 8)), (7, 768, False, None),
+    (3, 5, False, None)])
+def test_a_transpose_runs_in_tiles(h, c, to_nchw, inner):
+    """A permute between channels last and first (ConvNeXt's, around each depthwise conv,
+    back to channels first with the residual added): tiles of the input's last axis by the
+    output's, the output's vectorized (``inner``: the two tile sides, the vectorized one
+    second; 14 x 14 pixels fused to 196, in 4s) with no lane predicate; the plain schedule (the output's last axis
+    vectorized) where no tile divides both. The values are numpy's, bit for bit."""
+    rng = np.random.default_rng(h * c)
+    if to_nchw:
+        res = rng.standard_normal((1, c, h, h)).astype(np.float32)
+        mod = _one_op_module((1, h, h, c), lambda x: relax.op.add(
+            relax.op.permute_dims(x, [0, 3, 1, 2]), relax.const(res)))
+        x = rng.standard_normal((1, h, h, c)).astype(np.float32)
+        ref = x.transpose(0, 3, 1, 2) + res
+    else:
+        mod = _one_op_module((1, c, h, h), lambda x: relax.op.permute_dims(x, [0, 2, 3, 1]))
+        x = rng.standard_normal((1, c, h, h)).astype(np.float32)
+        ref = x.transpose(0, 2, 3, 1)
+    sch = _schedule(mod, fallback.Injective())
+    loops = []
+    tvm_ffi.structural_walk(sch.mod["main"], [(tirx.For, loops.append)])
+    vectorized = [int(f.extent) for f in loops if int(f.kind) == int(tirx.ForKind.VECTORIZED)]
+    serial = [int(f.extent) for f in loops if int(f.kind) == int(tirx.ForKind.SERIAL)]
+    assert not _predicated(sch), sch.mod["main"]
+    if inner is None:
+        assert len(vectorized) <= 1 and len(loops) <= 3, sch.mod["main"]
+    else:
+        assert vectorized == [inner[1]] and inner[0] in serial, sch.mod["main"]
+    np.testing.assert_array_equal(tirbyoc.run(tirbyoc.compile(mod), x), ref)
+
+
+def test_only_a_transpose_is_tiled():
+    """An elementwise op, a broadcast along the last axis and a reshape keep the plain
+    schedule (no block but a transpose has an input read across its output's rows)."""
+    shape = (1, 64, 16, 16)
+    for build in (lambda x: relax.op.multiply(x, x),
+                  lambda x: relax.op.add(x, relax.const(np.ones((16,), np.float32))),
+                  lambda x: relax.op.reshape(x, (1, 64, 256))):
+        func = next(f for _, f in _legalized(_one_op_module(shape, build)).functions_items()
+                    if isinstance(f, tirx.PrimFunc))
+        blocks = []
+        tvm_ffi.structural_walk(func, [(tvm.s_tir.SBlock, lambda b: blocks.append(b)
+                                        if b.name_hint != "root" else None)])
+        assert blocks and all(fallback._transposed_axes(b, len(b.iter_vars)) is None
+                              for b in blocks)
