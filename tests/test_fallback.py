@@ -852,8 +852,9 @@ def test_a_transpose_runs_in_tiles(h, c, to_nchw, inner):
     """A permute between channels last and first (ConvNeXt's, around each depthwise conv,
     back to channels first with the residual added): tiles of the input's last axis by the
     output's, the output's vectorized (``inner``: the two tile sides, the vectorized one
-    second; 14 x 14 pixels fused to 196, in 4s) with no lane predicate; the plain schedule (the output's last axis
-    vectorized) where no tile divides both. The values are numpy's, bit for bit."""
+    second; 14 x 14 pixels joined to 196, in 4s) with no lane predicate; the plain
+    schedule (the output's last axis vectorized) where no tile divides both. The values
+    are numpy's, bit for bit."""
     rng = np.random.default_rng(h * c)
     if to_nchw:
         res = rng.standard_normal((1, c, h, h)).astype(np.float32)

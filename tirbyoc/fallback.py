@@ -183,10 +183,10 @@ class Injective(T.DlightScheduleRule):
     def _tile_transpose(sch, block_rv, loops, elements) -> bool:
         """A transpose (ConvNeXt's permute back to channels first, added to the residual):
         the output's last axis is an input's earlier one, so the vectorized inner loop
-        read that input a float per cache line, its stride apart. In tiles of
-        ``TRANSPOSE_TILE`` x ``TRANSPOSE_TILE`` (the input's last axis outside, the
-        output's inside and vectorized) each line read serves the tile's columns while in
-        L1 ([1, 384, 14, 14] from [1, 14, 14, 384] plus a residual: 109 -> 43 us on one
+        read that input a float per cache line, its stride apart. In square tiles of a
+        side from ``TRANSPOSE_TILES`` (the input's last axis outside, the output's inside
+        and vectorized) each line read serves the tile's columns while in L1
+        ([1, 384, 14, 14] from [1, 14, 14, 384] plus a residual: 99 -> 45-47 us on one
         Zen 3 thread). False, nothing done, for any other block, or where a tile does not
         divide both extents (a vector loop with a predicate is scalarized)."""
         pair = _transposed_axes(sch.get(block_rv), len(loops))
