@@ -259,16 +259,9 @@ def _transposed_axes(stmt, nloops):
     loads = []
     T.structural_walk(stmt.body, [(T.BufferLoad, lambda ld: None if ld.source.same_as(out)
                                    else loads.append(ld))], order="pre")
-
-    def uses(expr, var):
-        found = []
-        T.structural_walk(expr, [(T.Var, lambda v: found.append(v) if v.same_as(var)
-                                  else None)], order="pre")
-        return bool(found)
-
     for ld in loads:
-        if len(ld.indices) < 2 or uses(ld.indices[-1], last) or \
-                not any(uses(i, last) for i in ld.indices[:-1]):
+        if len(ld.indices) < 2 or _uses(ld.indices[-1], last) or \
+                not any(_uses(i, last) for i in ld.indices[:-1]):
             continue
         for j, var in enumerate(ivars[:-1]):
             if ld.indices[-1].same_as(var):
@@ -634,14 +627,15 @@ def _rows_along_input_rows(stmt) -> bool:
     loads = []
     T.structural_walk(stmt.body, [(T.BufferLoad, lambda ld: None if ld.source.same_as(out)
                                    else loads.append(ld))], order="pre")
+    return bool(loads) and all(_uses(ld.indices[-1], last) for ld in loads)
 
-    def uses_last(expr):
-        found = []
-        T.structural_walk(expr, [(T.Var, lambda v: found.append(v) if v.same_as(last)
-                                  else None)], order="pre")
-        return bool(found)
 
-    return bool(loads) and all(uses_last(ld.indices[-1]) for ld in loads)
+def _uses(expr, var) -> bool:
+    """Whether ``var`` occurs in ``expr``."""
+    found = []
+    T.structural_walk(expr, [(T.Var, lambda v: found.append(v) if v.same_as(var)
+                              else None)], order="pre")
+    return bool(found)
 
 
 def _is_one(extent) -> bool:
