@@ -234,6 +234,96 @@ def test_huggingface_models_build_once_for_every_sequence_length(name):
 
 # ---- ONNX Clip: the frontend's max / min call_tirs written as R.clip again ----
 
+class _Orders(torch.nn.Module):
+    """Every order TVM's sort gives: sort up and down (values, indices), argsort, topk
+    of the largest and the smallest, along the last axis and the first."""
+
+    def forward(self, x):
+        up, up_at = torch.sort(x, dim=-1)
+        down, down_at = torch.sort(x, dim=0, descending=True)
+        top, top_at = torch.topk(x, 3, dim=-1)
+        low, low_at = torch.topk(x, 4, dim=0, largest=False)
+        return up, up_at, down, down_at, torch.argsort(x, dim=-1), top, top_at, low, low_at
+
+
+def _assert_orders_as_pytorch(got, want, x):
+    """Values bit for bit (NaN where PyTorch has NaN); indices that pick those values
+    from ``x`` (the order among equal values, several NaN or +inf, is left open to
+    either), and PyTorch's own wherever a value occurs once along its axis."""
+    axes = (-1, -1, 0, 0, -1, -1, -1, 0, 0)
+    values = {1: 0, 3: 2, 4: 0, 6: 5, 8: 7}
+    for n, (g, w) in enumerate(zip(got, want)):
+        g, w = np.asarray(g), w.numpy()
+        assert g.shape == w.shape, n
+        if n not in values:
+            np.testing.assert_array_equal(g, w)
+            continue
+        picked = np.take_along_axis(x, g.astype(np.int64), axis=axes[n])
+        np.testing.assert_array_equal(picked, want[values[n]].numpy())
+        v = np.take_along_axis(x, w, axis=axes[n])
+        unique = np.ones(v.shape, bool)
+        for i in np.ndindex(v.shape):
+            line = list(i)
+            line[axes[n]] = slice(None)
+            alike = np.isnan(x[tuple(line)]) if np.isnan(v[i]) else x[tuple(line)] == v[i]
+            unique[i] = alike.sum() == 1
+        np.testing.assert_array_equal(g[unique], w[unique])
+
+
+def test_sort_and_topk_order_nan_as_the_greatest_value():
+    """TVM's sort compares with ``<``, false with a NaN either way: a NaN left the
+    elements around it out of order (``sort([3, nan, 1, inf, -2, nan, 0.5, -inf])`` gave
+    ``[-inf, -2, 1, 3, nan, inf, nan, 0.5]``) and a topk of the smallest took it. With
+    ``fixups.fix_nan_order`` every order is PyTorch's: NaN above +inf, last going up and
+    first going down, never among the smallest."""
+    nan, inf = float("nan"), float("inf")
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(6, 9, generator=g)
+    x[0] = torch.tensor([3.0, nan, 1.0, inf, -2.0, nan, 0.5, -inf, 0.0])
+    x[1, [2, 6]] = nan  # two NaN, no infinity
+    x[2, :] = nan  # all NaN
+    x[3, [0, 8]] = torch.tensor([inf, -inf])  # no NaN
+    x[4, [1, 4, 7]] = torch.tensor([nan, inf, inf])
+    x[:, 5] = torch.tensor([nan, 2.0, nan, -0.0, nan, 1.0])  # NaN down the first axis
+    mod = _import(_Orders(), x)
+    fixed = fixups.fix_nan_order(mod)
+    assert "R.isnan(" in fixed.script() and "R.isnan(" not in mod.script()
+    got = tirbyoc.run(tirbyoc.compile(mod), x.numpy())
+    with torch.no_grad():
+        _assert_orders_as_pytorch(got, _Orders()(x), x.numpy())
+    # random rows with NaN here and there, against PyTorch again
+    y = torch.randn(5, 9, generator=g)
+    y[torch.rand(5, 9, generator=g) < 0.3] = nan
+    got = tirbyoc.run(tirbyoc.compile(_import(_Orders(), y)), y.numpy())
+    with torch.no_grad():
+        _assert_orders_as_pytorch(got, _Orders()(y), y.numpy())
+
+
+def test_orders_of_integers_and_modules_without_a_sort_are_left_as_they_are():
+    class IntOrder(torch.nn.Module):
+        def forward(self, i):
+            return torch.sort(i, dim=-1).values, torch.topk(i, 2).indices
+
+    ints = _import(IntOrder(), torch.tensor([[3, 1, 2], [0, 5, -1]]))
+    assert fixups.fix_nan_order(ints) is ints
+    plain = _import(torch.nn.ReLU(), torch.randn(2, 3))
+    assert fixups.fix_nan_order(plain) is plain
+
+
+def test_onnx_topk_orders_nan_as_the_greatest_value():
+    """ONNX's TopK (its reference implementation sorts with NumPy, NaN the greatest)
+    reaches the same sort."""
+    class Top(torch.nn.Module):
+        def forward(self, x):
+            return torch.topk(x, 3, dim=-1)
+
+    x = torch.tensor([[0.5, float("nan"), -1.0, 2.0, float("-inf")],
+                      [1.0, 4.0, float("nan"), float("inf"), 0.0]])
+    values, indices = tirbyoc.run(tirbyoc.compile(_onnx(Top(), x, opset=11)), x.numpy())
+    np.testing.assert_array_equal(values, [[np.nan, 2.0, 0.5], [np.nan, np.inf, 4.0]])
+    np.testing.assert_array_equal(indices, [[1, 3, 0], [2, 3, 1]])
+
+
 def _onnx(net, x, opset=13):
     import io
 

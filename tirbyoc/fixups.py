@@ -25,7 +25,9 @@ TVM's ONNX frontend emits ``Einsum`` as its own TE einsum (a call_tir no product
 takes); ``fix_einsum`` writes a two-operand one as permutes, reshapes and a matmul.
 
 PyTorch's ``x.max(dim)`` arrives as ``topk(x, k=1)``, which TVM legalizes to a sort;
-``fix_topk_one`` makes it a max and an argmax.
+``fix_topk_one`` makes it a max and an argmax. TVM's ``sort``, ``argsort`` and ``topk``
+compare with ``<``, so a NaN left its neighbours out of order; ``fix_nan_order`` makes
+NaN the greatest value, as PyTorch and NumPy do.
 
 HuggingFace Llama's RMSNorm exports as five ops; ``fuse_rms_norm`` makes them one
 ``R.nn.rms_norm`` (TVM's fusion would run the square as its own pass).
@@ -929,6 +931,72 @@ def fix_topk_one(mod):
     return rewrite_calls(mod, _topk_one)
 
 
+# ---- sort, argsort and topk with NaN: NaN the greatest, as in PyTorch and NumPy ----
+
+# An offset past any position along an axis (int64): the second sort's key for a NaN.
+_PAST_ANY_POSITION = 1 << 40
+
+
+def _nan_order(x, axis: int, descending: bool):
+    """int64 indices that sort ``x`` along ``axis`` with NaN greater than +inf (first
+    when descending), every other element in order: a sort of ``x`` with NaN made +inf,
+    then a second sort that moves the NaN behind (ahead of) the +inf among the tied, by
+    a key distinct for every position (NaN: its position plus ``_PAST_ANY_POSITION``;
+    descending: the others'), so that no tie is left to either sort's order."""
+    nan = R.op.isnan(x)
+    first = R.op.argsort(R.op.where(nan, R.const(float("inf"), str(x.ty.dtype)), x),
+                         axis=axis, descending=descending, dtype="int64")
+    moved = R.op.isnan(R.op.gather_elements(x, first, axis=axis))
+    position = R.op.subtract(
+        R.op.cumsum(R.op.ones_like(first), axis=axis, dtype="int64"), R.const(1, "int64"))
+    past = R.op.add(position, R.const(_PAST_ANY_POSITION, "int64"))
+    key = R.op.where(moved, position, past) if descending else \
+        R.op.where(moved, past, position)
+    return R.op.gather_elements(first, R.op.argsort(key, axis=axis, dtype="int64"),
+                                axis=axis)
+
+
+def _nan_ordered(call, b):  # noqa: ARG001 (rewrite_calls' signature)
+    """``sort``, ``argsort`` or ``topk`` of a float tensor through ``_nan_order``, in the
+    call's return form; None for any other call. (TVM's sort compares with ``<``, false
+    for NaN either way, so a NaN left the elements around it out of order: ``sort([3,
+    nan, 1, inf, -2, nan, 0.5])`` gave ``[-2, 1, 3, nan, inf, nan, 0.5]``.)"""
+    from .bindings import is_op
+
+    kind = next((k for k in ("sort", "argsort", "topk") if is_op(call, f"relax.{k}")), None)
+    if kind is None:
+        return None
+    x, a = call.args[0], call.attrs
+    if not str(getattr(getattr(x, "ty", None), "dtype", "")).startswith(("float", "bfloat")):
+        return None
+    axis = int(a.axis)
+    if kind == "topk":
+        order = R.op.strided_slice(_nan_order(x, axis, descending=bool(a.largest)),
+                                   axes=[axis], begin=[0], end=[int(a.k)])
+    else:
+        order = _nan_order(x, axis, descending=bool(a.descending))
+    values = R.op.gather_elements(x, order, axis=axis)
+    if kind == "sort":
+        return values
+    index_dtype = str(a.dtype)
+    indices = order if index_dtype == "int64" else R.op.astype(order, index_dtype)
+    if kind == "argsort":
+        return indices
+    ret = str(a.ret_type)
+    return values if ret == "values" else indices if ret == "indices" else \
+        R.Tuple([values, indices])
+
+
+def fix_nan_order(mod):
+    """``mod`` with every ``sort``, ``argsort`` and ``topk`` (of more than one element:
+    ``fix_topk_one`` takes those) of a float tensor ordering NaN as the greatest value,
+    as PyTorch, NumPy and ONNX's reference do (``_nan_ordered``). ``mod`` itself when
+    there is none."""
+    from .bindings import rewrite_calls
+
+    return rewrite_calls(mod, _nan_ordered)
+
+
 # ---- log(1 + y) and exp(x) - 1 without cancellation ----
 
 # |x| up to which exp(x) - 1 is summed as its series (terms to x^9 / 9!: the next is
@@ -1253,7 +1321,7 @@ def two_pass_norms(mod):
 
 def apply(mod):
     """Every fix-up, in order."""
-    for fix in (fix_bool_cumsum, fix_topk_one, fix_einsum, fix_onnx_clip,
+    for fix in (fix_bool_cumsum, fix_topk_one, fix_nan_order, fix_einsum, fix_onnx_clip,
                 fix_negative_indices, fix_strided_slices, tighten_symbolic_shapes,
                 fix_broadcast_weight, fix_flattened_matmul, fold_column_scale, fuse_rms_norm,
                 fix_cancellation, two_pass_norms, exact_floor_mod, exact_floor_divide,
