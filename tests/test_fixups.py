@@ -324,6 +324,57 @@ def test_onnx_topk_orders_nan_as_the_greatest_value():
     np.testing.assert_array_equal(indices, [[1, 3, 0], [2, 3, 1]])
 
 
+class _Unequal(torch.nn.Module):
+    """``!=`` of floats in the forms models write it: against a tensor and a scalar,
+    ``x != x`` (the test for NaN), ``not (x == y)``, and under a where and reductions."""
+
+    def forward(self, x, y):
+        return (x != y, x != 0.5, torch.where(x != x, torch.zeros_like(x), x) * 2.0,
+                torch.logical_not(x == x), ~(x == y), (x != y).float().sum(dim=-1),
+                x.ne(x).any(dim=0), x == x)
+
+
+def test_float_inequality_is_true_where_an_operand_is_nan():
+    """TVM compiled ``a != b`` of floats to LLVM's ordered compare, false with a NaN,
+    and its simplifier folded ``x != x`` and ``not (x == x)`` to false: the usual test
+    for NaN was false everywhere. ``fixups.fix_nan_inequality`` gives PyTorch's answers
+    (rows of 256, which the fallback vectorizes)."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(64, 256, generator=g)
+    y = x.clone()
+    x[torch.rand(64, 256, generator=g) < 0.1] = float("nan")
+    y[torch.rand(64, 256, generator=g) < 0.1] = float("nan")
+    y[::3] += 1.0
+    x[5, 7] = 0.5
+    with torch.no_grad():
+        ep = torch.export.export(_Unequal(), (x, y))
+    mod = tirbyoc.from_exported_program(ep)
+    assert "R.isnan(" in fixups.fix_nan_inequality(mod).script()
+    got = tirbyoc.run(tirbyoc.compile(mod), x.numpy(), y.numpy())
+    for n, (g_, w) in enumerate(zip(got, _Unequal()(x, y))):
+        np.testing.assert_array_equal(np.asarray(g_), w.numpy(), err_msg=str(n))
+
+    class IntUnequal(torch.nn.Module):
+        def forward(self, i):
+            return i != 2, torch.logical_not(i == 3)
+
+    ints = _import(IntUnequal(), torch.tensor([[3, 1, 2]]))
+    assert fixups.fix_nan_inequality(ints) is ints
+
+
+def test_onnx_not_equal_is_true_where_an_operand_is_nan():
+    """ONNX writes ``!=`` as ``Not(Equal)``: true where either operand is NaN, as its
+    reference evaluates it."""
+    class Unequal(torch.nn.Module):
+        def forward(self, x):
+            return x != x, x != 1.0
+
+    x = torch.tensor([[1.0, float("nan"), -2.0], [float("nan"), 0.0, 1.0]])
+    got = tirbyoc.run(tirbyoc.compile(_onnx(Unequal(), x)), x.numpy())
+    np.testing.assert_array_equal(got[0], np.isnan(x.numpy()))
+    np.testing.assert_array_equal(got[1], x.numpy() != 1.0)
+
+
 def _onnx(net, x, opset=13):
     import io
 

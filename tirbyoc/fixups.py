@@ -27,7 +27,8 @@ takes); ``fix_einsum`` writes a two-operand one as permutes, reshapes and a matm
 PyTorch's ``x.max(dim)`` arrives as ``topk(x, k=1)``, which TVM legalizes to a sort;
 ``fix_topk_one`` makes it a max and an argmax. TVM's ``sort``, ``argsort`` and ``topk``
 compare with ``<``, so a NaN left its neighbours out of order; ``fix_nan_order`` makes
-NaN the greatest value, as PyTorch and NumPy do.
+NaN the greatest value, as PyTorch and NumPy do. A float ``!=`` was false where an
+operand is NaN (``x != x`` false everywhere); ``fix_nan_inequality`` makes it true.
 
 HuggingFace Llama's RMSNorm exports as five ops; ``fuse_rms_norm`` makes them one
 ``R.nn.rms_norm`` (TVM's fusion would run the square as its own pass).
@@ -1041,6 +1042,10 @@ def expm1(x, dtype="float32"):
     return R.op.where(near, series, R.op.subtract(R.op.exp(x), _fconst(1.0, dtype)))
 
 
+def _is_float_tensor(expr) -> bool:
+    return str(getattr(getattr(expr, "ty", None), "dtype", "")).startswith(("float", "bfloat"))
+
+
 def _float32(expr) -> bool:
     return getattr(getattr(expr, "ty", None), "dtype", None) == "float32"
 
@@ -1055,7 +1060,7 @@ def _cancelling(call, b):
         return scalar_constant(expr, b.values, "f") == 1.0
 
     if is_op(call, "relax.log") and _float32(call):
-        inner = b.producer(call.args[0])
+        inner = call.args[0] if isinstance(call.args[0], R.Call) else b.producer(call.args[0])
         if is_op(inner, "relax.add"):
             for c, y in (inner.args, inner.args[::-1]):
                 if one(c) and _float32(y):
@@ -1265,6 +1270,42 @@ def fix_bool_equality(mod):
     return rewrite_calls(mod, _bool_equality)
 
 
+def _nan_unequal(call, b):
+    """``a != b`` of floats (``not_equal``, or ``logical_not`` of an ``equal``), true where
+    either is NaN; None for any other call. The ordered part is ``a < b or a > b``: TVM's
+    simplifier makes ``not (a == b)`` its ``a != b`` and folds ``x != x`` to false."""
+    from .bindings import is_op
+
+    pair = call.args if is_op(call, "relax.not_equal") else None
+    if is_op(call, "relax.logical_not"):
+        inner = call.args[0] if isinstance(call.args[0], R.Call) else b.producer(call.args[0])
+        pair = inner.args if inner is not None and is_op(inner, "relax.equal") else None
+        # not a comparison with an infinity: ``not (S == -inf)`` is how PyTorch's
+        # attention finds the rows it masked whole, and the attention region takes that
+        # chain as it is (its kernel sets such rows to zero)
+        if pair is not None and any(_infinite_constant(a) for a in pair):
+            return None
+    if pair is None or not all(_is_float_tensor(a) for a in pair):
+        return None
+    a, c = pair
+    return R.op.logical_or(R.op.logical_or(R.op.less(a, c), R.op.greater(a, c)),
+                           R.op.logical_or(R.op.isnan(a), R.op.isnan(c)))
+
+
+def _infinite_constant(expr) -> bool:
+    return isinstance(expr, T.RelaxConstant) and bool(np.isinf(T.constant_value(expr)).any())
+
+
+def fix_nan_inequality(mod):
+    """``mod`` with every float ``!=`` true where an operand is NaN, as in PyTorch,
+    NumPy and ONNX (``Not(Equal)``): TVM compiles it to LLVM's ordered compare, false
+    with a NaN, so ``x != x``, the usual test for NaN, was false everywhere. ``mod``
+    itself when there is none."""
+    from .bindings import rewrite_calls
+
+    return rewrite_calls(mod, _nan_unequal)
+
+
 # ---- group and instance norms in two passes ----
 
 def _two_pass_norm(call, b):  # noqa: ARG001 (rewrite_calls' signature)
@@ -1325,7 +1366,7 @@ def apply(mod):
                 fix_negative_indices, fix_strided_slices, tighten_symbolic_shapes,
                 fix_broadcast_weight, fix_flattened_matmul, fold_column_scale, fuse_rms_norm,
                 fix_cancellation, two_pass_norms, exact_floor_mod, exact_floor_divide,
-                fix_non_finite_full, fix_bool_equality, widen_narrow_division,
-                fix_crossed_clip):
+                fix_non_finite_full, fix_bool_equality, fix_nan_inequality,
+                widen_narrow_division, fix_crossed_clip):
         mod = fix(mod)
     return mod
