@@ -968,7 +968,7 @@ def _nan_ordered(call, b):  # noqa: ARG001 (rewrite_calls' signature)
     if kind is None:
         return None
     x, a = call.args[0], call.attrs
-    if not str(getattr(getattr(x, "ty", None), "dtype", "")).startswith(("float", "bfloat")):
+    if not _is_float_tensor(x):
         return None
     axis = int(a.axis)
     if kind == "topk":
@@ -1060,7 +1060,7 @@ def _cancelling(call, b):
         return scalar_constant(expr, b.values, "f") == 1.0
 
     if is_op(call, "relax.log") and _float32(call):
-        inner = call.args[0] if isinstance(call.args[0], R.Call) else b.producer(call.args[0])
+        inner = b.producer(call.args[0])
         if is_op(inner, "relax.add"):
             for c, y in (inner.args, inner.args[::-1]):
                 if one(c) and _float32(y):
