@@ -283,6 +283,36 @@ def test_scalars_read_out_of_buffers_are_folded_at_import(length):
     assert tirbyoc.fold_constant_items(ep) == 0
 
 
+@pytest.mark.parametrize("shape, size, kernel", [
+    ((1, 16, 8, 8), 1, True), ((2, 16, 8, 12), (2, 4), True),
+    ((2, 8, 7, 10), (3, 4), False), ((1, 4, 5, 9), (4, 7), False)])
+def test_adaptive_max_pool_gives_pytorchs_windows(shape, size, kernel):
+    """``adaptive_max_pool2d`` (TVM has no converter): windows that divide the input (a
+    max pool, which tirbyoc's pooling kernel takes) and windows that overlap or vary in
+    size (PyTorch's ``floor`` and ``ceil`` bounds), a NaN in one window kept, bit for
+    bit; reading its indices is an error that names it."""
+    class Pool(torch.nn.Module):
+        def forward(self, x):
+            return torch.nn.functional.adaptive_max_pool2d(x, size) * 2
+
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(3))
+    x[0, 1, 1, 2] = float("nan")
+    mod = examples.import_torch(Pool(), x)
+    got = _first(tirbyoc.run(tirbyoc.compile(mod), x.numpy()))
+    expected = Pool()(x).numpy()
+    assert got.shape == expected.shape
+    np.testing.assert_array_equal(got, expected)
+    pools = [r for r in tirbyoc.explain(mod).offloaded if "pool" in r.intrinsic]
+    assert len(pools) == (1 if kernel else 0), pools
+
+    class Indices(torch.nn.Module):
+        def forward(self, x):
+            return torch.nn.functional.adaptive_max_pool2d(x, 2, return_indices=True)
+
+    with pytest.raises(Exception, match="adaptive_max_pool2d.*indices"):
+        examples.import_torch(Indices(), x)
+
+
 @pytest.mark.parametrize("dim, size, step", [(1, 4, 2), (-1, 3, 3), (2, 5, 1), (0, 2, 1)])
 def test_unfold_gives_pytorchs_windows(dim, size, step):
     """``Tensor.unfold`` (PatchTST's patches; TVM has no converter): overlapping,

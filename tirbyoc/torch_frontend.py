@@ -94,6 +94,10 @@ TVM's ``from_exported_program`` takes extra converters by ATen name
 * ``remainder`` and ``fmod`` of an integer tensor by a float number, ``reciprocal``
   of integers: PyTorch computes in float32, TVM's converter in integers
   (``reciprocal(2)`` was 0).
+* ``adaptive_max_pool2d`` (no converter: "Unsupported function types"): a max pool
+  where the output size divides the input's (tirbyoc's pooling kernel takes it), else
+  TOPI's adaptive pool, whose windows are PyTorch's (rows ``floor(i H / oh)`` to
+  ``ceil((i + 1) H / oh)``). Its indices output is an error where the graph reads it.
 * ``elu`` and ``selu``: TVM's converter dropped ATen's ``scale`` and ``input_scale``
   of ``elu`` and SELU's scale (every output 4.8% small), and computed ``exp(x) - 1``
   with the cancellation of the 1; here ``scale * where(x > 0, x, alpha *
@@ -151,7 +155,8 @@ def torch_converters() -> dict:
             "_upsample_bilinear2d_aa.default": _antialiased,
             "clamp.default": _clamp,
             **{f"{name}.Scalar": _float_with_number(name) for name in ("remainder", "fmod")},
-            "reciprocal.default": _reciprocal}
+            "reciprocal.default": _reciprocal,
+            "adaptive_max_pool2d.default": _adaptive_max_pool2d}
 
 
 def _min_dim(node, importer):
@@ -443,6 +448,39 @@ def _reciprocal(node, importer):
     if _kind(str(getattr(x.ty, "dtype", ""))) != 2:
         x = importer.block_builder.emit(relax.op.astype(x, "float32"))
     return importer.block_builder.emit(relax.op.divide(relax.const(1.0, str(x.ty.dtype)), x))
+
+
+def _adaptive_max_pool2d(node, importer):
+    """``adaptive_max_pool2d(x, (oh, ow))`` (values, indices): a max pool of the window
+    ``H / oh`` x ``W / ow`` where both divide, else TOPI's adaptive max pool; the
+    indices only where nothing reads them."""
+    from tvm import topi
+
+    x = importer.env[node.args[0]]
+    oh, ow = (int(v) for v in node.args[1])
+    dims = _static_shape(x)
+    if any(int(u.args[1]) != 0 for u in node.users if u.target is operator.getitem):
+        raise NotImplementedError(f"{node.target}: its indices output ({node.format_node()})")
+    if dims is None or len(dims) != 4:
+        raise NotImplementedError(f"{node.target} of a tensor of symbolic or other than four "
+                                  f"dimensions ({node.format_node()})")
+    h, w = dims[2], dims[3]
+    bb = importer.block_builder
+    if h % oh == 0 and w % ow == 0:
+        values = bb.emit(relax.op.nn.max_pool2d(x, pool_size=(h // oh, w // ow),
+                                                strides=(h // oh, w // ow)))
+    else:
+        # TOPI's max skips a NaN in the window; PyTorch's gives NaN: where a window
+        # holds one (the same pool over isnan as 0 and 1), NaN
+        values = bb.emit_te(topi.nn.adaptive_pool, x, (oh, ow), "max", "NCHW")
+        if _kind(str(getattr(x.ty, "dtype", ""))) == 2:
+            nan = bb.emit(relax.op.astype(relax.op.isnan(x), str(x.ty.dtype)))
+            has_nan = bb.emit_te(topi.nn.adaptive_pool, nan, (oh, ow), "max", "NCHW")
+            values = bb.emit(relax.op.where(
+                relax.op.greater(has_nan, relax.const(0.0, str(x.ty.dtype))),
+                relax.const(float("nan"), str(x.ty.dtype)), values))
+    # (the indices are never read: checked above)
+    return bb.emit(relax.Tuple([values, values]))
 
 
 def _antialiased(node, importer):
