@@ -50,6 +50,8 @@ on ``-128 // -1`` and stopped the process).
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from . import _tvm as T
@@ -893,9 +895,9 @@ def nan_propagating(x, values, axis, keepdims):
     skips NaN) NaN where the reduced elements hold one, as PyTorch's reductions give,
     and ``first_nan(indices)``, indices that point at the first NaN there; ``(values,
     None)`` for a tensor that holds no NaN (not a float)."""
-    dtype = str(x.ty.dtype) if getattr(x, "ty", None) is not None else ""
-    if not dtype.startswith(("float", "bfloat")):
+    if not _is_float_tensor(x):
         return values, None
+    dtype = str(x.ty.dtype)
     nan = R.op.astype(R.op.isnan(x), "int8")
     has_nan = R.op.greater(R.op.max(nan, axis=axis, keepdims=keepdims), R.const(0, "int8"))
     return (R.op.where(has_nan, R.const(float("nan"), dtype), values),
@@ -961,7 +963,7 @@ def _nan_ordered(call, b):  # noqa: ARG001 (rewrite_calls' signature)
     """``sort``, ``argsort`` or ``topk`` of a float tensor through ``_nan_order``, in the
     call's return form; None for any other call. (TVM's sort compares with ``<``, false
     for NaN either way, so a NaN left the elements around it out of order: ``sort([3,
-    nan, 1, inf, -2, nan, 0.5])`` gave ``[-2, 1, 3, nan, inf, nan, 0.5]``.)"""
+    nan, 1, inf, -2, nan, 0.5, -inf])`` gave ``[-inf, -2, 1, 3, nan, inf, nan, 0.5]``.)"""
     from .bindings import is_op
 
     kind = next((k for k in ("sort", "argsort", "topk") if is_op(call, f"relax.{k}")), None)
@@ -1274,7 +1276,7 @@ def _nan_unequal(call, b):
     """``a != b`` of floats (``not_equal``, or ``logical_not`` of an ``equal``), true where
     either is NaN; None for any other call. The ordered part is ``a < b or a > b``: TVM's
     simplifier makes ``not (a == b)`` its ``a != b`` and folds ``x != x`` to false."""
-    from .bindings import is_op
+    from .bindings import is_op, scalar_constant
 
     pair = call.args if is_op(call, "relax.not_equal") else None
     if is_op(call, "relax.logical_not"):
@@ -1283,17 +1285,14 @@ def _nan_unequal(call, b):
         # not a comparison with an infinity: ``not (S == -inf)`` is how PyTorch's
         # attention finds the rows it masked whole, and the attention region takes that
         # chain as it is (its kernel sets such rows to zero)
-        if pair is not None and any(_infinite_constant(a) for a in pair):
+        if pair is not None and any(math.isinf(scalar_constant(a, b.values, "f") or 0.0)
+                                    for a in pair):
             return None
     if pair is None or not all(_is_float_tensor(a) for a in pair):
         return None
     a, c = pair
     return R.op.logical_or(R.op.logical_or(R.op.less(a, c), R.op.greater(a, c)),
                            R.op.logical_or(R.op.isnan(a), R.op.isnan(c)))
-
-
-def _infinite_constant(expr) -> bool:
-    return isinstance(expr, T.RelaxConstant) and bool(np.isinf(T.constant_value(expr)).any())
 
 
 def fix_nan_inequality(mod):
