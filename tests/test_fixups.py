@@ -1121,3 +1121,38 @@ def test_onnx_narrow_integer_division_wraps_as_the_reference(op, attrs):
     got = tirbyoc.run(tirbyoc.compile(from_onnx(model, keep_params_in_input=False)), a, b)
     assert got.dtype == want.dtype
     np.testing.assert_array_equal(got, want)
+
+
+class _NoRegisters(torch.nn.Module):
+    """DINOv3's register tokens where a config asks for none: a parameter of no rows,
+    concatenated between the class token and the patches, then a linear layer (a kernel
+    call: the executable is then written out and loaded back to link it)."""
+
+    def __init__(self):
+        super().__init__()
+        g = torch.Generator().manual_seed(21)
+        self.registers = torch.nn.Parameter(torch.zeros(1, 0, 16))
+        self.cls = torch.nn.Parameter(torch.randn(1, 1, 16, generator=g))
+        self.proj = torch.nn.Linear(16, 16)
+
+    def forward(self, x):
+        b = x.shape[0]
+        h = torch.cat([self.cls.expand(b, -1, -1), self.registers.expand(b, -1, -1), x], 1)
+        return self.proj(h) + self.registers.sum(), self.registers.expand(b, -1, -1) + 1.0
+
+
+def test_constants_of_no_elements_build():
+    """A constant of no elements: TVM wrote it into the executable and failed to load it
+    back ("Invalid DLTensor file format"), so the model did not build. Both outputs (one
+    of them empty) against PyTorch's, within 1e-5 (a product's sums in another order)."""
+    x = torch.randn(2, 3, 16, generator=torch.Generator().manual_seed(22))
+    model = _NoRegisters().eval()
+    with torch.no_grad():
+        mod = examples.import_torch(model, x)
+        assert fixups.fix_empty_constants(mod) is not mod
+        ex = tirbyoc.compile(mod)
+        assert len(tirbyoc.explain(mod).offloaded) == 1
+        got, empty = tirbyoc.run(ex, x.numpy())
+        want, want_empty = model(x)
+    np.testing.assert_allclose(got, want.numpy(), rtol=1e-5, atol=1e-5)
+    assert empty.shape == tuple(want_empty.shape) == (2, 0, 16)

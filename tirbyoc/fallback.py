@@ -169,6 +169,8 @@ class Injective(T.DlightScheduleRule):
         if not loops:
             return
         elements = _loop_elements(sch, loops)
+        if elements == 0:
+            return  # (no elements: nothing to run; fusing or splitting divides by zero)
         if Injective._tile_transpose(sch, block_rv, loops, elements):
             return
         if len(loops) > 1:

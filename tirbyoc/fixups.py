@@ -45,7 +45,8 @@ float remainder exact (TOPI's lost every digit ``x / y`` rounded away), and
 ``fix_non_finite_full`` builds a tensor full of -inf (a causal mask), on which TVM's
 legalization of ``full`` failed; ``fix_bool_equality`` builds ``==`` and ``!=`` of bools.
 ``widen_narrow_division`` divides int8 and int16 in int32 (x86's narrow division trapped
-on ``-128 // -1`` and stopped the process).
+on ``-128 // -1`` and stopped the process). ``fix_empty_constants`` makes a constant of
+no elements at run time: TVM could not load such a constant back from the executable.
 """
 
 from __future__ import annotations
@@ -1251,6 +1252,50 @@ def fix_non_finite_full(mod):
     return rewrite_calls(mod, _full_of_non_finite)
 
 
+# ---- constants with no elements ----
+
+def _empty_constant(expr) -> bool:
+    # (GenericConst also holds an allocation's dtype: tensors only)
+    return isinstance(expr, T.RelaxConstant) and hasattr(expr.value, "numpy") and \
+        T.constant_value(expr).size == 0
+
+
+def _zeros_for_empty(expr):
+    """``expr`` with each constant of no elements in it (or in its tuple's fields)
+    written as ``zeros`` of its shape; ``expr`` itself when there is none."""
+    if isinstance(expr, R.Tuple):
+        fields = [_zeros_for_empty(f) for f in expr.fields]
+        return expr if all(a.same_as(b) for a, b in zip(fields, expr.fields)) \
+            else R.Tuple(fields)
+    if not _empty_constant(expr):
+        return expr
+    # NOTE: an allocation, not ``zeros``: constant folding would make ``zeros`` a
+    # constant again, and there are no elements to fill
+    value = T.constant_value(expr)
+    return R.op.builtin.alloc_tensor(R.ShapeExpr(list(value.shape)), str(value.dtype),
+                                     runtime_device_index=0)
+
+
+def _without_empty_constants(call, b):  # noqa: ARG001 (rewrite_calls' signature)
+    if not isinstance(call, R.Call):
+        return None
+    args = [_zeros_for_empty(a) for a in call.args]
+    if all(a.same_as(b) for a, b in zip(args, call.args)):
+        return None
+    return R.Call(call.op, args, call.attrs, call.ty_args)
+
+
+def fix_empty_constants(mod):
+    """``mod`` with every constant of no elements that a call reads (DINOv3's
+    ``register_tokens`` of shape ``(1, 0, 384)`` where a config asks for none) made by
+    ``zeros`` of its shape: TVM wrote such a constant into the executable and then
+    failed to load it back ("Invalid DLTensor file format"). ``mod`` itself when there
+    is none."""
+    from .bindings import rewrite_calls
+
+    return rewrite_calls(mod, _without_empty_constants)
+
+
 # ---- equality of bools ----
 
 def _bool_equality(call, b):  # noqa: ARG001 (rewrite_calls' signature)
@@ -1366,6 +1411,6 @@ def apply(mod):
                 fix_broadcast_weight, fix_flattened_matmul, fold_column_scale, fuse_rms_norm,
                 fix_cancellation, two_pass_norms, exact_floor_mod, exact_floor_divide,
                 fix_non_finite_full, fix_bool_equality, fix_nan_inequality,
-                widen_narrow_division, fix_crossed_clip):
+                widen_narrow_division, fix_crossed_clip, fix_empty_constants):
         mod = fix(mod)
     return mod
