@@ -571,3 +571,15 @@ def test_run_takes_0d_inputs_and_returns_shapes():
     upper, shape = tirbyoc.run(ex, x, np.array(1, np.int64))
     np.testing.assert_array_equal(upper, np.triu(x, 1))
     assert shape.dtype == np.int64 and shape.tolist() == [4]
+
+
+def test_a_bool_mask_index_is_an_error_naming_it():
+    """``x[mask]``: the result's size depends on the mask's values, which no compiled
+    shape can follow; TVM's converter failed with a type error about a ``take``."""
+    class Masked(torch.nn.Module):
+        def forward(self, x):
+            return x[x[:, 0] > 0] * 2.0
+
+    x = torch.randn(6, 3, generator=torch.Generator().manual_seed(3))
+    with pytest.raises(NotImplementedError, match=r"bool mask \(x\[mask\]\)"):
+        examples.import_torch(Masked(), x)

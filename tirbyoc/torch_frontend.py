@@ -10,6 +10,8 @@ TVM's ``from_exported_program`` takes extra converters by ATen name
   function types ['min.dim']"). It becomes a ``min`` and an ``argmin`` over the axis, as
   ``fixups.fix_topk_one`` makes TVM's own ``max.dim`` (a ``topk`` of one): ties give
   the first index and a NaN wins, as PyTorch does (``fixups.extreme_with_index``).
+* ``index.Tensor`` with a bool mask (``x[mask]``, whose size the data decides): an
+  error naming it (TVM's converter failed on a ``take`` of bools).
 * ``index.Tensor`` with two or more index tensors. TVM's converter passes index tensors
   of different shapes to Relax's ``index_tensor``, whose shape inference compares them
   from the left ("cannot broadcast index shapes": ConvBERT's ``unfold``), and where a
@@ -183,6 +185,11 @@ def _index_tensor(node, importer):
     args = importer.retrieve_args(node)
     data, indices = args[0], list(args[1])
     axes = [axis for axis, index in enumerate(indices) if index is not None]
+    if any(str(getattr(indices[axis].ty, "dtype", "")) == "bool" for axis in axes):
+        # (TVM's converter passed the mask to a take, which failed on its type)
+        raise NotImplementedError(
+            f"index.Tensor with a bool mask (x[mask]): the result's size depends on the "
+            f"mask's values, which a compiled shape cannot: {node.format_node()}")
     if len(axes) < 2:
         return importer._index_tensor(node)  # one index: a take, as TVM writes it
     ndim = data.ty.ndim
