@@ -893,3 +893,34 @@ def test_only_a_transpose_is_tiled():
                                         if b.name_hint != "root" else None)])
         assert blocks and all(fallback._transposed_axes(b, len(b.iter_vars)) is None
                               for b in blocks)
+
+
+@pytest.mark.parametrize("length", [203, 3199])
+def test_a_transpose_to_a_length_no_tile_divides_runs_in_tiles(length):
+    """A speech model's features [1, T, C] to [1, C, T] with T = 3199 (no tile divides
+    it: read in place, 5.0 ms on 2 Zen 3 threads against 0.8 tiled): the whole tiles
+    vectorized with no lane predicate, the partial last one apart; with an exp in the
+    same function the plain schedule, whose vector loop takes the exp's expansion. The
+    values are numpy's, bit for bit (the exp within 2 ulp)."""
+    rng = np.random.default_rng(length)
+    x = rng.standard_normal((1, length, 64)).astype(np.float32)
+    for math in (False, True):
+        def build(v, math=math):
+            t = relax.op.permute_dims(v, [0, 2, 1])
+            return relax.op.exp(t) if math else relax.op.add(t, relax.const(1.0))
+
+        mod = _one_op_module(x.shape, build)
+        sch = _schedule(mod, fallback.Injective())
+        loops = []
+        tvm_ffi.structural_walk(sch.mod["main"], [(tirx.For, loops.append)])
+        vectorized = [int(f.extent) for f in loops
+                      if int(f.kind) == int(tirx.ForKind.VECTORIZED)]
+        assert not _predicated(sch), sch.mod["main"]
+        # tiles: one vector loop of a tile's side; plain: VECTOR_LANES, the tail apart
+        assert vectorized == ([fallback.VECTOR_LANES] if math else
+                              [fallback.TRANSPOSE_TILES[0]]), sch.mod["main"]
+        got = tirbyoc.run(tirbyoc.compile(mod), x)
+        if math:
+            np.testing.assert_allclose(got, np.exp(x.transpose(0, 2, 1)), rtol=3e-7)
+        else:
+            np.testing.assert_array_equal(got, x.transpose(0, 2, 1) + 1.0)
