@@ -244,10 +244,12 @@ _TEXT_HELD_OUT = {
            ("gpt_oss", "GptOssModel", "GptOssConfig",
             dict(intermediate_size=512, num_key_value_heads=2, head_dim=64,
                  num_local_experts=8, num_experts_per_tok=2, sliding_window=32)))},
-    # added after the first 70 (none of them found a wrong answer): encoder-decoders,
+    # added after the first 70 (none of them gave a wrong answer): encoder-decoders,
     # rotary encoders, block-sparse and Nystrom attention, multi-query and soft-capped
     # attention, state-space models (Mamba's selective scan unrolled by the export),
     # layout and markup embeddings
+    # token mixing by a 2-D Fourier transform (no converter in TVM: torch_fft)
+    "fnet": ("FNetModel", "FNetConfig", dict(num_hidden_layers=2)),
     "bart": ("BartModel", "BartConfig", dict(
         encoder_layers=2, decoder_layers=2, d_model=512, encoder_ffn_dim=2048,
         decoder_ffn_dim=2048, encoder_attention_heads=8, decoder_attention_heads=8)),

@@ -119,6 +119,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from . import torch_fft
 from .bindings import same_dims, shape_of
 from .fixups import extreme_with_index, nan_propagating
 
@@ -158,7 +159,8 @@ def torch_converters() -> dict:
             "clamp.default": _clamp,
             **{f"{name}.Scalar": _float_with_number(name) for name in ("remainder", "fmod")},
             "reciprocal.default": _reciprocal,
-            "adaptive_max_pool2d.default": _adaptive_max_pool2d}
+            "adaptive_max_pool2d.default": _adaptive_max_pool2d,
+            **torch_fft.converters()}
 
 
 def _min_dim(node, importer):
