@@ -196,10 +196,10 @@ class Injective(T.DlightScheduleRule):
         and vectorized) each line read serves the tile's columns while in L1
         ([1, 384, 14, 14] from [1, 14, 14, 384] plus a residual: 99 -> 45-47 us on one
         Zen 3 thread). With ``ragged``, an output's last extent that no tile divides
-        (3199 samples of a speech model's features) is tiled all the same, the whole tiles split from the
-        partial last one, whose lanes carry a condition (a vector loop with one is
-        scalarized): [1, 512, 3199] from [1, 3199, 512] 5.0 -> 0.73-0.85 ms on 2 Zen 3
-        threads. (An input's last extent that none divides stays untiled: its rows read
+        (3199 samples of a speech model's features) is tiled all the same, the whole
+        tiles split from the partial last one, whose lanes carry a condition (a vector
+        loop with one is scalarized): [1, 512, 3199] from [1, 3199, 512] 5.0 -> 0.73-0.85
+        ms on 2 Zen 3 threads. (An input's last extent that none divides stays untiled: its rows read
         in place alternately 0.8-1.3x the time of tiles with a partial last one.) False,
         nothing done, for any other block."""
         pair = _transposed_axes(sch.get(block_rv), len(loops))

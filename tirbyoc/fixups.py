@@ -45,8 +45,8 @@ float remainder exact (TOPI's lost every digit ``x / y`` rounded away), and
 ``fix_non_finite_full`` builds a tensor full of -inf (a causal mask), on which TVM's
 legalization of ``full`` failed; ``fix_bool_equality`` builds ``==`` and ``!=`` of bools.
 ``widen_narrow_division`` divides int8 and int16 in int32 (x86's narrow division trapped
-on ``-128 // -1`` and stopped the process). ``fix_empty_constants`` makes a constant of
-no elements at run time: TVM could not load such a constant back from the executable.
+on ``-128 // -1`` and stopped the process). ``fix_empty_constants`` allocates a constant
+of no elements at run time: TVM could not load such a constant back from the executable.
 """
 
 from __future__ import annotations
@@ -1260,11 +1260,11 @@ def _empty_constant(expr) -> bool:
         T.constant_value(expr).size == 0
 
 
-def _zeros_for_empty(expr):
-    """``expr`` with each constant of no elements in it (or in its tuple's fields)
-    written as ``zeros`` of its shape; ``expr`` itself when there is none."""
+def _allocated_if_empty(expr):
+    """``expr`` with each constant of no elements in it (or in its tuple's fields) an
+    allocation of its shape; ``expr`` itself when there is none."""
     if isinstance(expr, R.Tuple):
-        fields = [_zeros_for_empty(f) for f in expr.fields]
+        fields = [_allocated_if_empty(f) for f in expr.fields]
         return expr if all(a.same_as(b) for a, b in zip(fields, expr.fields)) \
             else R.Tuple(fields)
     if not _empty_constant(expr):
@@ -1279,7 +1279,7 @@ def _zeros_for_empty(expr):
 def _without_empty_constants(call, b):  # noqa: ARG001 (rewrite_calls' signature)
     if not isinstance(call, R.Call):
         return None
-    args = [_zeros_for_empty(a) for a in call.args]
+    args = [_allocated_if_empty(a) for a in call.args]
     if all(a.same_as(b) for a, b in zip(args, call.args)):
         return None
     return R.Call(call.op, args, call.attrs, call.ty_args)
@@ -1287,10 +1287,10 @@ def _without_empty_constants(call, b):  # noqa: ARG001 (rewrite_calls' signature
 
 def fix_empty_constants(mod):
     """``mod`` with every constant of no elements that a call reads (DINOv3's
-    ``register_tokens`` of shape ``(1, 0, 384)`` where a config asks for none) made by
-    ``zeros`` of its shape: TVM wrote such a constant into the executable and then
-    failed to load it back ("Invalid DLTensor file format"). ``mod`` itself when there
-    is none."""
+    ``register_tokens`` of shape ``(1, 0, 384)`` where a config asks for none) allocated
+    at run time instead (there is nothing to fill): TVM wrote such a constant into the
+    executable and then failed to load it back ("Invalid DLTensor file format"). ``mod``
+    itself when there is none."""
     from .bindings import rewrite_calls
 
     return rewrite_calls(mod, _without_empty_constants)
