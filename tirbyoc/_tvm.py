@@ -95,6 +95,7 @@ def const(value, dtype: str):
 structural_map = tvm_ffi.structural_map
 select = tirx.Select
 isnan = tirx.isnan
+bitwise_and = tirx.bitwise_and
 reinterpret = tirx.reinterpret
 shift_left = tirx.shift_left
 shift_right = tirx.shift_right

@@ -77,8 +77,20 @@ def _let(value, body):
     return body(value)
 
 
+def is_nan(x):
+    """``isnan(x)``; for float32 as a test of its bits (exponent all ones, mantissa not
+    zero), which TVM's vectorizer keeps in vectors: it scalarized a loop at TIR's
+    ``isnan`` call, and every expansion below tests for NaN (an exp over a transposed
+    [1, 512, 3199] ran a lane at a time, which LLVM vectorized again only where the
+    loads were contiguous)."""
+    if T.dtype_of(x) != F32:
+        return T.isnan(x)
+    return T.bitwise_and(T.reinterpret("int32", x), T.const(0x7FFFFFFF, "int32")) > \
+        T.const(0x7F800000, "int32")
+
+
 def _keep_nan(x, value):
-    return T.select(T.isnan(x), x, value)
+    return T.select(is_nan(x), x, value)
 
 
 def _pow2(k):
