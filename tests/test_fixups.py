@@ -526,20 +526,27 @@ def test_a_scale_that_is_not_per_column_or_not_constant_stays():
 
 class _ExpandedWeight(torch.nn.Module):
     """``bmm(x, W.expand(B, K, N))`` as torch.export writes some Linear layers at batch
-    > 1 (HuggingFace BERT's attention output at batch 8)."""
+    > 1 (HuggingFace BERT's attention output at batch 8); with ``windows``, W repeated
+    over two batch dimensions and read merged (SAM's windowed attention: [4, 14] as
+    [56], a 126 MB constant of a 2.25 MB weight)."""
 
-    def __init__(self):
+    def __init__(self, windows=False):
         super().__init__()
         self.w = torch.nn.Parameter(torch.randn(32, 24, generator=torch.Generator()
                                                 .manual_seed(7)))
+        self.windows = windows
 
     def forward(self, x):
-        return torch.bmm(x.expand(x.shape[0], -1, -1), self.w.expand(x.shape[0], -1, -1))
+        b = x.shape[0]
+        if self.windows:
+            return torch.bmm(x, self.w.expand(2, b // 2, -1, -1).reshape(b, 32, 24))
+        return torch.bmm(x.expand(b, -1, -1), self.w.expand(b, -1, -1))
 
 
-def test_a_batch_broadcast_weight_is_read_once_in_two_dimensions():
+@pytest.mark.parametrize("windows", [False, True])
+def test_a_batch_broadcast_weight_is_read_once_in_two_dimensions(windows):
     x = torch.randn(4, 9, 32)
-    mod = _import(_ExpandedWeight().eval(), x)
+    mod = _import(_ExpandedWeight(windows).eval(), x)
     assert "R.broadcast_to(" in mod["main"].script()
     fixed = fixups.fix_broadcast_weight(mod)
     text = fixed["main"].script()
@@ -549,7 +556,7 @@ def test_a_batch_broadcast_weight_is_read_once_in_two_dimensions():
     assert region.intrinsic == "dense" and "PACKED" in str(report), report
     out = tirbyoc.run(tirbyoc.compile(mod), x.numpy())
     with torch.no_grad():
-        ref = _ExpandedWeight().eval()(x).numpy()
+        ref = _ExpandedWeight(windows).eval()(x).numpy()
     assert np.abs(out - ref).max() <= 1e-5 * np.abs(ref).max()
 
 

@@ -317,10 +317,15 @@ def fold_column_scale(mod):
 def _unbroadcast(arg, b, keep_rank: bool):
     """The source of ``broadcast_to(src, shape)`` when that broadcast only repeats
     ``src`` over leading batch dimensions (``src`` of rank 2, or of the same shape when
-    ``keep_rank``), else None."""
+    ``keep_rank``), else None; of rank 2 also through a reshape that only merges those
+    dimensions (SAM's windowed attention: W repeated over [4, 14] and read as [56])."""
     from .bindings import is_op
 
     value = b.producer(arg)
+    if not keep_rank and is_op(value, "relax.reshape"):
+        merged, out = _dims(value.args[0]), _dims(arg)
+        if merged is not None and out is not None and merged[-2:] == out[-2:]:
+            return _unbroadcast(value.args[0], b, keep_rank=False)
     if not is_op(value, "relax.broadcast_to"):
         return None
     src = value.args[0]
