@@ -24,6 +24,15 @@ def shape_of(expr):
     return list(values) if values is not None else None
 
 
+def static_dims(expr):
+    """The dimensions of a tensor-typed expression as ints, or None where one is
+    symbolic or the shape unknown."""
+    shape = shape_of(expr)
+    if shape is None or not all(isinstance(d, T.IntImm) for d in shape):
+        return None
+    return [int(d) for d in shape]
+
+
 def same_dims(a, b) -> bool:
     """Whether two lists of dimensions (PrimExprs, or None) are provably equal."""
     if a is None or b is None or len(a) != len(b):

@@ -243,11 +243,12 @@ class Injective(T.DlightScheduleRule):
             except Exception:  # noqa: BLE001 (a loop it refuses: untiled, as before)
                 sch.reorder(*loops)
                 return False
-            (rest_block,) = sch.get_child_blocks(part)
-            rest = sch.get_loops(rest_block)[-len(loops):]
-            sch.reorder(*rest[1:], rest[0])
-            Injective._tile_loops(sch, sch.get_loops(rest_block)[-len(loops):], across,
-                                  (tiles[0], None), elements)
+            # each part's loops back in their order, the output's last axis inside
+            (part_block,) = sch.get_child_blocks(part)
+            part_loops = sch.get_loops(part_block)[-len(loops):]
+            part_loops = [*part_loops[1:], part_loops[0]]
+            sch.reorder(*part_loops)
+            Injective._tile_loops(sch, part_loops, across, (tiles[0], None), elements)
             (block,) = sch.get_child_blocks(whole)
             loops = sch.get_loops(block)[-len(loops):]
             loops = [*loops[1:], loops[0]]

@@ -216,12 +216,9 @@ def fix_onnx_clip(mod):
 # ---- a matrix product between two reshapes (HF GPT-2's Conv1D) ----
 
 def _dims(expr):
-    from .bindings import shape_of
+    from .bindings import static_dims
 
-    shape = shape_of(expr)
-    if shape is None or not all(isinstance(d, T.IntImm) for d in shape):
-        return None
-    return [int(d) for d in shape]
+    return static_dims(expr)
 
 
 def _unflattened(call, b):

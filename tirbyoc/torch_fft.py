@@ -30,6 +30,8 @@ import math
 import numpy as np
 from tvm import relax
 
+from .bindings import static_dims
+
 # the ops that read a complex tensor here; anything else reading one is an error
 _COMPLEX_READERS = ("_fft_c2c", "_fft_c2r", "view_as_real", "abs")
 
@@ -161,8 +163,14 @@ def _dft(importer, re, im, axis: int, n: int, forward: bool, scale: float, width
     return _combine(importer, rc, is_, True), _combine(importer, ic, rs, False)
 
 
-def _sizes(x, dims):
-    shape = [int(d) for d in x.ty.shape]
+def _sizes(x, dims, node):
+    """The static lengths of ``x`` along ``dims``; symbolic ones are an error naming
+    ``node`` (a table needs its length)."""
+    shape = static_dims(x)
+    if shape is None:
+        raise NotImplementedError(f"{node.target} of a tensor of symbolic shape (the "
+                                  f"transform's tables need its lengths): "
+                                  f"{node.format_node()}")
     return [shape[d % len(shape)] for d in dims]
 
 
@@ -171,7 +179,7 @@ def _fft_r2c(node, importer):
     (its first n // 2 + 1 outputs when onesided), then the others."""
     x = importer.env[node.args[0]]
     dims, normalization, onesided = list(node.args[1]), node.args[2], bool(node.args[3])
-    sizes = _sizes(x, dims)
+    sizes = _sizes(x, dims, node)
     re, im = x, None
     last, n = dims[-1], sizes[-1]
     re, im = _dft(importer, re, im, last, n, True, _scale(normalization, n),
@@ -185,7 +193,7 @@ def _fft_c2c(node, importer):
     """``_fft_c2c(x, dim, normalization, forward)``."""
     re, im = _complex_of(node.args[0], importer)
     dims, normalization, forward = list(node.args[1]), node.args[2], bool(node.args[3])
-    for axis, n in zip(dims, _sizes(re, dims)):
+    for axis, n in zip(dims, _sizes(re, dims, node)):
         re, im = _dft(importer, re, im, axis, n, forward, _scale(normalization, n))
     return _made(node, importer, (re, im))
 
@@ -198,9 +206,9 @@ def _fft_c2r(node, importer):
     and, n even, the middle term meet a sine of 0, as PyTorch ignores them)."""
     re, im = _complex_of(node.args[0], importer)
     dims, normalization, n = list(node.args[1]), node.args[2], int(node.args[3])
-    for axis, m in zip(dims[:-1], _sizes(re, dims[:-1])):
+    for axis, m in zip(dims[:-1], _sizes(re, dims[:-1], node)):
         re, im = _dft(importer, re, im, axis, m, False, _scale(normalization, m))
-    half = _sizes(re, dims[-1:])[0]
+    half = _sizes(re, dims[-1:], node)[0]
     weights = [1.0 if k == 0 or 2 * k == n else 2.0 for k in range(half)]
     if half > n // 2 + 1:
         weights = weights[:n // 2 + 1]  # (PyTorch reads the first n // 2 + 1 only)

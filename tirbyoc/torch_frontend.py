@@ -120,7 +120,7 @@ import tvm
 from tvm import relax
 
 from . import torch_fft
-from .bindings import same_dims, shape_of
+from .bindings import same_dims, shape_of, static_dims
 from .fixups import extreme_with_index, nan_propagating
 
 
@@ -173,11 +173,9 @@ def _min_dim(node, importer):
 
 
 def _static_shape(expr):
-    """The dimensions as ints, or None where one is symbolic or unknown."""
-    dims = shape_of(expr)
-    if dims is None or not all(isinstance(d, tvm.tirx.IntImm) for d in dims):
-        return None
-    return tuple(int(d) for d in dims)
+    """The dimensions as a tuple of ints, or None where one is symbolic or unknown."""
+    dims = static_dims(expr)
+    return None if dims is None else tuple(dims)
 
 
 def _index_tensor(node, importer):
